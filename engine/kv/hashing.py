@@ -1,0 +1,51 @@
+"""Chained SHA-256 block hashes: a full block's hash covers its tokens and, through its
+parent's hash, every token before it. Equal hashes mean equal prefixes, so a block can be
+shared by any request whose prompt starts the same way."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.request import Request
+
+# The parent of a request's first block. Fixed, so that hashes (and traces) are the same
+# in every process and on every machine.
+ROOT_HASH = hashlib.sha256(b"schedtop block hash v1").digest()
+
+
+def hash_block(parent: bytes, token_ids: list[int] | tuple[int, ...]) -> bytes:
+    """Hash of one full block: SHA-256 over the parent's hash and the little-endian uint64 ids."""
+    payload = struct.pack(f"<{len(token_ids)}Q", *token_ids)
+    return hashlib.sha256(parent + payload).digest()
+
+
+def hash_prompt_blocks(token_ids: list[int], block_size: int) -> list[bytes]:
+    """Hashes of every full block of `token_ids`, in order."""
+    hashes: list[bytes] = []
+    parent = ROOT_HASH
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash_block(parent, token_ids[start:start + block_size])
+        hashes.append(parent)
+    return hashes
+
+
+class BlockHasher:
+    """Extends `request.block_hashes` whenever a request's tokens fill another block."""
+
+    __slots__ = ("block_size",)
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+
+    def __call__(self, request: Request) -> None:
+        hashes = request.block_hashes
+        tokens = request.all_token_ids
+        bs = self.block_size
+        start = len(hashes) * bs
+        while start + bs <= len(tokens):
+            parent = hashes[-1] if hashes else ROOT_HASH
+            hashes.append(hash_block(parent, tokens[start:start + bs]))
+            start += bs

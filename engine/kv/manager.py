@@ -1,0 +1,154 @@
+"""The KV cache manager: per-request block tables on top of the block pool.
+
+`allocate_slots` is all or nothing: it returns the new blocks, or None and changes
+nothing. The test it applies (K3) is: new blocks + prefix-hit blocks that are currently
+free (+ the watermark when admitting) <= free blocks.
+"""
+
+from __future__ import annotations
+
+from engine.kv.block_pool import BlockPool, KVBlock
+from engine.kv.events import KVEvent, KVEventKind
+from engine.request import Request, RequestStatus
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    """Block tables for requests, prefix-cache lookup and the admission arithmetic."""
+
+    def __init__(self, block_size: int, num_blocks: int, max_model_len: int,
+                 enable_caching: bool = True, watermark_blocks: int = 0) -> None:
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.watermark_blocks = watermark_blocks
+        self.pool = BlockPool(num_blocks, enable_caching)
+        self.req_to_blocks: dict[str, list[KVBlock]] = {}
+        self.num_cached_block: dict[str, int] = {}  # leading blocks already in the hash map
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def events(self) -> list[KVEvent]:
+        return self.pool.events
+
+    def take_events(self) -> list[KVEvent]:
+        events, self.pool.events = self.pool.events, []
+        return events
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
+        """The longest run of cached full blocks from the start of the request.
+
+        Capped at `num_tokens - 1` tokens: the last token is always computed, to get
+        logits, so a fully cached prompt ending on a block boundary recomputes its last
+        block (K7)."""
+        if not self.enable_caching:
+            return [], 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVBlock] = []
+        get = self.pool.get_cached_block
+        for h in request.block_hashes[:max_blocks]:
+            block = get(h)
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+    def blocks_needed(self, request: Request, num_tokens: int,
+                      new_computed: list[KVBlock]) -> int:
+        """Free blocks that giving `request` room for `num_tokens` tokens would consume."""
+        held = self.req_to_blocks.get(request.request_id)
+        num_held = len(held) if held else 0
+        required = cdiv(num_tokens, self.block_size)
+        if not new_computed:
+            return max(required - num_held, 0)
+        new = max(required - num_held - len(new_computed), 0)
+        # A hit on a free cached block pulls it out of the free queue.
+        return new + sum(1 for b in new_computed if b.ref_cnt == 0)
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       num_new_computed_tokens: int = 0,
+                       new_computed: list[KVBlock] | None = None,
+                       num_lookahead_tokens: int = 0,
+                       full_sequence_must_fit: bool = False,
+                       has_scheduled_reqs: bool = True) -> list[KVBlock] | None:
+        """Give `request` slots for `num_new_tokens` more tokens (plus lookahead slots).
+
+        Returns the newly allocated blocks, or None (nothing changed) when they do not fit.
+        `new_computed` are prefix-hit blocks found by `get_computed_blocks` for a request
+        being admitted; they are appended to its table first.
+        """
+        new_computed = new_computed or []
+        num_computed = min(request.num_computed_tokens + num_new_computed_tokens,
+                           self.max_model_len)
+        watermark = 0
+        if has_scheduled_reqs and request.status in (RequestStatus.WAITING,
+                                                     RequestStatus.PREEMPTED):
+            watermark = self.watermark_blocks
+        free = self.pool.num_free_blocks
+        if full_sequence_must_fit:
+            full = min(request.num_tokens, self.max_model_len)
+            if self.blocks_needed(request, full, new_computed) + watermark > free:
+                return None
+        num_slots = min(num_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        if self.blocks_needed(request, num_slots, new_computed) + watermark > free:
+            return None
+
+        rid = request.request_id
+        table = self.req_to_blocks.setdefault(rid, [])
+        if new_computed:
+            self.pool.touch(new_computed)
+            table.extend(new_computed)
+            self.num_cached_block[rid] = len(table)
+            self.pool.events.append(KVEvent(
+                KVEventKind.PREFIX_HIT, rid, tuple(b.block_id for b in new_computed),
+                num_tokens=num_new_computed_tokens))
+        num_new_blocks = cdiv(num_slots, self.block_size) - len(table)
+        new_blocks: list[KVBlock] = []
+        if num_new_blocks > 0:
+            new_blocks = self.pool.get_new_blocks(num_new_blocks)
+            table.extend(new_blocks)
+            self.pool.events.append(KVEvent(KVEventKind.ALLOCATED, rid,
+                                            tuple(b.block_id for b in new_blocks)))
+        if self.enable_caching:
+            # Draft tokens may be rejected, so cache only up to the known tokens.
+            self.cache_blocks(request, min(num_computed + num_new_tokens, request.num_tokens))
+        return new_blocks
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Hash-register every block that `num_tokens` scheduled tokens fill (K4)."""
+        rid = request.request_id
+        done = self.num_cached_block.get(rid, 0)
+        full = min(num_tokens, len(request.block_hashes) * self.block_size) // self.block_size
+        if done >= full:
+            return
+        table = self.req_to_blocks[rid]
+        self.pool.cache_full_blocks(rid, table[done:full], request.block_hashes[done:full])
+        self.num_cached_block[rid] = full
+
+    def free(self, request: Request) -> None:
+        """Release the request's table, tail-first, so its last blocks are reused first."""
+        rid = request.request_id
+        table = self.req_to_blocks.pop(rid, None)
+        self.num_cached_block.pop(rid, None)
+        if not table:
+            return
+        ordered = table[::-1]
+        self.pool.free_blocks(ordered)
+        self.pool.events.append(KVEvent(KVEventKind.FREED, rid,
+                                        tuple(b.block_id for b in ordered)))
+
+    def can_ever_fit(self, num_tokens: int) -> bool:
+        """Whether `num_tokens` tokens fit in the pool with nothing else in it."""
+        return cdiv(num_tokens, self.block_size) <= len(self.pool.blocks) - 1
+
+    def check_invariants(self) -> None:
+        self.pool.check_invariants(self.req_to_blocks)

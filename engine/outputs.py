@@ -1,0 +1,78 @@
+"""The two boundaries of a step: what the scheduler tells the runner, and what comes back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.request import SamplingParams
+
+
+@dataclass(slots=True)
+class NewRequestData:
+    """A request the runner has no state for: new, or resumed after preemption (recompute)."""
+
+    req_id: str  # request id
+    token_ids: list[int]  # every known token: the prompt, plus earlier outputs when resumed
+    num_prompt_tokens: int  # the original prompt's length (outputs start after it)
+    sampling_params: SamplingParams  # how to sample its next tokens
+    block_ids: list[int]  # its whole block table
+    num_computed_tokens: int  # tokens already in the KV cache (prefix hits)
+
+
+@dataclass(slots=True)
+class CachedRequestData:
+    """Running requests the runner already holds, in scheduling order (parallel lists)."""
+
+    req_ids: list[str] = field(default_factory=list)  # request ids
+    new_block_ids: list[list[int]] = field(default_factory=list)  # blocks appended this step
+    num_computed_tokens: list[int] = field(default_factory=list)  # computed before this step
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One step's decisions: which requests run and how many tokens each computes."""
+
+    step: int  # step index, from 0
+    scheduled_new_reqs: list[NewRequestData]  # new and resumed requests
+    scheduled_cached_reqs: CachedRequestData  # running requests that continue
+    num_scheduled_tokens: dict[str, int]  # tokens per request, in scheduling order
+    total_num_scheduled_tokens: int  # sum of num_scheduled_tokens
+    scheduled_spec_decode_tokens: dict[str, list[int]]  # draft tokens to verify, per request
+    finished_req_ids: set[str]  # finished since the last step: the runner drops their state
+    preempted_req_ids: set[str]  # preempted this step: the runner drops their state
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
+
+
+@dataclass(frozen=True, slots=True)
+class KernelStat:
+    """One kernel or operator in a profiled step."""
+
+    name: str  # kernel or operator name
+    calls: int  # launches in the step
+    total_s: float  # summed time
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerTimings:
+    """Where the runner's time went. CUDA timings are read one step late, so `step`
+    names the step they measure, which may be before the one they arrive with."""
+
+    step: int  # the step these timings measure
+    prepare_s: float  # building the input batch
+    forward_s: float  # the model forward pass, attention included
+    attention_s: float | None  # attention alone, where measured
+    sample_s: float  # sampling
+    kernels: tuple[KernelStat, ...] = ()  # per-kernel breakdown on profiled steps
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    """What the runner computed for one SchedulerOutput."""
+
+    req_ids: list[str]  # the scheduled requests, in scheduling order
+    sampled_token_ids: list[list[int]]  # per request: [] mid-prefill; accepted drafts + 1
+    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)  # drafts for next step
+    timings: list[RunnerTimings] = field(default_factory=list)  # measurements resolved now

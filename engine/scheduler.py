@@ -1,0 +1,428 @@
+"""The scheduler: vLLM V1's algorithm, decision for decision.
+
+One `schedule()` per step gives each request a number of tokens to compute. Prefill,
+chunked prefill, decode and speculative decode are the same thing here: the gap between
+`num_tokens_with_spec` and `num_computed_tokens`. Running requests go first, in admission
+order; waiting requests get what is left, unless this step preempted someone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.config import EngineConfig
+from engine.kv.block_pool import KVBlock
+from engine.kv.manager import KVCacheManager, cdiv
+from engine.outputs import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
+from engine.queues import make_queue
+from engine.report import (
+    Admission,
+    Arrival,
+    Finish,
+    Kind,
+    Preemption,
+    QueueStop,
+    Reason,
+    Scheduled,
+    Shortfall,
+    StepReport,
+)
+from engine.request import Request, RequestStatus
+
+
+@dataclass
+class _Pass:
+    """Scratch state of one schedule() call."""
+
+    budget: int  # tokens left this step
+    threshold: int  # long-prefill cap in force this step (0 = off)
+    cursor: int = 0  # index in running of the request being scheduled
+    num_scheduled: dict[str, int] = field(default_factory=dict)
+    running_reqs: list[Request] = field(default_factory=list)  # scheduled from running
+    new_blocks: dict[str, list[int]] = field(default_factory=dict)
+    spec_tokens: dict[str, list[int]] = field(default_factory=dict)
+    admitted: list[Request] = field(default_factory=list)
+    admissions: list[Admission] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    preemptions: list[Preemption] = field(default_factory=list)
+    shortfalls: list[Shortfall] = field(default_factory=list)
+    running_stop: QueueStop | None = None
+    waiting_stop: QueueStop | None = None
+
+
+class Scheduler:
+    """Continuous batching with chunked prefill, a token budget, KV admission control,
+    preemption by recompute and prefix caching (DESIGN.md S1-S12, K1-K8)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.policy = config.policy
+        self.max_model_len = config.max_model_len
+        self.max_num_running = config.max_num_active_seqs or config.max_num_seqs
+        self.num_lookahead_tokens = config.num_speculative_tokens
+        self.kv = KVCacheManager(config.block_size, config.num_blocks, config.max_model_len,
+                                 config.enable_prefix_caching, config.watermark_blocks)
+        self.requests: dict[str, Request] = {}
+        self.running: list[Request] = []
+        self.waiting = make_queue(config.policy)
+        self.step_index = 0
+        self._finished_ids: set[str] = set()  # for the next SchedulerOutput
+        self._arrivals: list[Arrival] = []
+        self._finishes: list[Finish] = []
+
+    # -- requests in and out --------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request; one that can never run finishes at once with FINISHED_ERROR."""
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        self._arrivals.append(Arrival(
+            request.request_id, request.prompt_token_ids, list(request.block_hashes),
+            request.sampling_params, request.priority, request.arrival_time,
+            request.eos_token_id))
+        problem = self._never_fits(request)
+        if problem:
+            request.status = RequestStatus.FINISHED_ERROR
+            request.finish_message = problem
+            self._finishes.append(Finish(request.request_id, request.status, problem))
+            return
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+
+    def _never_fits(self, request: Request) -> str:
+        n = request.num_tokens
+        if n == 0:
+            return "empty prompt"
+        if n >= self.max_model_len:
+            return f"prompt of {n} tokens: must be shorter than max_model_len={self.max_model_len}"
+        if not self.kv.can_ever_fit(n):
+            return (f"{n} tokens need {cdiv(n, self.config.block_size)} KV blocks; "
+                    f"the pool has {self.config.usable_blocks}")
+        return ""
+
+    def abort(self, request_id: str) -> bool:
+        """Finish a waiting or running request with FINISHED_ABORTED; False if unknown."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return False
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        self._finish(request, RequestStatus.FINISHED_ABORTED)
+        return True
+
+    def _finish(self, request: Request, status: RequestStatus, message: str = "") -> None:
+        request.status = status
+        request.finish_message = message
+        self.kv.free(request)
+        del self.requests[request.request_id]
+        self._finished_ids.add(request.request_id)
+        self._finishes.append(Finish(request.request_id, status, message))
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # -- schedule ---------------------------------------------------------------------------
+
+    def schedule(self) -> tuple[SchedulerOutput, StepReport]:
+        """Decide this step. Returns the runner's input and the step's report so far."""
+        cfg = self.config
+        num_eligible = len(self.running) + len(self.waiting)
+        threshold = cfg.long_prefill_token_threshold if num_eligible > 1 else 0
+        if threshold and cfg.long_prefill_token_threshold_adaptive:
+            threshold = max(threshold, cfg.max_num_batched_tokens // num_eligible)
+        p = _Pass(budget=cfg.max_num_batched_tokens, threshold=threshold)
+        self._schedule_running(p)
+        if p.preempted:
+            if self.waiting:
+                p.waiting_stop = QueueStop(Reason.PREEMPTION, Reason.PREEMPTION)
+        else:
+            self._schedule_waiting(p)
+        return self._make_output(p)
+
+    def _schedule_running(self, p: _Pass) -> None:
+        running = self.running
+        while p.cursor < len(running):
+            if p.budget <= 0:
+                p.running_stop = QueueStop(Reason.TOKEN_BUDGET, Reason.TOKEN_BUDGET)
+                return
+            req = running[p.cursor]
+            wanted = req.num_tokens_with_spec - req.num_computed_tokens
+            n, reason = self._cap(wanted, p)
+            room = self.max_model_len - 1 - req.num_computed_tokens
+            if n > room:
+                n, reason = room, Reason.MAX_MODEL_LEN
+            if n <= 0:
+                p.shortfalls.append(Shortfall(req.request_id, wanted, 0, Reason.MAX_MODEL_LEN))
+                p.cursor += 1
+                continue
+            blocks = self._allocate_or_preempt(req, n, p)
+            if blocks is None:
+                if self.policy == "priority":
+                    continue  # it preempted itself; the cursor already points at the next one
+                p.running_stop = QueueStop(Reason.KV_BLOCKS, Reason.KV_BLOCKS)
+                return
+            p.cursor += 1
+            if reason is not None:
+                p.shortfalls.append(Shortfall(req.request_id, wanted, n, reason))
+            self._take(req, n, blocks, p)
+            p.running_reqs.append(req)
+            if req.spec_token_ids:
+                num_spec = n + req.num_computed_tokens - req.num_tokens
+                if num_spec > 0:
+                    p.spec_tokens[req.request_id] = req.spec_token_ids[:num_spec]
+                req.spec_token_ids = []
+
+    @staticmethod
+    def _cap(wanted: int, p: _Pass) -> tuple[int, Reason | None]:
+        n, reason = wanted, None
+        if 0 < p.threshold < n:
+            n, reason = p.threshold, Reason.LONG_PREFILL_THRESHOLD
+        if n > p.budget:
+            n, reason = p.budget, Reason.TOKEN_BUDGET
+        return n, reason
+
+    def _take(self, req: Request, n: int, blocks: list[int], p: _Pass) -> None:
+        p.num_scheduled[req.request_id] = n
+        p.new_blocks[req.request_id] = blocks
+        p.budget -= n
+
+    def _allocate_or_preempt(self, req: Request, n: int, p: _Pass) -> list[int] | None:
+        """Allocate slots for `n` tokens, preempting victims until it fits or `req` itself
+        is the victim (S5). Returns the new block ids, or None."""
+        while True:
+            blocks = self.kv.allocate_slots(req, n, num_lookahead_tokens=self.num_lookahead_tokens)
+            if blocks is not None:
+                return [b.block_id for b in blocks]
+            victim = self._remove_victim(p)
+            given_back = p.num_scheduled.pop(victim.request_id, 0)
+            if given_back:
+                # PRIORITY can pick a request already scheduled this step: take it back out.
+                p.budget += given_back
+                p.running_reqs.remove(victim)
+                p.new_blocks.pop(victim.request_id)
+                p.spec_tokens.pop(victim.request_id, None)
+                p.shortfalls[:] = [s for s in p.shortfalls if s.request_id != victim.request_id]
+            p.preemptions.append(Preemption(victim.request_id, req.request_id,
+                                            victim.num_computed_tokens, given_back))
+            self._preempt(victim)
+            p.preempted.append(victim)
+            if victim is req:
+                return None
+
+    def _remove_victim(self, p: _Pass) -> Request:
+        """Take the preemption victim out of `running` (S5), keeping the cursor on the
+        request being scheduled."""
+        if self.policy != "priority":
+            return self.running.pop()
+        # max() keeps the first of equals: ties go to the earliest in running.
+        victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
+        index = self.running.index(victim)
+        del self.running[index]
+        if index < p.cursor:
+            p.cursor -= 1
+        return victim
+
+    def _preempt(self, req: Request) -> None:
+        """Recompute preemption: free the blocks, forget the computed tokens (S6)."""
+        self.kv.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.spec_token_ids = []
+        req.num_preemptions += 1
+        self.waiting.prepend(req)
+
+    def _schedule_waiting(self, p: _Pass) -> None:
+        waiting = self.waiting
+        while waiting:
+            if p.budget <= 0:
+                p.waiting_stop = QueueStop(Reason.TOKEN_BUDGET, Reason.TOKEN_BUDGET)
+                return
+            if len(self.running) >= self.max_num_running:
+                p.waiting_stop = QueueStop(Reason.MAX_NUM_SEQS, Reason.MAX_NUM_SEQS)
+                return
+            req = waiting.peek()
+            if not self._admit(req, p):
+                return
+
+    def _admit(self, req: Request, p: _Pass) -> bool:
+        """Try to move the head of `waiting` into running. False ends the waiting pass."""
+        if not self.kv.can_ever_fit(req.num_tokens):
+            # vLLM would retry this one forever (or livelock on its own preemptions).
+            self.waiting.pop()
+            self._finish(req, RequestStatus.FINISHED_ERROR,
+                         f"{req.num_tokens} tokens can never fit in "
+                         f"{self.config.usable_blocks} KV blocks")
+            return True
+        hits, num_hits = self.kv.get_computed_blocks(req) if req.num_computed_tokens == 0 \
+            else ([], 0)
+        wanted = req.num_tokens - num_hits
+        if 0 < p.threshold < wanted:
+            n, reason = p.threshold, Reason.LONG_PREFILL_THRESHOLD
+        else:
+            n, reason = wanted, None
+        if not self.config.enable_chunked_prefill and n > p.budget:
+            p.waiting_stop = QueueStop(Reason.NO_CHUNKING, Reason.HEAD_OF_LINE)
+            return False
+        if n > p.budget:
+            n, reason = p.budget, Reason.TOKEN_BUDGET
+        blocks = self.kv.allocate_slots(
+            req, n, num_hits, hits, self.num_lookahead_tokens,
+            full_sequence_must_fit=self.config.scheduler_reserve_full_isl,
+            has_scheduled_reqs=bool(self.running))
+        if blocks is None:
+            head = self._admission_failure(req, n, num_hits, hits)
+            p.waiting_stop = QueueStop(head, Reason.HEAD_OF_LINE)
+            return False
+        self.waiting.pop()
+        self.running.append(req)
+        resumed = req.status == RequestStatus.PREEMPTED
+        req.status = RequestStatus.RUNNING
+        req.num_computed_tokens = num_hits
+        if req.num_cached_tokens < 0:
+            req.num_cached_tokens = num_hits
+        self._take(req, n, [b.block_id for b in blocks], p)
+        p.admitted.append(req)
+        p.admissions.append(Admission(req.request_id, num_hits, resumed))
+        if reason is not None:
+            p.shortfalls.append(Shortfall(req.request_id, wanted, n, reason))
+        return True
+
+    def _admission_failure(self, req: Request, n: int, num_hits: int,
+                           hits: list[KVBlock]) -> Reason:
+        """Which of the three admission tests failed (K3, K6, S8)."""
+        free = self.kv.num_free_blocks
+        slots = min(num_hits + n + self.num_lookahead_tokens, self.max_model_len)
+        if self.kv.blocks_needed(req, slots, hits) > free:
+            return Reason.KV_BLOCKS
+        if self.config.scheduler_reserve_full_isl:
+            full = min(req.num_tokens, self.max_model_len)
+            if self.kv.blocks_needed(req, full, hits) > free:
+                return Reason.FULL_PROMPT
+        return Reason.WATERMARK
+
+    # -- output ------------------------------------------------------------------------------
+
+    def _make_output(self, p: _Pass) -> tuple[SchedulerOutput, StepReport]:
+        step = self.step_index
+        new_reqs = [self._new_request_data(r, p) for r in p.admitted]
+        cached = CachedRequestData()
+        for r in p.running_reqs:
+            cached.req_ids.append(r.request_id)
+            cached.new_block_ids.append(p.new_blocks[r.request_id])
+            cached.num_computed_tokens.append(r.num_computed_tokens)
+        scheduled = self._advance(p)
+        out = SchedulerOutput(
+            step=step, scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached,
+            num_scheduled_tokens=p.num_scheduled,
+            total_num_scheduled_tokens=sum(p.num_scheduled.values()),
+            scheduled_spec_decode_tokens=p.spec_tokens,
+            finished_req_ids=self._finished_ids,
+            preempted_req_ids={r.request_id for r in p.preempted})
+        self._finished_ids = set()
+        report = StepReport(
+            step=step, arrivals=self._arrivals, scheduled=scheduled,
+            token_budget=self.config.max_num_batched_tokens, admissions=p.admissions,
+            preemptions=p.preemptions, shortfalls=p.shortfalls,
+            running_stop=p.running_stop, waiting_stop=p.waiting_stop,
+            finishes=self._finishes,
+            num_free_blocks_after_schedule=self.kv.num_free_blocks)
+        self._arrivals = []
+        self._finishes = []
+        return out, report
+
+    def _new_request_data(self, req: Request, p: _Pass) -> NewRequestData:
+        return NewRequestData(req.request_id, list(req.all_token_ids), req.num_prompt_tokens,
+                              req.sampling_params, self.kv.get_block_ids(req.request_id),
+                              req.num_computed_tokens)
+
+    def _advance(self, p: _Pass) -> list[Scheduled]:
+        """Move every scheduled request's num_computed_tokens forward; label its tokens."""
+        scheduled: list[Scheduled] = []
+        requests = self.requests
+        spec = p.spec_tokens
+        for rid, n in p.num_scheduled.items():
+            req = requests[rid]
+            before = req.num_computed_tokens
+            num_spec = len(spec[rid]) if rid in spec else 0
+            if num_spec:
+                kind = Kind.SPEC
+            elif before + n < req.num_tokens:
+                kind = Kind.CHUNK
+            elif n == 1 and req.output_token_ids:
+                kind = Kind.DECODE
+            else:
+                kind = Kind.PREFILL
+            scheduled.append(Scheduled(rid, n, kind, before, num_spec))
+            req.num_computed_tokens = before + n
+        return scheduled
+
+    # -- update -------------------------------------------------------------------------------
+
+    def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput,
+                           report: StepReport) -> list[Request]:
+        """Apply what the runner sampled: append tokens, roll back rejected drafts, finish
+        requests that stopped. Returns the requests that got tokens or finished."""
+        touched: list[Request] = []
+        finished_any = False
+        sampled = report.sampled
+        spec = out.scheduled_spec_decode_tokens
+        drafts = result.draft_token_ids
+        requests = self.requests
+        for rid, tokens in zip(result.req_ids, result.sampled_token_ids):
+            req = requests.get(rid)
+            if req is None or not tokens:
+                continue
+            if rid in spec:
+                accepted = len(tokens) - 1
+                report.num_spec_accepted[rid] = accepted
+                req.num_computed_tokens -= len(spec[rid]) - accepted
+            stopped = self._append(req, tokens)
+            sampled[rid] = tokens
+            touched.append(req)
+            if stopped:
+                finished_any = True
+                self._finish(req, req.status)
+            else:
+                if rid in spec:
+                    self.kv.cache_blocks(req, req.num_computed_tokens)
+                if drafts:
+                    req.spec_token_ids = drafts.get(rid, [])
+        if finished_any:
+            self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
+        report.finishes.extend(self._finishes)
+        self._finishes = []
+        return touched
+
+    def _append(self, req: Request, tokens: list[int]) -> bool:
+        """Append sampled tokens, stopping at the first that ends the request (S10)."""
+        for k, tok in enumerate(tokens, 1):
+            req.append_output_token_ids(tok)
+            status = self._stop_status(req, tok)
+            if status is not None:
+                req.status = status
+                if k < len(tokens):
+                    req.num_computed_tokens -= len(tokens) - k
+                    del tokens[k:]
+                return True
+        return False
+
+    def _stop_status(self, req: Request, tok: int) -> RequestStatus | None:
+        params = req.sampling_params
+        if tok == req.eos_token_id and not params.ignore_eos:
+            return RequestStatus.FINISHED_STOPPED
+        if tok in params.stop_token_ids:
+            req.stop_reason = tok
+            return RequestStatus.FINISHED_STOPPED
+        if req.num_tokens >= self.max_model_len or req.num_output_tokens >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        return None
+
+    def end_step(self, report: StepReport) -> None:
+        """Close the step's report with the end-of-step queues and KV state."""
+        report.kv_events = self.kv.take_events()
+        report.num_free_blocks = self.kv.num_free_blocks
+        report.running = [r.request_id for r in self.running]
+        report.waiting = [r.request_id for r in self.waiting]
+        self.step_index += 1

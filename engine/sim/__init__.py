@@ -1,0 +1,1 @@
+"""Model-free simulation: the real scheduler and KV manager, a scripted runner."""

@@ -1,0 +1,58 @@
+"""`schedtop sim` as one library call."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from engine.config import parse_setting
+from engine.core import EngineCore, StepResult
+from engine.events import NULL_SINK, EventSink
+from engine.sim.decisions import decision_record
+from engine.sim.driver import SimSummary, simulate
+from engine.sim.workload import SimWorkload, WorkloadError, load_workload
+
+
+def demo_workload_path() -> Path:
+    """The built-in demo workload shipped with the package."""
+    return Path(str(resources.files("engine") / "data" / "demo_workload.json"))
+
+
+def parse_settings(settings: Iterable[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for text in settings:
+        try:
+            key, value = parse_setting(text)
+        except ValueError as e:
+            raise WorkloadError(f"--set: {e}") from None
+        out[key] = value
+    return out
+
+
+def load(path: str | Path | None, settings: Iterable[str] = ()) -> SimWorkload:
+    return load_workload(path or demo_workload_path(), parse_settings(settings))
+
+
+def run_sim(workload: SimWorkload, decisions_path: str | Path | None = None,
+            sink: EventSink = NULL_SINK) -> SimSummary:
+    """Simulate `workload`; write the decisions file only if the whole run succeeds."""
+    if decisions_path is None:
+        return simulate(workload, sink)
+    final = Path(decisions_path)
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            def write(result: StepResult, engine: EngineCore) -> None:
+                f.write(json.dumps(decision_record(result, engine)) + "\n")
+            summary = simulate(workload, sink, on_step=write)
+        os.replace(tmp, final)
+    except OSError as e:
+        raise WorkloadError(f"{final}: cannot write: {e.strerror}") from None
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return summary

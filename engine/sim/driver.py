@@ -1,0 +1,106 @@
+"""Run a workload through the engine with the scripted runner, step by step.
+
+Step i adds every request whose arrival_step is i (in file order), then runs one engine
+step. The loop ends when every request has finished and no arrival is left."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from engine.core import EngineCore, StepResult
+from engine.events import NULL_SINK, EventSink
+from engine.kv.hashing import BlockHasher
+from engine.request import Request, SamplingParams
+from engine.sim.runner import SimRunner
+from engine.sim.workload import SimWorkload, WorkloadError
+
+STALL_STEPS = 1000  # steps with nothing scheduled and no arrival left before giving up
+
+
+@dataclass
+class SimSummary:
+    """Totals and per-request queueing of one simulation."""
+
+    num_steps: int = 0
+    num_preemptions: int = 0
+    prefix_hit_tokens: int = 0
+    scheduled_tokens: int = 0
+    arrival_step: dict[str, int] = field(default_factory=dict)
+    first_scheduled: dict[str, int] = field(default_factory=dict)
+    first_token: dict[str, int] = field(default_factory=dict)
+    finish_step: dict[str, int] = field(default_factory=dict)
+    finish_reason: dict[str, str] = field(default_factory=dict)
+    preemptions: dict[str, int] = field(default_factory=dict)
+
+    def observe(self, result: StepResult) -> None:
+        rep = result.report
+        self.num_steps = rep.step + 1
+        self.num_preemptions += len(rep.preemptions)
+        for a in rep.admissions:
+            self.prefix_hit_tokens += a.cached_tokens
+        for s in rep.scheduled:
+            self.scheduled_tokens += s.num_tokens
+            self.first_scheduled.setdefault(s.request_id, rep.step)
+        for rid in rep.sampled:
+            self.first_token.setdefault(rid, rep.step)
+        for p in rep.preemptions:
+            self.preemptions[p.victim] = self.preemptions.get(p.victim, 0) + 1
+        for f in rep.finishes:
+            self.finish_step[f.request_id] = rep.step
+            self.finish_reason[f.request_id] = {3: "stop", 4: "length", 5: "abort",
+                                                6: "error"}[int(f.status)]
+
+
+def make_engine(workload: SimWorkload, sink: EventSink = NULL_SINK) -> EngineCore:
+    cfg = workload.config
+    runner = SimRunner({r.id: r.output_token_ids for r in workload.requests},
+                       num_speculative_tokens=cfg.num_speculative_tokens)
+    return EngineCore(cfg, runner, sink)
+
+
+def make_request(r, rank: int, hasher: BlockHasher) -> Request:  # type: ignore[no-untyped-def]
+    return Request(r.id, r.prompt_token_ids, SamplingParams(max_tokens=r.max_tokens),
+                   arrival_time=float(rank), priority=r.priority, block_hasher=hasher)
+
+
+def run_steps(workload: SimWorkload, engine: EngineCore,
+              on_arrival: Callable[[Request], None] | None = None) -> Iterator[StepResult]:
+    """Drive `engine` through `workload`, yielding each step's result."""
+    hasher = BlockHasher(workload.config.block_size)
+    arrivals: dict[int, list[Request]] = {}
+    for rank, r in enumerate(workload.requests):
+        arrivals.setdefault(r.arrival_step, []).append(make_request(r, rank, hasher))
+    last_arrival = max(arrivals, default=-1)
+    step = idle = 0
+    while step <= last_arrival or engine.has_unfinished():
+        if step >= workload.max_steps:
+            raise WorkloadError(f"{workload.source}: still running at max_steps="
+                                f"{workload.max_steps}")
+        for req in arrivals.pop(step, ()):
+            engine.add_request(req)
+            if on_arrival is not None:
+                on_arrival(req)
+        result = engine.step()
+        idle = 0 if result.report.scheduled else idle + 1
+        if idle >= STALL_STEPS and step > last_arrival:
+            raise WorkloadError(f"{workload.source}: nothing scheduled for {STALL_STEPS} "
+                                f"steps at step {step}")
+        yield result
+        step += 1
+
+
+def simulate(workload: SimWorkload, sink: EventSink = NULL_SINK,
+             on_step: Callable[[StepResult, EngineCore], None] | None = None) -> SimSummary:
+    """Run the whole workload; `on_step` sees every step (decisions writers, tests)."""
+    engine = make_engine(workload, sink)
+    summary = SimSummary()
+    summary.arrival_step = {r.id: r.arrival_step for r in workload.requests}
+    try:
+        for result in run_steps(workload, engine):
+            summary.observe(result)
+            if on_step is not None:
+                on_step(result, engine)
+    finally:
+        engine.close()
+    return summary

@@ -1,0 +1,83 @@
+"""A runner that executes no model: each request's tokens come from a script.
+
+It follows the fidelity driver's rule: a scheduled request samples exactly when the step
+takes it to the end of its known tokens (a partial prefill chunk samples nothing), and the
+sample is the next unused token of its script. Speculative decoding is simulated with a
+deterministic drafter whose proposals are right for a pseudo-random prefix."""
+
+from __future__ import annotations
+
+import random
+import zlib
+
+from engine.outputs import ModelRunnerOutput, SchedulerOutput
+
+
+class SimRunner:
+    """Scripted outputs, per request id; a script shorter than needed is padded with 0."""
+
+    def __init__(self, scripts: dict[str, list[int]], num_speculative_tokens: int = 0,
+                 acceptance_rate: float = 0.7, seed: int = 0) -> None:
+        self.scripts = scripts
+        self.k = num_speculative_tokens
+        self.acceptance_rate = acceptance_rate
+        self.seed = seed
+        self.known: dict[str, int] = {}  # tokens the request has, prompt included
+        self.sampled: dict[str, int] = {}  # script position of the next sample
+
+    def add_script(self, request_id: str, tokens: list[int]) -> None:
+        self.scripts[request_id] = tokens
+
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        for rid in out.finished_req_ids | out.preempted_req_ids:
+            self.known.pop(rid, None)
+            self.sampled.pop(rid, None)
+        before: dict[str, int] = {}
+        for nr in out.scheduled_new_reqs:
+            self.known[nr.req_id] = len(nr.token_ids)
+            self.sampled[nr.req_id] = len(nr.token_ids) - nr.num_prompt_tokens
+            before[nr.req_id] = nr.num_computed_tokens
+        cached = out.scheduled_cached_reqs
+        before.update(zip(cached.req_ids, cached.num_computed_tokens))
+        spec = out.scheduled_spec_decode_tokens
+        req_ids = list(out.num_scheduled_tokens)
+        sampled_ids: list[list[int]] = []
+        drafts: dict[str, list[int]] = {}
+        for rid, n in out.num_scheduled_tokens.items():
+            drafted = spec.get(rid, ())
+            if before[rid] + n - len(drafted) < self.known[rid]:
+                sampled_ids.append([])  # mid-prefill: nothing to sample yet
+                continue
+            tokens = self._verify(rid, drafted)
+            sampled_ids.append(tokens)
+            self.known[rid] += len(tokens)
+            self.sampled[rid] += len(tokens)
+            if self.k:
+                drafts[rid] = self._propose(rid)
+        return ModelRunnerOutput(req_ids, sampled_ids, drafts)
+
+    def _token(self, rid: str, pos: int) -> int:
+        script = self.scripts.get(rid, ())
+        return script[pos] if pos < len(script) else 0
+
+    def _verify(self, rid: str, drafted: list[int] | tuple[()]) -> list[int]:
+        """Accept the drafts that match the script, then add one more token."""
+        pos = self.sampled[rid]
+        tokens: list[int] = []
+        for tok in drafted:
+            if tok != self._token(rid, pos + len(tokens)):
+                break
+            tokens.append(tok)
+        tokens.append(self._token(rid, pos + len(tokens)))
+        return tokens
+
+    def _propose(self, rid: str) -> list[int]:
+        """k drafts: right for a pseudo-random prefix (fixed per request and position)."""
+        pos = self.sampled[rid]
+        rng = random.Random(zlib.crc32(f"{self.seed}:{rid}:{pos}".encode()))
+        right = 0
+        while right < self.k and rng.random() < self.acceptance_rate:
+            right += 1
+        drafts = [self._token(rid, pos + j) for j in range(right)]
+        drafts += [self._token(rid, pos + j) + 1 for j in range(right, self.k)]
+        return drafts

@@ -1,0 +1,40 @@
+"""Small builders shared by the tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.core import EngineCore, StepResult
+from engine.sim.driver import make_engine, run_steps
+from engine.sim.workload import SimWorkload, parse_workload
+
+
+def workload(requests: list[dict[str, Any]], **config: Any) -> SimWorkload:
+    base = dict(block_size=16, num_blocks=1000, max_num_batched_tokens=512, max_num_seqs=16,
+                max_model_len=8192, policy="fcfs", enable_prefix_caching=True)
+    base.update(config)
+    return parse_workload({"config": base, "requests": requests}, source="test")
+
+
+def req(rid: str, prompt_len: int, max_tokens: int = 4, arrival_step: int = 0,
+        base: int = 0, **extra: Any) -> dict[str, Any]:
+    """A request whose prompt is `prompt_len` distinct tokens starting at `base`."""
+    start = base or (hash(rid) % 1000) * 10_000
+    return dict(id=rid, prompt_token_ids=list(range(start, start + prompt_len)),
+                output_token_ids=list(range(7, 7 + max_tokens)), max_tokens=max_tokens,
+                arrival_step=arrival_step, **extra)
+
+
+def run(w: SimWorkload, check: bool = True) -> tuple[list[StepResult], EngineCore]:
+    """Simulate `w` to the end; with `check`, verify the KV invariants after every step."""
+    engine = make_engine(w)
+    results = []
+    for result in run_steps(w, engine):
+        if check:
+            engine.scheduler.kv.check_invariants()
+        results.append(result)
+    return results, engine
+
+
+def scheduled(result: StepResult) -> dict[str, int]:
+    return {s.request_id: s.num_tokens for s in result.report.scheduled}
