@@ -57,7 +57,7 @@ class SamplingParams:
 BlockHasher = Callable[["Request"], None]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Request:
     """One request: the scheduling object. Tokens are the resource it consumes.
 
@@ -81,9 +81,11 @@ class Request:
     block_hasher: BlockHasher | None = None  # extends block_hashes as tokens become known
     finish_message: str = ""  # why it ended with FINISHED_ERROR
     stop_reason: int | None = None  # the stop token that ended it, if any
+    all_token_ids: list[int] = field(init=False)  # prompt + outputs
+    num_prompt_tokens: int = field(init=False)  # len(prompt_token_ids)
 
     def __post_init__(self) -> None:
-        self.all_token_ids: list[int] = list(self.prompt_token_ids)
+        self.all_token_ids = list(self.prompt_token_ids)
         self.num_prompt_tokens = len(self.prompt_token_ids)
         if self.block_hasher is not None:
             self.block_hasher(self)

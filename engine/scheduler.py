@@ -39,7 +39,7 @@ class _Pass:
     cursor: int = 0  # index in running of the request being scheduled
     num_scheduled: dict[str, int] = field(default_factory=dict)
     running_reqs: list[Request] = field(default_factory=list)  # scheduled from running
-    new_blocks: dict[str, list[int]] = field(default_factory=dict)
+    new_blocks: dict[str, list[KVBlock]] = field(default_factory=dict)
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)
     admitted: list[Request] = field(default_factory=list)
     admissions: list[Admission] = field(default_factory=list)
@@ -95,10 +95,17 @@ class Scheduler:
             return "empty prompt"
         if n >= self.max_model_len:
             return f"prompt of {n} tokens: must be shorter than max_model_len={self.max_model_len}"
-        if not self.kv.can_ever_fit(n):
-            return (f"{n} tokens need {cdiv(n, self.config.block_size)} KV blocks; "
+        if not self._can_ever_fit(request):
+            slots = min(n + self.num_lookahead_tokens, self.max_model_len)
+            return (f"{n} tokens need {cdiv(slots, self.config.block_size)} KV blocks; "
                     f"the pool has {self.config.usable_blocks}")
         return ""
+
+    def _can_ever_fit(self, request: Request) -> bool:
+        """Whether the request could be computed with the whole pool to itself. If not,
+        vLLM would retry it forever (or livelock preempting itself); we end it instead."""
+        slots = min(request.num_tokens + self.num_lookahead_tokens, self.max_model_len)
+        return self.kv.can_ever_fit(slots)
 
     def abort(self, request_id: str) -> bool:
         """Finish a waiting or running request with FINISHED_ABORTED; False if unknown."""
@@ -142,59 +149,61 @@ class Scheduler:
         return self._make_output(p)
 
     def _schedule_running(self, p: _Pass) -> None:
+        # The hottest loop of the engine: it runs for every running request every step, so
+        # it keeps state in locals and takes the KV manager's running-request fast path.
         running = self.running
+        kv = self.kv
+        threshold = p.threshold
+        last_position = self.max_model_len - 1
+        lookahead = self.num_lookahead_tokens
+        num_scheduled = p.num_scheduled
+        new_blocks = p.new_blocks
+        running_reqs = p.running_reqs
         while p.cursor < len(running):
-            if p.budget <= 0:
+            budget = p.budget
+            if budget <= 0:
                 p.running_stop = QueueStop(Reason.TOKEN_BUDGET, Reason.TOKEN_BUDGET)
                 return
             req = running[p.cursor]
-            wanted = req.num_tokens_with_spec - req.num_computed_tokens
-            n, reason = self._cap(wanted, p)
-            room = self.max_model_len - 1 - req.num_computed_tokens
-            if n > room:
-                n, reason = room, Reason.MAX_MODEL_LEN
+            computed = req.num_computed_tokens
+            n = wanted = len(req.all_token_ids) + len(req.spec_token_ids) - computed
+            reason = None
+            if 0 < threshold < n:
+                n, reason = threshold, Reason.LONG_PREFILL_THRESHOLD
+            if n > budget:
+                n, reason = budget, Reason.TOKEN_BUDGET
+            if n > last_position - computed:
+                n, reason = last_position - computed, Reason.MAX_MODEL_LEN
             if n <= 0:
                 p.shortfalls.append(Shortfall(req.request_id, wanted, 0, Reason.MAX_MODEL_LEN))
                 p.cursor += 1
                 continue
-            blocks = self._allocate_or_preempt(req, n, p)
+            blocks = kv.allocate_running(req, n, lookahead)
             if blocks is None:
-                if self.policy == "priority":
-                    continue  # it preempted itself; the cursor already points at the next one
-                p.running_stop = QueueStop(Reason.KV_BLOCKS, Reason.KV_BLOCKS)
-                return
+                blocks = self._preempt_until_fits(req, n, p)
+                if blocks is None:
+                    if self.policy == "priority":
+                        continue  # it preempted itself; the cursor already points at the next
+                    p.running_stop = QueueStop(Reason.KV_BLOCKS, Reason.KV_BLOCKS)
+                    return
             p.cursor += 1
+            rid = req.request_id
             if reason is not None:
-                p.shortfalls.append(Shortfall(req.request_id, wanted, n, reason))
-            self._take(req, n, blocks, p)
-            p.running_reqs.append(req)
+                p.shortfalls.append(Shortfall(rid, wanted, n, reason))
+            num_scheduled[rid] = n
+            new_blocks[rid] = blocks
+            p.budget -= n
+            running_reqs.append(req)
             if req.spec_token_ids:
-                num_spec = n + req.num_computed_tokens - req.num_tokens
+                num_spec = n + computed - len(req.all_token_ids)
                 if num_spec > 0:
-                    p.spec_tokens[req.request_id] = req.spec_token_ids[:num_spec]
+                    p.spec_tokens[rid] = req.spec_token_ids[:num_spec]
                 req.spec_token_ids = []
 
-    @staticmethod
-    def _cap(wanted: int, p: _Pass) -> tuple[int, Reason | None]:
-        n, reason = wanted, None
-        if 0 < p.threshold < n:
-            n, reason = p.threshold, Reason.LONG_PREFILL_THRESHOLD
-        if n > p.budget:
-            n, reason = p.budget, Reason.TOKEN_BUDGET
-        return n, reason
-
-    def _take(self, req: Request, n: int, blocks: list[int], p: _Pass) -> None:
-        p.num_scheduled[req.request_id] = n
-        p.new_blocks[req.request_id] = blocks
-        p.budget -= n
-
-    def _allocate_or_preempt(self, req: Request, n: int, p: _Pass) -> list[int] | None:
-        """Allocate slots for `n` tokens, preempting victims until it fits or `req` itself
-        is the victim (S5). Returns the new block ids, or None."""
+    def _preempt_until_fits(self, req: Request, n: int, p: _Pass) -> list[KVBlock] | None:
+        """Preempt victims until `req`'s slots fit, or `req` itself is the victim (S5).
+        Returns the new blocks, or None."""
         while True:
-            blocks = self.kv.allocate_slots(req, n, num_lookahead_tokens=self.num_lookahead_tokens)
-            if blocks is not None:
-                return [b.block_id for b in blocks]
             victim = self._remove_victim(p)
             given_back = p.num_scheduled.pop(victim.request_id, 0)
             if given_back:
@@ -210,6 +219,9 @@ class Scheduler:
             p.preempted.append(victim)
             if victim is req:
                 return None
+            blocks = self.kv.allocate_running(req, n, self.num_lookahead_tokens)
+            if blocks is not None:
+                return blocks
 
     def _remove_victim(self, p: _Pass) -> Request:
         """Take the preemption victim out of `running` (S5), keeping the cursor on the
@@ -248,8 +260,7 @@ class Scheduler:
 
     def _admit(self, req: Request, p: _Pass) -> bool:
         """Try to move the head of `waiting` into running. False ends the waiting pass."""
-        if not self.kv.can_ever_fit(req.num_tokens):
-            # vLLM would retry this one forever (or livelock on its own preemptions).
+        if not self._can_ever_fit(req):
             self.waiting.pop()
             self._finish(req, RequestStatus.FINISHED_ERROR,
                          f"{req.num_tokens} tokens can never fit in "
@@ -282,7 +293,9 @@ class Scheduler:
         req.num_computed_tokens = num_hits
         if req.num_cached_tokens < 0:
             req.num_cached_tokens = num_hits
-        self._take(req, n, [b.block_id for b in blocks], p)
+        p.num_scheduled[req.request_id] = n
+        p.new_blocks[req.request_id] = blocks
+        p.budget -= n
         p.admitted.append(req)
         p.admissions.append(Admission(req.request_id, num_hits, resumed))
         if reason is not None:
@@ -307,11 +320,13 @@ class Scheduler:
     def _make_output(self, p: _Pass) -> tuple[SchedulerOutput, StepReport]:
         step = self.step_index
         new_reqs = [self._new_request_data(r, p) for r in p.admitted]
-        cached = CachedRequestData()
-        for r in p.running_reqs:
-            cached.req_ids.append(r.request_id)
-            cached.new_block_ids.append(p.new_blocks[r.request_id])
-            cached.num_computed_tokens.append(r.num_computed_tokens)
+        running_reqs = p.running_reqs
+        new_blocks = p.new_blocks
+        cached = CachedRequestData(
+            [r.request_id for r in running_reqs],
+            [[b.block_id for b in blocks] if (blocks := new_blocks[r.request_id]) else []
+             for r in running_reqs],
+            [r.num_computed_tokens for r in running_reqs])
         scheduled = self._advance(p)
         out = SchedulerOutput(
             step=step, scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached,
@@ -340,21 +355,24 @@ class Scheduler:
     def _advance(self, p: _Pass) -> list[Scheduled]:
         """Move every scheduled request's num_computed_tokens forward; label its tokens."""
         scheduled: list[Scheduled] = []
+        append = scheduled.append
         requests = self.requests
         spec = p.spec_tokens
         for rid, n in p.num_scheduled.items():
             req = requests[rid]
             before = req.num_computed_tokens
-            num_spec = len(spec[rid]) if rid in spec else 0
-            if num_spec:
+            if spec and rid in spec:
+                num_spec = len(spec[rid])
                 kind = Kind.SPEC
-            elif before + n < req.num_tokens:
-                kind = Kind.CHUNK
-            elif n == 1 and req.output_token_ids:
-                kind = Kind.DECODE
             else:
-                kind = Kind.PREFILL
-            scheduled.append(Scheduled(rid, n, kind, before, num_spec))
+                num_spec = 0
+                if before + n < len(req.all_token_ids):
+                    kind = Kind.CHUNK
+                elif n == 1 and req.output_token_ids:
+                    kind = Kind.DECODE
+                else:
+                    kind = Kind.PREFILL
+            append(Scheduled(rid, n, kind, before, num_spec))
             req.num_computed_tokens = before + n
         return scheduled
 
@@ -370,22 +388,40 @@ class Scheduler:
         spec = out.scheduled_spec_decode_tokens
         drafts = result.draft_token_ids
         requests = self.requests
+        max_model_len = self.max_model_len
         for rid, tokens in zip(result.req_ids, result.sampled_token_ids):
+            if not tokens:
+                continue  # mid-prefill
             req = requests.get(rid)
-            if req is None or not tokens:
-                continue
-            if rid in spec:
+            if req is None:
+                continue  # aborted while the runner worked
+            if spec and rid in spec:
                 accepted = len(tokens) - 1
                 report.num_spec_accepted[rid] = accepted
                 req.num_computed_tokens -= len(spec[rid]) - accepted
-            stopped = self._append(req, tokens)
+            if len(tokens) == 1:
+                # One token, the common case: append and test the stop conditions inline.
+                tok = tokens[0]
+                req.append_output_token_ids(tok)
+                params = req.sampling_params
+                if tok == req.eos_token_id and not params.ignore_eos:
+                    req.status = RequestStatus.FINISHED_STOPPED
+                elif params.stop_token_ids and tok in params.stop_token_ids:
+                    req.status = RequestStatus.FINISHED_STOPPED
+                    req.stop_reason = tok
+                elif (len(req.all_token_ids) >= max_model_len
+                      or len(req.output_token_ids) >= params.max_tokens):
+                    req.status = RequestStatus.FINISHED_LENGTH_CAPPED
+                stopped = req.status != RequestStatus.RUNNING
+            else:
+                stopped = self._append(req, tokens)
             sampled[rid] = tokens
             touched.append(req)
             if stopped:
                 finished_any = True
                 self._finish(req, req.status)
             else:
-                if rid in spec:
+                if spec and rid in spec:
                     self.kv.cache_blocks(req, req.num_computed_tokens)
                 if drafts:
                     req.spec_token_ids = drafts.get(rid, [])
