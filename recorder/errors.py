@@ -16,11 +16,13 @@ class TraceError(Exception):
         self.message = message
         self.offset = offset
         self.incomplete = incomplete
+        self.path: str | None = None  # the file, when the caller knows it
 
     def __str__(self) -> str:
-        if self.offset is None:
-            return self.message
-        return f"at byte {self.offset}: {self.message}"
+        where = "" if self.path is None else f"{self.path}: "
+        if self.offset is not None:
+            where += f"at byte {self.offset}: "
+        return where + self.message
 
 
 class RecordingError(Exception):

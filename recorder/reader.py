@@ -91,13 +91,21 @@ class TraceReader:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self._f = _open(self.path)
+        try:
+            self._f = _open(self.path)
+        except TraceError as e:
+            e.path = str(self.path)
+            raise
         self.cut: Cut | None = None  # set once a read reaches an incomplete last record
         self.finished = False  # set once a read reaches the END record
         try:
             self.version = self._read_preamble()
             self.header = self._read_header()
             self.footer = self._read_footer()
+        except TraceError as e:
+            self._f.close()
+            e.path = str(self.path)
+            raise
         except BaseException:
             self._f.close()
             raise
@@ -324,23 +332,23 @@ class TraceReader:
         data = self._f.read(PREAMBLE_SIZE)
         if len(data) < PREAMBLE_SIZE:
             incomplete = MAGIC.startswith(data[:len(MAGIC)])
-            raise TraceError(f"{self.path}: not a schedtop trace: only {len(data)} bytes",
+            raise TraceError(f"not a schedtop trace: only {len(data)} bytes",
                              incomplete=incomplete)
         magic, major, minor = PREAMBLE.unpack(data)
         if magic != MAGIC:
-            raise TraceError(f"{self.path}: not a schedtop trace (wrong magic bytes)", 0)
+            raise TraceError("not a schedtop trace (wrong magic bytes)", 0)
         if major > FORMAT_MAJOR:
-            raise TraceError(f"{self.path}: trace format {major}.{minor} is newer than this "
+            raise TraceError(f"trace format {major}.{minor} is newer than this "
                              f"schedtop reads ({FORMAT_MAJOR}.{FORMAT_MINOR}); upgrade schedtop "
                              "to read it", len(MAGIC))
         if major < 1:
-            raise TraceError(f"{self.path}: unknown trace format {major}.{minor}", len(MAGIC))
+            raise TraceError(f"unknown trace format {major}.{minor}", len(MAGIC))
         return major, minor
 
     def _read_header(self) -> Header:
         frame = self._frame_at(PREAMBLE_SIZE)
         if frame is None:
-            raise TraceError(f"{self.path}: the header record is incomplete", PREAMBLE_SIZE,
+            raise TraceError("the header record is incomplete", PREAMBLE_SIZE,
                              incomplete=True)
         rtype, body, after = frame
         record = decode(rtype, body, PREAMBLE_SIZE)
@@ -393,9 +401,9 @@ def _check_footer(footer: Footer, header: Header, offset: int) -> None:
 def _open(path: Path) -> BinaryIO:
     try:
         if not stat.S_ISREG(path.stat().st_mode):
-            raise TraceError(f"{path}: not a regular file")
+            raise TraceError("not a regular file")
         return open(path, "rb", buffering=1 << 16)
     except FileNotFoundError:
-        raise TraceError(f"{path}: no such file", incomplete=True) from None
+        raise TraceError("no such file", incomplete=True) from None
     except OSError as e:
-        raise TraceError(f"{path}: cannot read: {e.strerror}") from None
+        raise TraceError(f"cannot read: {e.strerror}") from None
