@@ -7,6 +7,7 @@ the reader stops after the last whole record and says where the tail was cut (`c
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 import time
@@ -89,10 +90,10 @@ class TraceReader:
 
     Use as a context manager, or call close()."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, _file: BinaryIO | None = None) -> None:
         self.path = Path(path)
         try:
-            self._f = _open(self.path)
+            self._f = _open(self.path) if _file is None else _file
         except TraceError as e:
             e.path = str(self.path)
             raise
@@ -112,6 +113,11 @@ class TraceReader:
         self._index: TraceIndex | None = None
         self._tail = self.records_start
         self._last_tail_step: int | None = None
+
+    @classmethod
+    def from_bytes(cls, data: bytes, name: str = "<memory>") -> TraceReader:
+        """Read a trace held in memory."""
+        return cls(name, _file=io.BytesIO(data))
 
     @classmethod
     def wait_for(cls, path: str | os.PathLike[str], timeout_s: float,
@@ -358,7 +364,7 @@ class TraceReader:
         return record
 
     def _read_footer(self) -> Footer | None:
-        size = os.fstat(self._f.fileno()).st_size
+        size = self._f.seek(0, os.SEEK_END)
         end_at = size - END_RECORD_SIZE
         if end_at < self.records_start:
             return None
