@@ -18,9 +18,11 @@ built, every value is type-checked, and every failure is a TraceError naming the
 from __future__ import annotations
 
 import dataclasses
+import struct
 import sys
 from array import array
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
 import msgpack
@@ -66,6 +68,8 @@ _DECODE_ERRORS = (ValueError, TypeError, OverflowError, msgpack.UnpackException)
 _packer = msgpack.Packer(use_bin_type=True, autoreset=True)
 _BIG_ENDIAN = sys.byteorder == "big"
 _TYPECODES = {w: next(tc for tc in "BHILQ" if array(tc).itemsize == w) for w in (1, 2, 4, 8)}
+_STRUCT_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
+_WIDTH_BYTE = {w: bytes((w,)) for w in (1, 2, 4, 8)}
 
 
 class Bad(Exception):
@@ -170,18 +174,24 @@ UINT, INT, FLOAT, BOOL, STR = _UInt(), _Int(), _Float(), _Bool(), _Str()
 
 
 def pack_ints(values: Sequence[int]) -> bytes:
-    """Non-negative ints as one width byte plus little-endian values; b"" when empty."""
-    if not values:
+    """Non-negative ints as one width byte plus little-endian values; b"" when empty.
+
+    Short lists get the narrowest width; long ones (tokens, free queues) try 2 bytes
+    first, because finding the maximum costs as much as packing."""
+    n = len(values)
+    if not n:
         return b""
-    top = max(values)
-    width = 1 if top < 0x100 else 2 if top < 0x10000 else 4 if top < 1 << 32 else 8
-    try:
-        packed = array(_TYPECODES[width], values)
-    except OverflowError:
-        raise ValueError(f"cannot pack {min(values)}..{top} as unsigned integers") from None
-    if _BIG_ENDIAN:
-        packed.byteswap()
-    return bytes((width,)) + packed.tobytes()
+    if n <= 64:
+        top = max(values)
+        widths = [1 if top < 0x100 else 2 if top < 0x10000 else 4 if top < 1 << 32 else 8]
+    else:
+        widths = [2, 4, 8]
+    for width in widths:
+        try:
+            return _WIDTH_BYTE[width] + struct.pack(f"<{n}{_STRUCT_CODES[width]}", *values)
+        except struct.error:
+            continue
+    raise ValueError(f"cannot pack {min(values)}..{max(values)} as unsigned 64-bit integers")
 
 
 def unpack_ints(data: bytes) -> tuple[int, ...]:
@@ -363,7 +373,7 @@ class Items(Codec[tuple[T, ...]]):
 class Body(Generic[T]):
     """A record as a msgpack map from integer keys to fields; unknown keys are skipped."""
 
-    __slots__ = ("cls", "fields", "defaults")
+    __slots__ = ("cls", "fields", "defaults", "_values", "_plan", "_by_key", "_required")
 
     def __init__(self, cls: Callable[..., T],
                  fields: Sequence[tuple[int, str, Codec[Any]]]) -> None:
@@ -373,13 +383,18 @@ class Body(Generic[T]):
         self.fields = tuple(fields)
         defaults = _defaults(cls)  # type: ignore[arg-type]
         self.defaults = tuple(defaults.get(name, _MISSING) for _, name, _ in fields)
+        self._values = attrgetter(*(name for _, name, _ in fields))  # all fields, one call
+        self._by_key = {key: (name, codec) for key, name, codec in fields}
+        self._required = frozenset(name for (_, name, _), default in zip(fields, self.defaults)
+                                   if default is _MISSING)
+        self._plan = tuple((key, codec, default)
+                           for (key, _, codec), default in zip(fields, self.defaults))
 
     def encode(self, record: T) -> bytes:
-        out: dict[int, Any] = {}
-        for (key, name, codec), default in zip(self.fields, self.defaults):
-            value = getattr(record, name)
-            if default is _MISSING or value != default:
-                out[key] = codec.enc(value)
+        # `is not` first: most defaults are shared singletons ((), None, small ints).
+        out = {key: codec.enc(value)
+               for (key, codec, default), value in zip(self._plan, self._values(record))
+               if value is not default and value != default}
         return _packer.pack(out)  # type: ignore[no-any-return]
 
     def decode(self, body: bytes) -> T:
@@ -387,19 +402,22 @@ class Body(Generic[T]):
         if type(obj) is not dict:
             raise Bad(f"expected a map, got {_kind(obj)}")
         kwargs: dict[str, Any] = {}
-        for (key, name, codec), default in zip(self.fields, self.defaults):
-            value = obj.get(key, _MISSING)
-            if value is _MISSING:
-                if default is _MISSING:
-                    raise Bad(f"required field {name} (key {key}) is missing")
-                kwargs[name] = default
-                continue
+        by_key = self._by_key
+        for key, value in obj.items():  # only what is there: most fields are defaults
+            spec = by_key.get(key) if type(key) is int else None
+            if spec is None:
+                continue  # a field from a newer minor version
+            name, codec = spec
             try:
                 kwargs[name] = codec.dec(value)
             except Bad as e:
                 e.path.append(name)
                 raise
-        return self.cls(**kwargs)
+        if not self._required.issubset(kwargs):
+            key, name = next((k, n) for k, n, _ in self.fields
+                             if n in self._required and n not in kwargs)
+            raise Bad(f"required field {name} (key {key}) is missing")
+        return self.cls(**kwargs)  # the dataclass fills in the defaults
 
 
 def unpack_body(body: bytes) -> Any:

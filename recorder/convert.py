@@ -8,7 +8,7 @@ of 256 decoding requests costs a few list comparisons, not 256 objects.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
@@ -42,12 +42,10 @@ from recorder.schema import (
     Timing,
 )
 
-_ID = attrgetter("request_id")
-_KIND = attrgetter("kind")
 _DECODE = EngineKind.DECODE
 _EVICTED, _FREED = KVEventKind.EVICTED, KVEventKind.FREED
 _CACHED, _PREFIX_HIT = KVEventKind.CACHED, KVEventKind.PREFIX_HIT
-_KIND_VALUE = {k: int(k) for k in KVEventKind}  # plain ints in records
+_KIND_INT = tuple(range(len(KVEventKind)))  # indexed by kind: plain ints, no enum hashing
 
 
 @dataclass(slots=True)
@@ -108,6 +106,8 @@ class StepConverter:
         for req in requests:
             self.live[req.request_id] = _Live(
                 self.next_ref, req.sort_key(), req.sampling_params.max_tokens, -1)
+            if req.status != RequestStatus.WAITING and not req.output_token_ids:
+                self.awaiting_token[self.next_ref] = req.request_id  # admitted, no token yet
             self.next_ref += 1
         self.running, self.waiting = list(state.running), list(state.waiting)
         return self.snapshot(state)
@@ -134,40 +134,55 @@ class StepConverter:
 
     def convert(self, rep: StepReport, *, time_ns: int = 0) -> Step:
         refs = _StepRefs(self.live)
-        arrivals = self._arrivals(rep, refs)
+        arrivals = self._arrivals(rep, refs) if rep.arrivals else ()
         finishes = tuple(Finish(refs.finish_ref(f.request_id), int(f.status), f.message)
-                         for f in rep.finishes)
-        ref = refs.ref
+                         for f in rep.finishes) if rep.finishes else ()
         aborted = {f.request_id for f in rep.finishes
                    if f.status == RequestStatus.FINISHED_ABORTED}
         base = [r for r in self.running if r not in aborted] if aborted else self.running
         num_decodes, ids = self._decode_prefix(rep, base)
-        scheduled = tuple(Scheduled(ref(s.request_id), s.num_tokens, int(s.kind),
-                                    s.num_computed_before, s.num_spec_tokens)
-                          for s in rep.scheduled[num_decodes:])
         counts, tokens, others = self._samples(rep, ids, refs)
-        running, waiting = self._queues(rep, finishes, bool(refs.older))
+        running, waiting = self._queues(rep, bool(refs.older))
         step = Step(
             step=rep.step, time_ns=time_ns, schedule_ns=ns(rep.schedule_s),
             update_ns=ns(rep.update_s), token_budget=rep.token_budget, arrivals=arrivals,
-            num_decodes=num_decodes, scheduled=scheduled,
-            admissions=tuple(Admission(ref(a.request_id), a.cached_tokens, a.resumed)
-                             for a in rep.admissions),
-            preemptions=tuple(Preemption(ref(p.victim), ref(p.for_request), p.tokens_lost,
-                                         p.unscheduled_tokens) for p in rep.preemptions),
-            shortfalls=tuple(Shortfall(ref(s.request_id), s.wanted, s.got, int(s.reason))
-                             for s in rep.shortfalls),
-            running_stop=_stop(rep.running_stop), waiting_stop=_stop(rep.waiting_stop),
-            finishes=finishes, sample_counts=counts, sampled_tokens=tokens,
-            other_samples=others,
-            spec_accepted=tuple(SpecAccepted(ref(r), n)
-                                for r, n in rep.num_spec_accepted.items()),
-            kv_events=self._kv_events(rep.kv_events, refs),
+            num_decodes=num_decodes, finishes=finishes, sample_counts=counts,
+            sampled_tokens=tokens, other_samples=others,
+            kv_events=self._kv_events(rep.kv_events, refs) if rep.kv_events else NO_KV_EVENTS,
             free_blocks_after_schedule=rep.num_free_blocks_after_schedule,
             free_blocks=rep.num_free_blocks, running=running, waiting=waiting,
-            timings=_timings(rep))
+            timings=_timings(rep) if rep.timings else (),
+            **self._decisions(rep, num_decodes, refs.ref))
         self._advance(rep, step)
         return step
+
+    @staticmethod
+    def _decisions(rep: StepReport, num_decodes: int, ref: Callable[[str], int]
+                   ) -> dict[str, Any]:
+        """The step's less frequent fields, only where the report has something."""
+        out: dict[str, Any] = {}
+        if len(rep.scheduled) > num_decodes:
+            out["scheduled"] = tuple(
+                Scheduled(ref(s.request_id), s.num_tokens, int(s.kind), s.num_computed_before,
+                          s.num_spec_tokens) for s in rep.scheduled[num_decodes:])
+        if rep.admissions:
+            out["admissions"] = tuple(Admission(ref(a.request_id), a.cached_tokens, a.resumed)
+                                      for a in rep.admissions)
+        if rep.preemptions:
+            out["preemptions"] = tuple(
+                Preemption(ref(p.victim), ref(p.for_request), p.tokens_lost,
+                           p.unscheduled_tokens) for p in rep.preemptions)
+        if rep.shortfalls:
+            out["shortfalls"] = tuple(Shortfall(ref(s.request_id), s.wanted, s.got,
+                                                int(s.reason)) for s in rep.shortfalls)
+        if rep.running_stop is not None:
+            out["running_stop"] = _stop(rep.running_stop)
+        if rep.waiting_stop is not None:
+            out["waiting_stop"] = _stop(rep.waiting_stop)
+        if rep.num_spec_accepted:
+            out["spec_accepted"] = tuple(SpecAccepted(ref(r), n)
+                                         for r, n in rep.num_spec_accepted.items())
+        return out
 
     def _arrivals(self, rep: StepReport, refs: _StepRefs) -> tuple[Arrival, ...]:
         first_new = self.next_ref
@@ -196,11 +211,14 @@ class StepConverter:
     def _decode_prefix(rep: StepReport, base: list[str]) -> tuple[int, list[str]]:
         """How many leading entries are base[i] decoding one token; and every entry's id."""
         sched = rep.scheduled
-        ids = list(map(_ID, sched))
         n = len(sched)
-        # A DECODE entry is one token by definition (Kind), so the kinds say it all.
-        if n <= len(base) and ids == base[:n] and list(map(_KIND, sched)).count(_DECODE) == n:
-            return n, ids
+        # One pass for the common case: every entry a DECODE (one token, by definition).
+        ids = [s.request_id for s in sched if s.kind is _DECODE]
+        if len(ids) == n:
+            if n <= len(base) and ids == base[:n]:
+                return n, ids
+        else:
+            ids = [s.request_id for s in sched]
         k = 0
         for s, rid in zip(sched, base):
             if s.request_id != rid or s.kind != _DECODE or s.num_tokens != 1:
@@ -212,17 +230,20 @@ class StepConverter:
                  ) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None, tuple[Sample, ...]]:
         sampled = rep.sampled
         if len(sampled) == len(ids) and list(sampled) == ids:
-            flat = list(chain.from_iterable(sampled.values()))
-            counts = None if len(flat) == len(ids) else tuple(map(len, sampled.values()))
+            counts: tuple[int, ...] | None = None
+            try:  # the decode case, one token each: unpacking checks that as it goes
+                flat = [t for (t,) in sampled.values()]
+            except ValueError:
+                flat = list(chain.from_iterable(sampled.values()))
+                counts = tuple(map(len, sampled.values()))
             return counts, None if self.redact else tuple(flat), ()
         empty: list[int] = []
         per_entry = [sampled.get(rid, empty) for rid in ids]
-        counts = tuple(map(len, per_entry))
-        flat = list(chain.from_iterable(per_entry))
         known = set(ids)
         others = tuple(Sample(refs.ref(rid), len(toks), None if self.redact else tuple(toks))
                        for rid, toks in sampled.items() if rid not in known)
-        return counts, None if self.redact else tuple(flat), others
+        return (tuple(map(len, per_entry)),
+                None if self.redact else tuple(chain.from_iterable(per_entry)), others)
 
     @staticmethod
     def _kv_events(events: list[EngineKVEvent], refs: _StepRefs) -> KVEvents:
@@ -237,7 +258,7 @@ class StepConverter:
         live = refs.live
         for e in events:
             kind = e.kind
-            kinds.append(_KIND_VALUE[kind])
+            kinds.append(_KIND_INT[kind])
             sizes.append(len(e.block_ids))
             blocks += e.block_ids
             if kind is _EVICTED:  # no request; the reducer knows the hashes it drops
@@ -255,31 +276,28 @@ class StepConverter:
         return KVEvents(tuple(kinds), tuple(owners), tuple(sizes), tuple(blocks),
                         tuple(hashes), tuple(hits))
 
-    def _queues(self, rep: StepReport, finishes: tuple[Finish, ...], reused: bool
+    def _queues(self, rep: StepReport, reused: bool
                 ) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         """The end-of-step queues as refs, or None where the derivation gets them right."""
-        admitted = [a.request_id for a in rep.admissions]
-        preempted = [p.victim for p in rep.preemptions]
-        arrived = [a.request_id for a in rep.arrivals]
-        finished = {f.request_id for f in rep.finishes}
-        running = waiting = None
-        if reused or self._derive_running(admitted, preempted, finished) != rep.running:
-            running = tuple(self.live[r].ref for r in rep.running)
-        if reused or self._derive_waiting(arrived, admitted, preempted,
-                                          finished) != rep.waiting:
-            waiting = tuple(self.live[r].ref for r in rep.waiting)
-        return running, waiting
-
-    def _derive_running(self, admitted: list[str], preempted: list[str],
-                        finished: set[str]) -> list[str]:
-        if not (admitted or preempted or finished):
-            return self.running
-        return running_after(self.running, finished.union(preempted), admitted)
+        if not (rep.arrivals or rep.admissions or rep.preemptions or rep.finishes):
+            running_ok = rep.running == self.running  # nothing moved: cheap to check
+            waiting_ok = rep.waiting == self.waiting
+        elif reused:  # one id names two requests: write both queues out
+            running_ok = waiting_ok = False
+        else:
+            admitted = [a.request_id for a in rep.admissions]
+            preempted = [p.victim for p in rep.preemptions]
+            finished = {f.request_id for f in rep.finishes}
+            running_ok = running_after(self.running, finished.union(preempted),
+                                       admitted) == rep.running
+            waiting_ok = self._derive_waiting([a.request_id for a in rep.arrivals], admitted,
+                                              preempted, finished) == rep.waiting
+        live = self.live
+        return (None if running_ok else tuple(live[r].ref for r in rep.running),
+                None if waiting_ok else tuple(live[r].ref for r in rep.waiting))
 
     def _derive_waiting(self, arrived: list[str], admitted: list[str], preempted: list[str],
                         finished: set[str]) -> list[str]:
-        if not (arrived or admitted or preempted or finished):
-            return self.waiting
         gone = finished.union(admitted)
         if self.policy == "priority":
             live = self.live

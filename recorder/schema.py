@@ -334,6 +334,11 @@ class Step:
     waiting: tuple[int, ...] | None = None  # waiting queue at the end; None: derived
     timings: tuple[Timing, ...] = ()  # runner timings resolved this step
 
+    @property
+    def num_scheduled_tokens(self) -> int:
+        """The budget used: every scheduled entry's tokens, the leading decodes' included."""
+        return self.num_decodes + sum(e.num_tokens for e in self.scheduled)
+
 
 # -- snapshot -------------------------------------------------------------------------------
 

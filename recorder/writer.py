@@ -1,8 +1,10 @@
 """The trace file writer: buffered, flushed by a background thread, fsynced at close.
 
-The engine's thread only encodes and appends to a buffer. A flush hands the buffer to a
-flusher thread; the engine waits only if the flusher is still writing an earlier batch
-and more than `max_backlog` bytes are queued, so a slow disk costs it at most one flush.
+The engine's thread encodes and appends to a buffer. A small flush (live mode: one step)
+is written inline while the disk is quick, which costs less than waking a thread; a
+large one, or any flush after a slow write, goes to a flusher thread, and the engine
+waits only if the flusher is still writing an earlier batch and more than `max_backlog`
+bytes are queued. So a slow disk costs the engine at most one flush.
 If a write fails (disk full, say) recording stops with one warning and the engine goes
 on: later records are dropped, the file keeps every record written whole before it.
 """
@@ -23,6 +25,9 @@ from recorder.framing import frame, preamble
 log = logging.getLogger("schedtop.recorder")
 
 WriteFn = Callable[[int, memoryview], int]
+
+INLINE_BYTES = 64 << 10  # flushes up to this size may be written by the engine's thread
+SLOW_WRITE_S = 0.002  # a write slower than this sends the following ones to the flusher
 
 
 class TraceWriter:
@@ -52,7 +57,8 @@ class TraceWriter:
         self._last_flush = time.monotonic()
         self._pending: list[bytes] = []
         self._backlog = 0
-        self._busy = False
+        self._busy = False  # a write is in progress (the flusher's or an inline one)
+        self._last_write_s = 0.0  # how long the last write of INLINE_BYTES or less took
         self._closing = False
         self._closed = False
         self._cond = threading.Condition()
@@ -78,11 +84,27 @@ class TraceWriter:
         return start
 
     def flush(self) -> None:
-        """Hand the buffer to the flusher thread."""
-        self._last_flush = time.monotonic()
+        """Write the buffer: inline when it is small, nothing is queued and the last write
+        was quick (a page-cache write costs less than waking a thread); else hand it to
+        the flusher thread, so that a slow disk never holds the engine again."""
+        now = self._last_flush = time.monotonic()
         if not self._buf:
             return
         data, self._buf = bytes(self._buf), bytearray()
+        with self._cond:
+            inline = (len(data) <= INLINE_BYTES and not self._busy and not self._pending
+                      and self._last_write_s < SLOW_WRITE_S and self.error is None)
+            if inline:
+                self._busy = True  # keeps the flusher off the file meanwhile
+        if inline:
+            error = self._write_all(data)
+            with self._cond:
+                self._busy = False
+                self._last_write_s = time.monotonic() - now
+                if error is not None:
+                    self._fail(error)
+                self._cond.notify_all()
+            return
         with self._cond:
             # Wait for the flush in progress, never for more: it frees the whole backlog.
             while (self._busy and self._backlog + len(data) > self.max_backlog
@@ -131,9 +153,12 @@ class TraceWriter:
                 batch, self._pending = self._pending, []
                 self._busy = True
             data = batch[0] if len(batch) == 1 else b"".join(batch)
+            start = time.monotonic()
             error = self._write_all(data)
             with self._cond:
                 self._busy = False
+                self._last_write_s = (time.monotonic() - start) * min(1.0, INLINE_BYTES
+                                                                    / max(len(data), 1))
                 self._backlog -= len(data)
                 if error is not None:
                     self._fail(error)

@@ -51,10 +51,18 @@ class FreeQueue:
             node = nxt[node]
         return out
 
-    def pop_first(self, n: int) -> None:
-        """Remove the first n blocks (the caller checked there are n)."""
-        for block in self.first(n):
-            self.remove(block)
+    def popleft_n(self, n: int) -> list[int]:
+        """Remove and return the first n blocks (fewer if the queue is shorter)."""
+        out = self.first(n)
+        if out:
+            prev, nxt = self.prev, self.next
+            after = nxt[out[-1]]
+            nxt[self.head] = after
+            prev[after] = self.head
+            for block in out:
+                prev[block] = nxt[block] = _NONE
+            self.size -= len(out)
+        return out
 
     def remove(self, block: int) -> None:
         prev, nxt = self.prev, self.next

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import repeat
 
 from recorder.derive import running_after, waiting_after_fcfs, waiting_after_priority
 from recorder.errors import TraceError
@@ -124,7 +125,7 @@ class _Apply:
         self._admissions()
         self._preemptions()
         entries = self._scheduled(decoders)
-        samples = self._samples([*decoders, *(e.ref for e in rec.scheduled)])
+        samples = self._samples(decoders)
         self._finishes()
         self._queues()
         if len(s.free) != rec.free_blocks:
@@ -181,51 +182,57 @@ class _Apply:
             r.num_preemptions += 1
 
     def _scheduled(self, decoders: list[int]) -> tuple[Scheduled, ...]:
-        """Advance num_computed_tokens; the entries in full when a view is wanted."""
+        """Advance num_computed_tokens; the entries in full when a view is wanted. The
+        leading decodes compute one token each and, unless the record says otherwise,
+        sample one: both are counted in the one loop that 256 decodes make hot."""
         rec, reqs = self.rec, self.s.requests
-        entries: list[Scheduled] = []
-        for ref in decoders:
-            r = reqs[ref]
-            if self.view:
-                entries.append(Scheduled(ref, 1, Kind.DECODE, r.num_computed_tokens))
-            r.num_computed_tokens += 1
+        entries: tuple[Scheduled, ...] = ()
+        if self.view:
+            entries = (*(Scheduled(ref, 1, Kind.DECODE, reqs[ref].num_computed_tokens)
+                         for ref in decoders), *rec.scheduled)
+        if rec.sample_counts is None:
+            for ref in decoders:
+                r = reqs[ref]
+                r.num_computed_tokens += 1
+                r.num_output_tokens += 1  # a decode follows a sample: never the first
+        else:
+            for ref in decoders:
+                reqs[ref].num_computed_tokens += 1
         for e in rec.scheduled:
             reqs[e.ref].num_computed_tokens = e.num_computed_before + e.num_tokens
-        spec = {e.ref: e.num_spec_tokens for e in rec.scheduled if e.num_spec_tokens}
-        for a in rec.spec_accepted:
-            reqs[a.ref].num_computed_tokens -= spec.get(a.ref, 0) - a.accepted
-        return (*entries, *rec.scheduled)
+        if rec.spec_accepted:
+            spec = {e.ref: e.num_spec_tokens for e in rec.scheduled}
+            for a in rec.spec_accepted:
+                reqs[a.ref].num_computed_tokens -= spec.get(a.ref, 0) - a.accepted
+        return entries
 
-    def _samples(self, entries: list[int]) -> tuple[Sample, ...]:
+    def _samples(self, decoders: list[int]) -> tuple[Sample, ...]:
+        """Count the sampled tokens (the leading decodes' single ones are counted already
+        when the record has no sample_counts)."""
         rec, reqs, step = self.rec, self.s.requests, self.rec.step
+        num_entries = len(decoders) + len(rec.scheduled)
         counts = rec.sample_counts
-        if counts is None:
-            counts = (1,) * len(entries)
-        elif len(counts) != len(entries):
-            raise Inconsistent(f"{len(counts)} sample counts for {len(entries)} entries")
+        if counts is not None and len(counts) != num_entries:
+            raise Inconsistent(f"{len(counts)} sample counts for {num_entries} entries")
         tokens = rec.sampled_tokens
-        if tokens is not None and len(tokens) != sum(counts):
-            raise Inconsistent(f"{len(tokens)} sampled tokens, the counts say {sum(counts)}")
+        total = num_entries if counts is None else sum(counts)
+        if tokens is not None and len(tokens) != total:
+            raise Inconsistent(f"{len(tokens)} sampled tokens, the counts say {total}")
+        refs = [*decoders, *(e.ref for e in rec.scheduled)]
+        todo = zip(refs[len(decoders):], repeat(1)) if counts is None else zip(refs, counts)
+        for ref, count in todo:
+            _sampled(reqs[ref], count, step)
+        for x in rec.other_samples:
+            _sampled(reqs[x.ref], x.count, step)
+        if not self.view:
+            return ()
         out: list[Sample] = []
         at = 0
-        for ref, count in zip(entries, counts):
-            if not count:
-                continue
-            r = reqs[ref]
-            r.num_output_tokens += count
-            if r.first_token_step < 0:
-                r.first_token_step = step
-            if self.view:
-                out.append(Sample(ref, count,
-                                  None if tokens is None else tokens[at:at + count]))
-            at += count
-        for x in rec.other_samples:
-            r = reqs[x.ref]
-            r.num_output_tokens += x.count
-            if r.first_token_step < 0:
-                r.first_token_step = step
-            out.append(x)
-        return tuple(out)
+        for ref, count in zip(refs, repeat(1) if counts is None else counts):
+            if count:
+                out.append(Sample(ref, count, None if tokens is None else tokens[at:at + count]))
+                at += count
+        return (*out, *rec.other_samples)
 
     def _finishes(self) -> None:
         reqs = self.s.requests
@@ -260,29 +267,42 @@ class _Apply:
     # -- the block map ----------------------------------------------------------------------
 
     def _kv_events(self) -> None:
-        s = self.s
-        for kind, ref, blocks, hashes, num_tokens in self.rec.kv_events.rows():
+        """Walk the event columns directly: tens of events a step make this hot."""
+        s, kv = self.s, self.rec.kv_events
+        reqs, refs, all_blocks, all_hashes = s.requests, kv.refs, kv.block_ids, kv.hashes
+        at = owner = hashed = hit = 0
+        for kind, size in zip(kv.kinds, kv.sizes):
+            blocks = all_blocks[at:at + size]
+            at += size
+            hashes: tuple[bytes, ...] = ()
+            num_tokens = 0
             if kind == KVKind.EVICTED:
                 hashes = tuple(s.block_hashes.pop(b) for b in blocks)
+                ref = None
             else:
-                r = s.requests[ref]  # type: ignore[index]
+                ref = refs[owner]
+                owner += 1
+                r = reqs[ref]
                 if kind == KVKind.ALLOCATED:
                     self._allocate(r, blocks)
+                elif kind == KVKind.CACHED:
+                    hashes = all_hashes[hashed:hashed + size]
+                    hashed += size
+                    self._cache(blocks, hashes)
                 elif kind == KVKind.FREED:
                     self._free(r, blocks)
-                elif kind == KVKind.PREFIX_HIT:
-                    self._hit(r, blocks)
                 else:
-                    self._cache(blocks, hashes)
+                    num_tokens = kv.hit_tokens[hit]
+                    hit += 1
+                    self._hit(r, blocks)
             if self.view:
                 self.kv_view.append(KVEvent(kind, ref, blocks, hashes, num_tokens))
 
     def _allocate(self, r: ReqState, blocks: tuple[int, ...]) -> None:
         s = self.s
-        if s.free.first(len(blocks)) != list(blocks):
+        if s.free.popleft_n(len(blocks)) != list(blocks):
             raise Inconsistent(f"blocks {list(blocks)[:8]} allocated to request {r.ref} are "
                                "not at the head of the free queue")
-        s.free.pop_first(len(blocks))
         for b in blocks:
             s.ref_cnts[b] = 1
         r.block_ids.extend(blocks)
@@ -321,6 +341,12 @@ class _Apply:
             if not 0 < b < s.num_blocks or b in s.block_hashes:
                 raise Inconsistent(f"block {b} cannot be cached (outside the pool or cached)")
             s.block_hashes[b] = h
+
+
+def _sampled(r: ReqState, count: int, step: int) -> None:
+    if count and not r.num_output_tokens:
+        r.first_token_step = step
+    r.num_output_tokens += count
 
 
 def _explicit(refs: tuple[int, ...], s: State, what: str) -> list[int]:

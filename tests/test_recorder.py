@@ -26,7 +26,7 @@ from recorder.reader import TraceReader
 from recorder.recorder import Recorder, open_recording
 from recorder.schema import Snapshot, Step
 from recorder.writer import MemoryWriter, TraceWriter
-from replays.reducer import StepView, apply, apply_with_view, state_at
+from replays.reducer import StepView, apply, apply_with_view, reduce, replay, state_at
 from replays.state import State
 from tests.helpers import Recorded, record, req, workload, write_trace
 
@@ -448,7 +448,7 @@ def test_open_recording_writes_into_the_trace_directory(tmp_path: Path,
         assert reader.closed_cleanly
 
 
-def test_reducer_copies_are_independent(tmp_path: Path) -> None:
+def test_reducer_copies_are_independent_and_reduce_is_pure(tmp_path: Path) -> None:
     run = record(load_workload(demo_workload_path()))
     with TraceReader(write_trace(tmp_path, run.data)) as reader:
         steps = list(reader.steps())
@@ -459,3 +459,16 @@ def test_reducer_copies_are_independent(tmp_path: Path) -> None:
     for s in steps[60:90]:
         apply(state, s)
     assert same_picture(before, run.states[59]) and same_picture(state, run.states[89])
+    after = reduce(before, steps[60])
+    assert same_picture(before, run.states[59]) and same_picture(after, run.states[60])
+    budgets = [s.num_scheduled_tokens for s in steps]
+    assert budgets == [r.num_scheduled_tokens for r in run.reports]
+
+
+def test_replay_yields_every_state_and_checks_snapshots(tmp_path: Path) -> None:
+    run = record(load_workload(demo_workload_path()), snapshot_interval=10)
+    with TraceReader(write_trace(tmp_path, run.data)) as reader:
+        records = [e.record for e in reader.entries() if isinstance(e.record, Step | Snapshot)]
+        pictures = [s.picture() for s in replay(reader.header, records)]
+    assert [dataclasses.astuple(p) for p in pictures] == [dataclasses.astuple(s)
+                                                          for s in run.states]
