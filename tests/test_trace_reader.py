@@ -221,3 +221,15 @@ def _without_footer_bytes(data: bytes) -> bytes:
     end = data[-END_RECORD_SIZE + FRAME_SIZE:]
     footer_offset = int.from_bytes(end[3:], "big")
     return data[:footer_offset]
+
+
+def test_reading_and_replaying_import_nothing_from_the_engine() -> None:
+    """DESIGN.md: replays and the TUI read traces through the recorder's schema only."""
+    import subprocess
+    import sys
+
+    code = ("import sys, recorder, recorder.reader, recorder.info, replays.reducer; "
+            "print(sorted(m for m in sys.modules if m == 'engine' or m.startswith('engine.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
