@@ -45,15 +45,17 @@ VOCAB = 49152  # the default model's (SmolLM2), so token ids take 2 bytes
 
 def workload(steps: int) -> SimWorkload:
     """256 requests sharing a 64-token system prompt, each decoding for longer than the
-    run; the pool holds them all with room to spare."""
+    run; prompt lengths vary so that requests fill blocks on different steps, as in a
+    long-running server; the pool holds them all with room to spare."""
     rng = random.Random(0)
     system = [rng.randrange(VOCAB) for _ in range(64)]
     out = steps + 64
     requests = [dict(id=f"req-{i:04d}", arrival_step=0,
-                     prompt_token_ids=system + [rng.randrange(VOCAB) for _ in range(64)],
+                     prompt_token_ids=system + [rng.randrange(VOCAB)
+                                                for _ in range(64 + i % 16)],
                      output_token_ids=[rng.randrange(VOCAB) for _ in range(out)],
                      max_tokens=out) for i in range(RUNNING)]
-    blocks_needed = RUNNING * (128 + out) // 16
+    blocks_needed = RUNNING * (144 + out) // 16
     config = dict(block_size=16, num_blocks=blocks_needed * 3 // 2, max_num_seqs=RUNNING,
                   max_num_batched_tokens=8192, max_model_len=4096)
     return parse_workload({"config": config, "requests": requests}, source="bench")

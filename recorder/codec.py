@@ -70,6 +70,7 @@ _BIG_ENDIAN = sys.byteorder == "big"
 _TYPECODES = {w: next(tc for tc in "BHILQ" if array(tc).itemsize == w) for w in (1, 2, 4, 8)}
 _STRUCT_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
 _WIDTH_BYTE = {w: bytes((w,)) for w in (1, 2, 4, 8)}
+_PACKERS: dict[tuple[int, int], Callable[..., bytes]] = {}
 
 
 class Bad(Exception):
@@ -183,15 +184,25 @@ def pack_ints(values: Sequence[int]) -> bytes:
         return b""
     if n <= 64:
         top = max(values)
-        widths = [1 if top < 0x100 else 2 if top < 0x10000 else 4 if top < 1 << 32 else 8]
+        widths: tuple[int, ...] = (
+            1 if top < 0x100 else 2 if top < 0x10000 else 4 if top < 1 << 32 else 8,)
     else:
-        widths = [2, 4, 8]
+        widths = (2, 4, 8)
     for width in widths:
         try:
-            return _WIDTH_BYTE[width] + struct.pack(f"<{n}{_STRUCT_CODES[width]}", *values)
+            return _WIDTH_BYTE[width] + _packer_for(n, width)(*values)
         except struct.error:
             continue
     raise ValueError(f"cannot pack {min(values)}..{max(values)} as unsigned 64-bit integers")
+
+
+def _packer_for(n: int, width: int) -> Callable[..., bytes]:
+    pack = _PACKERS.get((n, width))
+    if pack is None:
+        pack = struct.Struct(f"<{n}{_STRUCT_CODES[width]}").pack
+        if n <= 1024:  # the common lengths; longer ones are rare and would fill the cache
+            _PACKERS[(n, width)] = pack
+    return pack
 
 
 def unpack_ints(data: bytes) -> tuple[int, ...]:
@@ -247,9 +258,10 @@ class _Hashes(Codec[tuple[bytes, ...]]):
         if not v:
             return b""
         size = len(v[0])
-        if not 0 < size < 256 or any(len(h) != size for h in v):
+        joined = b"".join(v)
+        if not 0 < size < 256 or set(map(len, v)) != {size}:
             raise ValueError("hashes must all have the same length, 1 to 255 bytes")
-        return bytes((size,)) + b"".join(v)
+        return bytes((size,)) + joined
 
     def dec(self, v: Any) -> tuple[bytes, ...]:
         if type(v) is not bytes:

@@ -247,8 +247,7 @@ class StepConverter:
 
     @staticmethod
     def _kv_events(events: list[EngineKVEvent], refs: _StepRefs) -> KVEvents:
-        if not events:
-            return NO_KV_EVENTS
+        """The events as columns, in one loop (faster here than a comprehension each)."""
         kinds: list[int] = []
         owners: list[int] = []
         sizes: list[int] = []

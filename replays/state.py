@@ -155,6 +155,15 @@ class State:
     def request_id(self, ref: int) -> str:
         return self.requests[ref].request_id
 
+    def block_owners(self) -> list[list[int]]:
+        """For each block id, the refs of the requests whose tables hold it (the block
+        map's owners; a free block has none, a shared one several)."""
+        owners: list[list[int]] = [[] for _ in range(self.num_blocks)]
+        for ref, r in self.requests.items():
+            for b in r.block_ids:
+                owners[b].append(ref)
+        return owners
+
     def to_snapshot(self) -> Snapshot:
         cached = sorted(self.block_hashes.items())
         return Snapshot(

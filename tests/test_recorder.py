@@ -461,6 +461,9 @@ def test_reducer_copies_are_independent_and_reduce_is_pure(tmp_path: Path) -> No
     assert same_picture(before, run.states[59]) and same_picture(state, run.states[89])
     after = reduce(before, steps[60])
     assert same_picture(before, run.states[59]) and same_picture(after, run.states[60])
+    owners = after.block_owners()
+    assert [len(o) for o in owners] == list(after.ref_cnts)
+    assert all(after.request_id(ref) for o in owners for ref in o)
     budgets = [s.num_scheduled_tokens for s in steps]
     assert budgets == [r.num_scheduled_tokens for r in run.reports]
 
