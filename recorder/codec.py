@@ -312,24 +312,28 @@ def _defaults(cls: type) -> dict[str, Any]:
 class Struct(Codec[T]):
     """A dataclass as a msgpack array of its fields in declaration order."""
 
-    __slots__ = ("cls", "names", "codecs", "defaults", "required")
+    __slots__ = ("cls", "names", "codecs", "defaults", "required", "_values", "_encoders")
 
     def __init__(self, cls: Callable[..., T], fields: Sequence[tuple[str, Codec[Any]]]) -> None:
         declared = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
         assert declared == [name for name, _ in fields], f"{cls}: fields out of order"
+        assert len(fields) > 1, "attrgetter of one name would not return a tuple"
         self.cls = cls
         self.names = tuple(name for name, _ in fields)
         self.codecs = tuple(codec for _, codec in fields)
         defaults = _defaults(cls)  # type: ignore[arg-type]
         self.defaults = tuple(defaults.get(name, _MISSING) for name in self.names)
         self.required = sum(1 for d in self.defaults if d is _MISSING)
+        self._values = attrgetter(*self.names)
+        # Scalars encode as themselves: skip the call for them (snapshots have thousands).
+        self._encoders = tuple(None if type(c).enc is Codec.enc else c.enc for c in self.codecs)
 
     def enc(self, v: T) -> list[Any]:
-        values = [getattr(v, name) for name in self.names]
+        values = self._values(v)
         end = len(values)
         while end > self.required and values[end - 1] == self.defaults[end - 1]:
             end -= 1
-        return [codec.enc(x) for codec, x in zip(self.codecs, values[:end])]
+        return [x if enc is None else enc(x) for enc, x in zip(self._encoders, values[:end])]
 
     def dec(self, v: Any) -> T:
         if type(v) is not tuple:
