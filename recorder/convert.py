@@ -1,9 +1,10 @@
 """StepReports to step records: request ids become refs, and what the reducer can derive
 exactly is left out (after checking that it can).
 
-The converter keeps a small mirror of the engine (live requests and last queue orders),
-updated from each report in time proportional to what the step changed, so that a step
-of 256 decoding requests costs a few list comparisons, not 256 objects.
+The converter keeps a small mirror of the engine (live requests and the last queue
+orders), updated in time proportional to what each step changed. A step of 256 decoding
+requests costs two passes over its lists and is written as one count plus the sampled
+tokens, not as 256 entries.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ class _Live:
     order: tuple[int, float, str]  # (priority, arrival_time, request_id): the PRIORITY order
     max_tokens: int  # from its sampling params
     arrival_step: int  # -1: it arrived before the recording started
-    first_scheduled_step: int = -1
-    first_token_step: int = -1
+    first_scheduled_step: int = -1  # step of its first admission (-1: not yet, or unknown)
+    first_token_step: int = -1  # step of its first sampled token (-1: not yet, or unknown)
 
 
 def ns(seconds: float) -> int:
@@ -315,9 +316,9 @@ class StepConverter:
         if self.awaiting_token:  # only requests mid-prefill: a short loop
             sampled = rep.sampled
             for ref, rid in list(self.awaiting_token.items()):
-                waiting = live.get(rid)
-                if rid in sampled and waiting is not None and waiting.ref == ref:
-                    waiting.first_token_step = rep.step
+                pending = live.get(rid)
+                if rid in sampled and pending is not None and pending.ref == ref:
+                    pending.first_token_step = rep.step
                     del self.awaiting_token[ref]
         for f, rec in zip(rep.finishes, step.finishes):
             self.awaiting_token.pop(rec.ref, None)

@@ -1,4 +1,4 @@
-"""The trace file writer: buffered, flushed by a background thread, fsynced at close.
+"""The trace file writer: buffered, written inline or by a flusher thread, fsynced at close.
 
 The engine's thread encodes and appends to a buffer. A small flush (live mode: one step)
 is written inline while the disk is quick, which costs less than waking a thread; a
@@ -61,7 +61,9 @@ class TraceWriter:
         self._last_write_s = 0.0  # how long the last write of INLINE_BYTES or less took
         self._closing = False
         self._closed = False
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        self._work = threading.Condition(lock)  # the flusher waits here for batches
+        self._done = threading.Condition(lock)  # flush() and drain() wait here for writes
         self._thread = threading.Thread(target=self._run, name="trace-flusher", daemon=True)
         self._thread.start()
 
@@ -91,46 +93,46 @@ class TraceWriter:
         if not self._buf:
             return
         data, self._buf = bytes(self._buf), bytearray()
-        with self._cond:
+        with self._done:
             inline = (len(data) <= INLINE_BYTES and not self._busy and not self._pending
                       and self._last_write_s < SLOW_WRITE_S and self.error is None)
             if inline:
                 self._busy = True  # keeps the flusher off the file meanwhile
         if inline:
             error = self._write_all(data)
-            with self._cond:
+            with self._done:  # no wake-up for the idle flusher: that is the saving
                 self._busy = False
                 self._last_write_s = time.monotonic() - now
                 if error is not None:
                     self._fail(error)
-                self._cond.notify_all()
+                self._done.notify_all()
             return
-        with self._cond:
+        with self._done:
             # Wait for the flush in progress, never for more: it frees the whole backlog.
             while (self._busy and self._backlog + len(data) > self.max_backlog
                    and self.error is None):
-                self._cond.wait()
+                self._done.wait()
             if self.error is not None:
                 return
             self._pending.append(data)
             self._backlog += len(data)
-            self._cond.notify_all()
+            self._work.notify()
 
     def drain(self) -> None:
         """Wait until everything flushed so far is written (or writing failed)."""
         self.flush()
-        with self._cond:
+        with self._done:
             while (self._pending or self._busy) and self.error is None:
-                self._cond.wait()
+                self._done.wait()
 
     def close(self) -> None:
         """Write what is left, fsync and close. Idempotent."""
         if self._closed:
             return
         self.flush()
-        with self._cond:
+        with self._work:
             self._closing = True
-            self._cond.notify_all()
+            self._work.notify()
         self._thread.join()
         self._closed = True
         try:
@@ -145,17 +147,19 @@ class TraceWriter:
 
     def _run(self) -> None:
         while True:
-            with self._cond:
+            with self._work:
                 while not self._pending and not self._closing:
-                    self._cond.wait()
+                    self._work.wait()
                 if not self._pending:
                     return
+                while self._busy:  # an inline write is finishing
+                    self._done.wait()
                 batch, self._pending = self._pending, []
                 self._busy = True
             data = batch[0] if len(batch) == 1 else b"".join(batch)
             start = time.monotonic()
             error = self._write_all(data)
-            with self._cond:
+            with self._done:
                 self._busy = False
                 self._last_write_s = (time.monotonic() - start) * min(1.0, INLINE_BYTES
                                                                     / max(len(data), 1))
@@ -163,7 +167,7 @@ class TraceWriter:
                 if error is not None:
                     self._fail(error)
                     self._pending, self._backlog = [], 0
-                self._cond.notify_all()
+                self._done.notify_all()
 
     def _write_all(self, data: bytes) -> OSError | None:
         view = memoryview(data)
