@@ -70,12 +70,14 @@ def test_sim_no_trace_writes_nothing(trace_dir: Path) -> None:
 def test_info_on_a_cut_trace_says_where(tmp_path: Path) -> None:
     path = tmp_path / "c.trace"
     schedtop("sim", CASE, "--trace", str(path))
-    data = path.read_bytes()
+    with TraceReader(path) as reader:
+        middle = reader.index().step_offsets[20]
     cut = tmp_path / "cut.trace"
-    cut.write_bytes(data[:len(data) // 2])
+    cut.write_bytes(path.read_bytes()[:middle + 5])  # inside step 20's frame header
     result = schedtop("info", str(cut))
     assert result.exit_code == 0
-    assert "no: the tail is cut at byte" in result.stdout
+    assert f"no: the tail is cut at byte {middle:,} (frame header cut" in result.stdout
+    assert "steps     20 (0..19)" in result.stdout
 
 
 @pytest.mark.parametrize("content, message", [
