@@ -31,7 +31,7 @@ SLOW_WRITE_S = 0.002  # a write slower than this sends the following ones to the
 
 
 class TraceWriter:
-    """Appends framed records to a new trace file.
+    """Appends framed records to a new trace file, from one thread (the engine's).
 
     Invariant: `offset` is the file offset the next record will have; `flushed` counts the
     bytes the OS has accepted, a prefix of the file that any reader can see."""
@@ -57,7 +57,7 @@ class TraceWriter:
         self._last_flush = time.monotonic()
         self._pending: list[bytes] = []
         self._backlog = 0
-        self._busy = False  # a write is in progress (the flusher's or an inline one)
+        self._busy = False  # the flusher is writing a batch
         self._last_write_s = 0.0  # how long the last write of INLINE_BYTES or less took
         self._closing = False
         self._closed = False
@@ -93,19 +93,16 @@ class TraceWriter:
         if not self._buf:
             return
         data, self._buf = bytes(self._buf), bytearray()
-        with self._done:
-            inline = (len(data) <= INLINE_BYTES and not self._busy and not self._pending
-                      and self._last_write_s < SLOW_WRITE_S and self.error is None)
-            if inline:
-                self._busy = True  # keeps the flusher off the file meanwhile
-        if inline:
+        # No lock needed to decide: only this (the engine's) thread queues batches. Once
+        # the queue is seen empty the flusher cannot start a batch, so if it is then seen
+        # idle it stays idle until we queue more. (Hence: the queue first, then _busy.)
+        if (len(data) <= INLINE_BYTES and not self._pending and not self._busy
+                and self._last_write_s < SLOW_WRITE_S and self.error is None):
             error = self._write_all(data)
-            with self._done:  # no wake-up for the idle flusher: that is the saving
-                self._busy = False
-                self._last_write_s = time.monotonic() - now
-                if error is not None:
+            self._last_write_s = time.monotonic() - now
+            if error is not None:
+                with self._done:
                     self._fail(error)
-                self._done.notify_all()
             return
         with self._done:
             # Wait for the flush in progress, never for more: it frees the whole backlog.
@@ -152,10 +149,8 @@ class TraceWriter:
                     self._work.wait()
                 if not self._pending:
                     return
-                while self._busy:  # an inline write is finishing
-                    self._done.wait()
+                self._busy = True  # before the queue empties: flush() reads them unlocked
                 batch, self._pending = self._pending, []
-                self._busy = True
             data = batch[0] if len(batch) == 1 else b"".join(batch)
             start = time.monotonic()
             error = self._write_all(data)
