@@ -3,13 +3,16 @@ next to a naive encoding, for the simulated engine with 256 requests decoding.
 
     .venv/bin/python bench/recorder_bench.py [--runs 5] [--steps 512]
 
-Timing: fresh engines, warmed up until all 256 requests decode, then `--steps` steps
-timed; runs alternate without and with recording (to a real file, flushed every step)
-and the medians are compared. Times are CPU seconds of the process (the flusher thread's
-included), which other processes on a shared machine disturb far less than wall time;
-wall-clock medians are printed too. Sizes: the step records of those steady decode steps, the
-snapshots amortized over them, and the same steps encoded naively (one msgpack map per
-step: the whole StepReport plus every request's full state)."""
+Timing: two engines run the same workload side by side, stepped alternately (which one
+goes first swaps every step), one of them recording into a real file flushed every step.
+On a machine shared with other work this pairing cancels most of the disturbance that
+separate runs suffer; a control pair with no recorder at all shows what is left of it.
+Per-step medians leave out the steps that write a snapshot; means include them. The
+recorder's own CPU time is measured inside its on_step.
+
+Sizes: the step records of steady decode steps, the snapshots amortized over them, and
+the same steps encoded naively (one msgpack map per step: the whole StepReport plus every
+request's full state)."""
 
 from __future__ import annotations
 
@@ -86,24 +89,34 @@ class _Timed:
         self.inner.close()
 
 
-def timed_run(w: SimWorkload, steps: int, trace: Path | None) -> tuple[float, float, float]:
-    """CPU seconds per step, of which inside the recorder (0 without one), and wall
-    seconds per step."""
-    engine = make_engine(w)
+def twin_run(w: SimWorkload, steps: int, trace: Path | None, recorded_first: bool
+             ) -> tuple[list[float], list[float], float]:
+    """Per-step wall times of a plain engine and of its twin (recording into `trace`, or
+    plain as well when it is None), and the recorder's CPU share of its engine's time."""
+    engines = [make_engine(w), make_engine(w)]
+    twin = engines[0] if recorded_first else engines[1]
+    plain = engines[1] if recorded_first else engines[0]
     timed = None
     if trace is not None:
-        recorder = Recorder(engine, TraceWriter(trace))
-        timed = _Timed(recorder)
-        engine.sink = timed
-    it = warm_up(w, engine)
+        timed = _Timed(Recorder(twin, TraceWriter(trace)))
+        twin.sink = timed
+    runs = [warm_up(w, plain), warm_up(w, twin)]
     if timed is not None:
         timed.seconds = 0.0
-    start, wall = time.process_time(), time.perf_counter()
-    for _ in range(steps):
-        next(it)
-    cpu, wall = time.process_time() - start, time.perf_counter() - wall
-    engine.close()
-    return cpu / steps, (timed.seconds / steps if timed else 0.0), wall / steps
+    times: tuple[list[float], list[float]] = ([], [])
+    cpu = time.process_time()
+    for i in range(steps):
+        for k in ((0, 1) if i % 2 else (1, 0)):
+            start = time.perf_counter()
+            next(runs[k])
+            times[k].append(time.perf_counter() - start)
+    cpu = time.process_time() - cpu
+    for engine in engines:
+        engine.close()
+    share = 0.0
+    if timed is not None:
+        share = timed.seconds / (cpu * sum(times[1]) / (sum(times[0]) + sum(times[1])))
+    return times[0], times[1], share
 
 
 def naive_size(report: StepReport, engine: EngineCore) -> int:
@@ -147,7 +160,7 @@ def real_model_row() -> str:
     # (fresh engine, warm-up, alternate runs with and without open_recording), target
     # <= 1% added time per step, and check that step records carry forward/sample timings.
     try:
-        import engine.model  # type: ignore[import-not-found]  # noqa: F401
+        import engine.model  # noqa: F401
     except ImportError:
         return "real default model        not measured: engine.model is not in this tree yet"
     return "real default model        TODO: wire the real runner into this benchmark"
@@ -160,18 +173,20 @@ def main() -> None:
     args = parser.parse_args()
     w = workload(args.steps)
     tmp = Path(tempfile.mkdtemp(prefix="recorder-bench-"))
-    runs: dict[str, list[float]] = {k: [] for k in ("base", "rec", "inside", "wall0", "wall1")}
+    pools: dict[str, list[float]] = {k: [] for k in ("a", "a2", "plain", "rec")}
+    shares: list[float] = []
     for i in range(args.runs):
-        cpu, _, wall = timed_run(w, args.steps, None)
-        runs["base"].append(cpu)
-        runs["wall0"].append(wall)
-        cpu, inside, wall = timed_run(w, args.steps, tmp / f"run{i}.trace")
-        runs["rec"].append(cpu)
-        runs["inside"].append(inside / (cpu - inside))
-        runs["wall1"].append(wall)
+        a, a2, _ = twin_run(w, args.steps, None, i % 2 == 0)
+        plain, rec, share = twin_run(w, args.steps, tmp / f"run{i}.trace", i % 2 == 0)
+        for key, values in (("a", a), ("a2", a2), ("plain", plain), ("rec", rec)):
+            pools[key] += values
+        shares.append(share)
+    t = {f"median_{k}": statistics.median(v) for k, v in pools.items()}
+    t.update({f"mean_{k}": statistics.mean(v) for k, v in pools.items()})
+    t["share"] = statistics.median(shares)
     full = sizes(w, args.steps, False, tmp / "sizes.trace")
     red = sizes(w, args.steps, True, tmp / "redacted.trace")
-    _print(args, w, {k: statistics.median(v) for k, v in runs.items()}, full, red)
+    _print(args, w, t, full, red)
     for p in tmp.iterdir():
         p.unlink()
     tmp.rmdir()
@@ -181,21 +196,27 @@ def _print(args: argparse.Namespace, w: SimWorkload, t: dict[str, float],
            full: dict[str, float], red: dict[str, float]) -> None:
     cfg = w.config
     total = full["step"] + full["snap"]
+
+    def ratio(stat: str) -> str:
+        return f"{t[f'{stat}_rec'] / t[f'{stat}_plain'] - 1:+.1%}"
+
+    def control(stat: str) -> str:
+        return f"{t[f'{stat}_a2'] / t[f'{stat}_a'] - 1:+.1%}"
+
     ms: Callable[[float], str] = lambda s: f"{s * 1e3:7.3f} ms"  # noqa: E731
     lines = [
         f"recorder benchmark: {RUNNING} requests decoding, block_size {cfg.block_size}, "
         f"{cfg.num_blocks} blocks, token ids < {VOCAB}",
-        f"python {platform.python_version()}, {os.cpu_count()} CPUs; medians of "
-        f"{args.runs} alternating runs of {args.steps} steps",
+        f"python {platform.python_version()}, {os.cpu_count()} CPUs; {args.runs} pairs of "
+        f"engines stepped alternately for {args.steps} steps, and {args.runs} control pairs",
         "",
-        "time per step (CPU)                        ratio",
-        f"  engine alone              {ms(t['base'])}",
-        f"  engine + recorder (file)  {ms(t['rec'])}   {t['rec'] / t['base'] - 1:+6.1%}"
-        "   (target <= +5%)",
-        f"  recorder's own share      {'':10}   {t['inside']:+6.1%}   (its CPU time / the "
-        "engine's, same runs)",
-        f"  wall clock: alone {ms(t['wall0'])}, recording {ms(t['wall1'])}, "
-        f"{t['wall1'] / t['wall0'] - 1:+.1%}",
+        "time per step                           median            mean (with snapshots)",
+        f"  engine alone              {ms(t['median_plain'])}          {ms(t['mean_plain'])}",
+        f"  engine + recorder (file)  {ms(t['median_rec'])} {ratio('median'):>8}"
+        f" {ms(t['mean_rec'])} {ratio('mean'):>8}   (target <= +5%)",
+        f"  control: plain vs plain   {'':10} {control('median'):>8} {'':10}"
+        f" {control('mean'):>8}   (the method's noise)",
+        f"  recorder's own CPU share  {'':10} {t['share']:+8.1%}",
         f"  {real_model_row()}",
         "",
         "bytes per steady decode step          token ids    redacted",

@@ -78,7 +78,7 @@ class Seek:
     `steps`, which ends with the step asked for."""
 
     snapshot: Snapshot | None  # the nearest snapshot at or before the step
-    steps: Iterator[Step]  # the step records after it, up to the step
+    steps: Iterator[Entry]  # the step records after it, up to the step, with offsets
 
 
 _Frame = tuple[int, bytes, int]  # type tag, body, offset of the next record
@@ -221,16 +221,19 @@ class TraceReader:
                              "step", self.records_start)
         return Seek(snapshot, self._steps_between(index, start_step, step))
 
-    def _steps_between(self, index: TraceIndex, first: int, last: int) -> Iterator[Step]:
+    def _steps_between(self, index: TraceIndex, first: int, last: int) -> Iterator[Entry]:
         if first > last:
             return
         offset = index.step_offsets[first - index.first_step]
         expected = first
-        for step in self.steps(offset):
+        for entry in self.entries(offset):
+            step = entry.record
+            if not isinstance(step, Step):
+                continue
             if step.step != expected:
                 raise TraceError(f"step {step.step} where the index has step {expected}",
-                                 index.step_offsets[expected - index.first_step])
-            yield step
+                                 entry.offset)
+            yield entry
             if expected == last:
                 return
             expected += 1

@@ -19,10 +19,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import repeat
+from typing import cast
 
 from recorder.derive import running_after, waiting_after_fcfs, waiting_after_priority
 from recorder.errors import TraceError
-from recorder.reader import TraceReader
+from recorder.reader import Entry, TraceReader
 from recorder.schema import Header, Kind, KVEvent, KVKind, Sample, Scheduled, Snapshot, Status, Step
 from replays.state import Inconsistent, ReqState, State
 
@@ -59,22 +60,23 @@ def reduce(state: State, step: Step) -> State:
     return after
 
 
-def replay(header: Header, records: Iterable[Step | Snapshot],
+def replay(header: Header, entries: Iterable[Entry],
            state: State | None = None) -> Iterator[State]:
-    """The state after each step record (the same object, updated in place). Snapshot
-    records along the way are checked against the state (or start it)."""
-    for record in records:
+    """The state after each step record of `entries` (as TraceReader.entries() yields
+    them), the same object updated in place. Snapshots along the way start the state or
+    are checked against it; other records are skipped."""
+    for entry in entries:
+        record = entry.record
         if isinstance(record, Snapshot):
             if state is None:
                 state = State.from_snapshot(header, record)
             elif state.to_snapshot() != record:
                 raise Inconsistent(f"the snapshot after step {record.step} differs from the "
-                                   "state the steps before it built")
-            continue
-        if state is None:
-            state = State.initial(header)
-        apply(state, record)
-        yield state
+                                   "state the steps before it built", entry.offset)
+        elif isinstance(record, Step):
+            state = state if state is not None else State.initial(header)
+            apply(state, record, entry.offset)
+            yield state
 
 
 def state_at(reader: TraceReader, step: int) -> State:
@@ -82,8 +84,8 @@ def state_at(reader: TraceReader, step: int) -> State:
     seek = reader.seek(step)
     state = (State.initial(reader.header) if seek.snapshot is None
              else State.from_snapshot(reader.header, seek.snapshot))
-    for record in seek.steps:
-        apply(state, record)
+    for entry in seek.steps:  # step records only, in order (the reader checked)
+        apply(state, cast(Step, entry.record), entry.offset)
     return state
 
 

@@ -65,7 +65,7 @@ def test_seek_starts_at_the_nearest_snapshot(tmp_path: Path, demo: tuple[bytes, 
             seek = reader.seek(step)
             start = -1 if seek.snapshot is None else seek.snapshot.step
             assert start == (step + 1) // 16 * 16 - 1
-            assert [s.step for s in seek.steps] == list(range(start + 1, step + 1))
+            assert [e.record.step for e in seek.steps] == list(range(start + 1, step + 1))
         with pytest.raises(ValueError, match="not in this trace"):
             reader.seek(num_steps)
 
