@@ -25,7 +25,18 @@ from recorder.codec import encode
 from recorder.errors import TraceError
 from recorder.framing import PREAMBLE_SIZE, frame, preamble
 from recorder.reader import TraceReader
-from recorder.schema import KVEvent, KVEvents, RecordType, Snapshot, Step
+from recorder.schema import (
+    Admission,
+    End,
+    Finish,
+    KVEvent,
+    KVEvents,
+    Preemption,
+    RecordType,
+    Scheduled,
+    Snapshot,
+    Step,
+)
 from replays.reducer import apply, state_at
 from replays.state import State
 from tests.helpers import record
@@ -102,15 +113,14 @@ def test_truncated_and_bit_flipped_traces(data: st.DataObject) -> None:
     read_everything(bytes(raw))
 
 
-
 @fuzz(300)
 @given(st.binary(max_size=2000), st.booleans())
 def test_random_bytes(tail: bytes, with_preamble: bool) -> None:
     read_everything((preamble() if with_preamble else b"") + tail)
 
 
-
 # -- hostile msgpack inside valid frames -------------------------------------------------------
+
 
 def random_value(rng: random.Random, depth: int = 0) -> Any:
     """A random msgpack value of any type, nested a few levels (much faster to make than
@@ -171,7 +181,7 @@ def framed(body: bytes, where: str) -> bytes:
     header_frame = frame(*encode(valid_records()[0]))
     raw = preamble() + header_frame + frame(RecordType[where.upper()], body)
     if where == "footer":  # an END record pointing at it makes readers decode it
-        raw += frame(*encode(_end(PREAMBLE_SIZE + len(header_frame))))
+        raw += frame(*encode(End(PREAMBLE_SIZE + len(header_frame))))
     return raw
 
 
@@ -200,12 +210,6 @@ def test_msgpack_bombs_take_little_memory() -> None:
                 assert peak < 16 << 20, f"{bomb[:8]!r} as {where}: {peak >> 20} MiB"
 
 
-def _end(offset: int) -> Any:
-    from recorder.schema import End
-
-    return End(offset)
-
-
 # -- well-formed records that make no sense -----------------------------------------------------
 
 SMALL = st.integers(0, 12)
@@ -228,14 +232,16 @@ def nonsense(draw: Any, step: Step) -> Step:
     elif field in ("num_decodes", "free_blocks", "step"):
         value = draw(st.integers(0, 400))
     else:
-        template = {"finishes": "Finish", "admissions": "Admission", "preemptions":
-                    "Preemption", "scheduled": "Scheduled"}[field]
-        import recorder.schema as schema
-
-        cls = getattr(schema, template)
-        arity = len(dataclasses.fields(cls))
-        value = tuple(draw(st.lists(st.builds(cls, *[SMALL] * arity), max_size=3)))
+        value = tuple(draw(st.lists(ITEMS[field], max_size=3)))
     return dataclasses.replace(step, **{field: value})
+
+
+ITEMS = {
+    "finishes": st.builds(Finish, SMALL, st.integers(0, 7)),
+    "admissions": st.builds(Admission, SMALL, SMALL, st.booleans()),
+    "preemptions": st.builds(Preemption, SMALL, SMALL, SMALL, SMALL),
+    "scheduled": st.builds(Scheduled, SMALL, SMALL, st.integers(0, 3), SMALL, SMALL),
+}
 
 
 @fuzz(500)
