@@ -74,7 +74,8 @@ _PACKERS: dict[tuple[int, int], Callable[..., bytes]] = {}
 
 
 class Bad(Exception):
-    """A decoding failure deep inside a body; `where` is built on the way up."""
+    """A decoding failure deep inside a body; `path` (the field names) is added on the way
+    up, so the message names the field at fault."""
 
     def __init__(self, what: str) -> None:
         super().__init__(what)
