@@ -78,6 +78,9 @@ def test_info_on_a_cut_trace_says_where(tmp_path: Path) -> None:
     assert result.exit_code == 0
     assert f"no: the tail is cut at byte {middle:,} (frame header cut" in result.stdout
     assert "steps     20 (0..19)" in result.stdout
+    cut.write_bytes(path.read_bytes()[:middle])  # as a writer still running leaves it
+    result = schedtop("info", str(cut))
+    assert "no: no footer (the writer is still running" in result.stdout
 
 
 @pytest.mark.parametrize("content, message", [
