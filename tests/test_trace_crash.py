@@ -5,6 +5,7 @@ but the reported cut, and the state rebuilt from them holds together."""
 from __future__ import annotations
 
 import random
+import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -37,9 +38,10 @@ def kill_at_random(path: Path, mode: str, steps_before_kill: int, delay_s: float
         subprocess.run(["sleep", f"{delay_s:.4f}"], check=True)
     child.kill()
     lines += child.stdout.read().split()
-    child.wait()
+    status = child.wait()
     if "done" in lines:
         return -2
+    assert status == -signal.SIGKILL, f"the {mode} child died by itself (status {status})"
     return max((int(x) for x in lines if x.lstrip("-").isdigit()), default=-1)
 
 
@@ -81,4 +83,5 @@ def test_sigkill_at_20_random_moments(tmp_path: Path) -> None:
     for (path, mode, steps, _), last_flushed in zip(plans, flushed):
         assert last_flushed != -2, f"{mode} child finished before step {steps}"
         cut += check_trace(path, last_flushed)
+    assert sum(f >= 0 for f in flushed) >= 15  # most kills came after steps were on disk
     assert cut >= 3  # the torn writes did leave records cut in the middle
