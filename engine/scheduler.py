@@ -130,6 +130,12 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
+    @property
+    def has_unreported(self) -> bool:
+        """Whether something happened since the last report (arrivals, aborts and their KV
+        events) that the next step's report will carry."""
+        return bool(self._arrivals or self._finishes or self.kv.events)
+
     # -- schedule ---------------------------------------------------------------------------
 
     def schedule(self) -> tuple[SchedulerOutput, StepReport]:

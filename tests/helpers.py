@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from engine.core import EngineCore, StepResult
+from engine.report import StepReport
 from engine.sim.driver import make_engine, run_steps
 from engine.sim.workload import SimWorkload, parse_workload
+from engine.state import EngineState
 
 
 def workload(requests: list[dict[str, Any]], **config: Any) -> SimWorkload:
@@ -38,3 +42,39 @@ def run(w: SimWorkload, check: bool = True) -> tuple[list[StepResult], EngineCor
 
 def scheduled(result: StepResult) -> dict[str, int]:
     return {s.request_id: s.num_tokens for s in result.report.scheduled}
+
+
+@dataclass
+class Recorded:
+    """A simulation recorded while it ran."""
+
+    recorder: Any  # the Recorder
+    engine: EngineCore
+    states: list[EngineState] = field(default_factory=list)  # the engine's, after each step
+    reports: list[StepReport] = field(default_factory=list)  # every step's report
+
+    @property
+    def data(self) -> bytes:
+        return bytes(self.recorder.sink.data)
+
+
+def record(w: SimWorkload, sink: Any = None, **options: Any) -> Recorded:
+    """Simulate `w` while recording it (into memory by default)."""
+    from recorder.recorder import Recorder
+    from recorder.writer import MemoryWriter
+
+    engine = make_engine(w)
+    recorder = Recorder(engine, sink if sink is not None else MemoryWriter(), strict=True,
+                        **options)
+    out = Recorded(recorder, engine)
+    for result in run_steps(w, engine):
+        out.states.append(engine.snapshot())
+        out.reports.append(result.report)
+    engine.close()
+    return out
+
+
+def write_trace(tmp_path: Path, data: bytes | bytearray, name: str = "t.trace") -> Path:
+    path = tmp_path / name
+    path.write_bytes(bytes(data))
+    return path

@@ -22,10 +22,11 @@ def user_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from engine.sim.workload import WorkloadError
+        from recorder.errors import RecordingError, TraceError
 
         try:
             return fn(*args, **kwargs)
-        except WorkloadError as e:
+        except (WorkloadError, TraceError, RecordingError) as e:
             click.echo(f"schedtop: error: {e}", err=True)
             sys.exit(2)
 
@@ -46,18 +47,65 @@ def main() -> None:
                    "--set max_num_batched_tokens=1024. Repeatable.")
 @click.option("--decisions", metavar="OUT.jsonl",
               help="Write one JSON line of decisions per step (the fidelity format).")
+@click.option("--trace", "trace_path", metavar="PATH",
+              help="Record the run into this trace file. Default: a new file in "
+                   "$SCHEDTOP_TRACE_DIR (else ~/.cache/schedtop/traces).")
+@click.option("--no-trace", is_flag=True, help="Do not record a trace.")
+@click.option("--redact-prompts", is_flag=True,
+              help="Record prompts and sampled tokens only as lengths and block hashes.")
 @user_errors
-def sim(workload: str | None, settings: tuple[str, ...], decisions: str | None) -> None:
+def sim(workload: str | None, settings: tuple[str, ...], decisions: str | None,
+        trace_path: str | None, no_trace: bool, redact_prompts: bool) -> None:
     """Run a workload through the real scheduler with a simulated model.
 
     Without WORKLOAD, runs the built-in demo workload."""
     from engine.sim.api import load, run_sim
     from engine.sim.summary import format_summary
 
+    if no_trace and trace_path:
+        raise click.UsageError("--trace and --no-trace exclude each other")
     w = load(workload, settings)
-    summary = run_sim(w, decisions)
+    recording = _Recording(None if no_trace else trace_path, "sim", redact_prompts,
+                           enabled=not no_trace)
+    summary = run_sim(w, decisions, on_engine=recording.attach)
     click.echo(f"workload: {w.source}" + (f" - {w.description}" if w.description else ""))
     click.echo(format_summary(summary))
+    recording.report()
+
+
+class _Recording:
+    """Attaches a recorder to the engine a subcommand builds, then says where it went."""
+
+    def __init__(self, path: str | None, kind: str, redact_prompts: bool,
+                 enabled: bool = True) -> None:
+        self.path, self.kind, self.redact, self.enabled = path, kind, redact_prompts, enabled
+        self.recorder: Any = None
+
+    def attach(self, engine: Any) -> None:
+        if self.enabled:
+            from recorder.recorder import open_recording
+
+            self.recorder = open_recording(engine, self.path, kind=self.kind,
+                                           redact_prompts=self.redact)
+
+    def report(self) -> None:
+        rec = self.recorder
+        if rec is not None:
+            click.echo(f"trace: {rec.path}")
+            if rec.error:
+                click.echo(f"schedtop: warning: recording stopped early: {rec.error}",
+                           err=True)
+
+
+@main.command()
+@click.argument("trace", metavar="TRACE")
+@user_errors
+def info(trace: str) -> None:
+    """Show what a trace holds: header, steps, duration, requests, preemptions, and
+    whether it was closed cleanly (or where its tail was cut)."""
+    from recorder.info import format_summary, summarize
+
+    click.echo(format_summary(summarize(trace)))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -38,17 +38,19 @@ def load(path: str | Path | None, settings: Iterable[str] = ()) -> SimWorkload:
 
 
 def run_sim(workload: SimWorkload, decisions_path: str | Path | None = None,
-            sink: EventSink = NULL_SINK) -> SimSummary:
-    """Simulate `workload`; write the decisions file only if the whole run succeeds."""
+            sink: EventSink = NULL_SINK,
+            on_engine: Callable[[EngineCore], None] | None = None) -> SimSummary:
+    """Simulate `workload`; write the decisions file only if the whole run succeeds.
+    `on_engine` gets the engine before its first step (a recorder attaches there)."""
     if decisions_path is None:
-        return simulate(workload, sink)
+        return simulate(workload, sink, on_engine=on_engine)
     final = Path(decisions_path)
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w") as f:
             def write(result: StepResult, engine: EngineCore) -> None:
                 f.write(json.dumps(decision_record(result, engine)) + "\n")
-            summary = simulate(workload, sink, on_step=write)
+            summary = simulate(workload, sink, on_step=write, on_engine=on_engine)
         os.replace(tmp, final)
     except OSError as e:
         raise WorkloadError(f"{final}: cannot write: {e.strerror}") from None

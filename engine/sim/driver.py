@@ -91,9 +91,13 @@ def run_steps(workload: SimWorkload, engine: EngineCore,
 
 
 def simulate(workload: SimWorkload, sink: EventSink = NULL_SINK,
-             on_step: Callable[[StepResult, EngineCore], None] | None = None) -> SimSummary:
-    """Run the whole workload; `on_step` sees every step (decisions writers, tests)."""
+             on_step: Callable[[StepResult, EngineCore], None] | None = None,
+             on_engine: Callable[[EngineCore], None] | None = None) -> SimSummary:
+    """Run the whole workload; `on_step` sees every step (decisions writers, tests), and
+    `on_engine` the engine before its first step (where observers attach)."""
     engine = make_engine(workload, sink)
+    if on_engine is not None:
+        on_engine(engine)
     summary = SimSummary()
     summary.arrival_step = {r.id: r.arrival_step for r in workload.requests}
     try:

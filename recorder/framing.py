@@ -1,0 +1,38 @@
+"""The byte layout around record bodies: the file preamble and each record's frame.
+
+    file   = preamble, record*
+    preamble = MAGIC (8 bytes), major (u16 LE), minor (u16 LE)
+    record = body length (u32 LE), type tag (u8), CRC-32 of tag + body (u32 LE), body
+
+A frame is written in one piece after the whole record is encoded, so a crash leaves
+whole records followed by at most one cut record."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+from recorder.codec import END_BODY_SIZE, MAX_RECORD_BYTES
+from recorder.schema import FORMAT_MAJOR, FORMAT_MINOR
+
+MAGIC = b"\x89STRACE\n"  # \x89: not text; \n: catches newline translation
+PREAMBLE = struct.Struct("<8sHH")
+PREAMBLE_SIZE = PREAMBLE.size
+FRAME = struct.Struct("<IBI")
+FRAME_SIZE = FRAME.size
+END_RECORD_SIZE = FRAME_SIZE + END_BODY_SIZE
+
+
+def preamble(major: int = FORMAT_MAJOR, minor: int = FORMAT_MINOR) -> bytes:
+    return PREAMBLE.pack(MAGIC, major, minor)
+
+
+def checksum(rtype: int, body: bytes | memoryview) -> int:
+    return zlib.crc32(body, zlib.crc32(bytes((rtype,))))
+
+
+def frame(rtype: int, body: bytes) -> bytes:
+    """One whole record: frame header and body."""
+    if len(body) > MAX_RECORD_BYTES:
+        raise ValueError(f"record of {len(body)} bytes exceeds {MAX_RECORD_BYTES}")
+    return FRAME.pack(len(body), rtype, checksum(rtype, body)) + body

@@ -1,0 +1,113 @@
+"""`schedtop info TRACE`: what a trace holds and whether it is whole, in a few lines."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+from recorder.errors import TraceError
+from recorder.reader import Cut, TraceReader
+from recorder.schema import Header, Snapshot, Step
+
+
+@dataclass(frozen=True, slots=True)
+class TraceSummary:
+    """Totals of one trace, from its footer or, when it has none, from a full read."""
+
+    path: Path  # the file
+    size: int  # bytes
+    version: tuple[int, int]  # format (major, minor)
+    header: Header  # the header record
+    first_step: int  # the first step (first_step - 1 = last_step: no steps)
+    last_step: int  # the last whole step
+    duration_s: float  # from the start of recording to the end of the last step
+    num_arrivals: int  # requests that arrived
+    num_finishes: int  # requests that finished
+    num_preemptions: int  # preemptions
+    num_snapshots: int  # snapshot records
+    closed_cleanly: bool  # the writer closed it (footer present)
+    cut: Cut | None  # where an incomplete last record starts, if any
+    end: int  # where the last whole record ends
+
+
+def summarize(path: str | os.PathLike[str]) -> TraceSummary:
+    """Read `path` and total it up; raises TraceError if it is not a readable trace."""
+    try:
+        return _summarize(path)
+    except TraceError as e:
+        e.path = str(path)
+        raise
+
+
+def _summarize(path: str | os.PathLike[str]) -> TraceSummary:
+    with TraceReader(path) as reader:
+        footer = reader.footer
+        if footer is not None:
+            index = reader.index()
+            last_time = 0
+            if index.step_offsets:
+                last = reader.read_at(index.step_offsets[-1]).record
+                last_time = last.time_ns if isinstance(last, Step) else 0
+            totals = (footer.num_arrivals, footer.num_finishes, footer.num_preemptions,
+                      len(footer.snapshot_offsets))
+            last_step = index.last_step
+            end = reader.path.stat().st_size
+        else:
+            last_step, last_time, totals, end = _count(reader)
+        return TraceSummary(
+            reader.path, reader.path.stat().st_size, reader.version, reader.header,
+            reader.header.first_step, last_step, last_time / 1e9, *totals,
+            closed_cleanly=footer is not None, cut=reader.cut, end=end)
+
+
+def _count(reader: TraceReader) -> tuple[int, int, tuple[int, int, int, int], int]:
+    last_step = reader.header.first_step - 1
+    last_time = arrivals = finishes = preemptions = snapshots = 0
+    for entry in reader.entries():
+        rec = entry.record
+        if isinstance(rec, Step):
+            last_step, last_time = rec.step, rec.time_ns
+            arrivals += len(rec.arrivals)
+            finishes += len(rec.finishes)
+            preemptions += len(rec.preemptions)
+        elif isinstance(rec, Snapshot):
+            snapshots += 1
+    end = reader.cut.offset if reader.cut is not None else reader.path.stat().st_size
+    return last_step, last_time, (arrivals, finishes, preemptions, snapshots), end
+
+
+def format_summary(s: TraceSummary) -> str:
+    h = s.header
+    started = datetime.datetime.fromtimestamp(h.start_time_ns / 1e9, datetime.UTC)
+    steps = s.last_step - s.first_step + 1
+    rate = f", {steps / s.duration_s:.0f} steps/s" if s.duration_s > 0 else ""
+    knobs = textwrap.wrap(" ".join(f"{k}={v}" for k, v in sorted(h.config.items())), 88,
+                          subsequent_indent=" " * 10) or [""]
+    lines = [
+        f"trace     {s.path}  ({s.size:,} bytes, format {s.version[0]}.{s.version[1]})",
+        f"engine    {h.engine}" + (f"  model: {h.model}" if h.model else ""),
+        f"recorded  {started:%Y-%m-%d %H:%M:%S} UTC on {h.host}"
+        + ("  (prompts redacted)" if h.redacted else ""),
+        f"config    {knobs[0]}", *knobs[1:],
+        f"steps     {steps:,} ({s.first_step}..{s.last_step})  "
+        f"duration {s.duration_s:.3f} s{rate}",
+        f"requests  {s.num_arrivals:,} arrived, {s.num_finishes:,} finished  "
+        f"preemptions {s.num_preemptions:,}  snapshots {s.num_snapshots}",
+        f"closed    {_closing(s)}",
+    ]
+    return "\n".join(lines)
+
+
+def _closing(s: TraceSummary) -> str:
+    if s.closed_cleanly:
+        return "yes, cleanly (footer index present)"
+    if s.cut is not None:
+        text = (f"no: the tail is cut at byte {s.cut.offset:,} ({s.cut.reason}); every "
+                "record before it is whole")
+    else:
+        text = (f"no: no footer (the writer is still running, or was killed between two "
+                f"records); {s.end:,} bytes of whole records")
+    return "\n".join(textwrap.wrap(text, 88, subsequent_indent=" " * 10))

@@ -1,0 +1,35 @@
+"""Where traces go when no path is given: one new file per run in the trace directory,
+named so that names sort by start time."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+TRACE_DIR_ENV = "SCHEDTOP_TRACE_DIR"
+SUFFIX = ".trace"
+
+
+def trace_dir() -> Path:
+    """`$SCHEDTOP_TRACE_DIR`, else `~/.cache/schedtop/traces`."""
+    configured = os.environ.get(TRACE_DIR_ENV)
+    return Path(configured) if configured else Path.home() / ".cache" / "schedtop" / "traces"
+
+
+def new_trace_path(kind: str, now_ns: int | None = None) -> Path:
+    """A fresh path such as `20250101-120000.123-sim-4242.trace` (UTC) in trace_dir()."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    seconds, rest = divmod(now_ns, 1_000_000_000)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(seconds))
+    return trace_dir() / f"{stamp}.{rest // 1_000_000:03d}-{kind}-{os.getpid()}{SUFFIX}"
+
+
+def latest_trace(directory: Path | None = None) -> Path | None:
+    """The newest trace in `directory` (default: trace_dir()), by name; None if none."""
+    directory = trace_dir() if directory is None else directory
+    try:
+        names = [p for p in directory.iterdir() if p.name.endswith(SUFFIX) and p.is_file()]
+    except OSError:
+        return None
+    return max(names, key=lambda p: p.name, default=None)

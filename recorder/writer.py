@@ -1,0 +1,213 @@
+"""The trace file writer: buffered, written inline or by a flusher thread, fsynced at close.
+
+The engine's thread encodes and appends to a buffer. A small flush (live mode: one step)
+is written inline while the disk is quick, which costs less than waking a thread; a
+large one, or any flush after a slow write, goes to a flusher thread, and the engine
+waits only if the flusher is still writing an earlier batch and more than `max_backlog`
+bytes are queued. So a slow disk costs the engine at most one flush.
+If a write fails (disk full, say) recording stops with one warning and the engine goes
+on: later records are dropped, the file keeps every record written whole before it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from recorder.errors import RecordingError
+from recorder.framing import frame, preamble
+
+log = logging.getLogger("schedtop.recorder")
+
+WriteFn = Callable[[int, memoryview], int]
+
+INLINE_BYTES = 64 << 10  # flushes up to this size may be written by the engine's thread
+SLOW_WRITE_S = 0.002  # a write slower than this sends the following ones to the flusher
+
+
+class TraceWriter:
+    """Appends framed records to a new trace file, from one thread (the engine's).
+
+    Invariant: `offset` is the file offset the next record will have; `flushed` counts the
+    bytes the OS has accepted, a prefix of the file that any reader can see."""
+
+    def __init__(self, path: str | os.PathLike[str], *, live: bool = True,
+                 flush_bytes: int = 1 << 20, flush_interval_s: float = 1.0,
+                 max_backlog: int = 16 << 20, write: WriteFn = os.write) -> None:
+        self.path = Path(path)
+        try:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                               0o644)
+        except OSError as e:
+            raise RecordingError(f"{self.path}: cannot create the trace: {e.strerror}") from None
+        self.live = live  # flush after every step record
+        self.flush_bytes = flush_bytes  # otherwise flush when this much is buffered...
+        self.flush_interval_s = flush_interval_s  # ...or this long after the last flush
+        self.max_backlog = max_backlog  # queued bytes beyond which the engine waits
+        self._write = write
+        self._buf = bytearray(preamble())
+        self.offset = len(self._buf)
+        self.flushed = 0
+        self.error: str | None = None  # why recording stopped, once it has
+        self._last_flush = time.monotonic()
+        self._pending: list[bytes] = []
+        self._backlog = 0
+        self._busy = False  # the flusher is writing a batch
+        self._last_write_s = 0.0  # how long the last write of INLINE_BYTES or less took
+        self._closing = False
+        self._closed = False
+        lock = threading.Lock()
+        self._work = threading.Condition(lock)  # the flusher waits here for batches
+        self._done = threading.Condition(lock)  # flush() and drain() wait here for writes
+        self._thread = threading.Thread(target=self._run, name="trace-flusher", daemon=True)
+        self._thread.start()
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def append(self, rtype: int, body: bytes, *, boundary: bool = False) -> int:
+        """Buffer one record; returns its offset. `boundary` marks the end of a step, where
+        live mode flushes."""
+        if self.error is not None or self._closed:
+            return self.offset
+        start = self.offset
+        data = frame(rtype, body)
+        self._buf += data
+        self.offset += len(data)
+        if boundary and (self.live or len(self._buf) >= self.flush_bytes
+                         or time.monotonic() - self._last_flush >= self.flush_interval_s):
+            self.flush()
+        return start
+
+    def flush(self) -> None:
+        """Write the buffer: inline when it is small, nothing is queued and the last write
+        was quick (a page-cache write costs less than waking a thread); else hand it to
+        the flusher thread, so that a slow disk never holds the engine again."""
+        now = self._last_flush = time.monotonic()
+        if not self._buf:
+            return
+        data, self._buf = bytes(self._buf), bytearray()
+        # No lock needed to decide: only this (the engine's) thread queues batches. Once
+        # the queue is seen empty the flusher cannot start a batch, so if it is then seen
+        # idle it stays idle until we queue more. (Hence: the queue first, then _busy.)
+        if (len(data) <= INLINE_BYTES and not self._pending and not self._busy
+                and self._last_write_s < SLOW_WRITE_S and self.error is None):
+            error = self._write_all(data)
+            self._last_write_s = time.monotonic() - now
+            if error is not None:
+                with self._done:
+                    self._fail(error)
+            return
+        with self._done:
+            # Wait for the flush in progress, never for more: it frees the whole backlog.
+            while (self._busy and self._backlog + len(data) > self.max_backlog
+                   and self.error is None):
+                self._done.wait()
+            if self.error is not None:
+                return
+            self._pending.append(data)
+            self._backlog += len(data)
+            self._work.notify()
+
+    def drain(self) -> None:
+        """Wait until everything flushed so far is written (or writing failed)."""
+        self.flush()
+        with self._done:
+            while (self._pending or self._busy) and self.error is None:
+                self._done.wait()
+
+    def close(self) -> None:
+        """Write what is left, fsync and close. Idempotent."""
+        if self._closed:
+            return
+        self.flush()
+        with self._work:
+            self._closing = True
+            self._work.notify()
+        self._thread.join()
+        self._closed = True
+        try:
+            if self.error is None:
+                os.fsync(self._fd)
+        except OSError as e:
+            self._fail(e)
+        finally:
+            os.close(self._fd)
+
+    # -- the flusher thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._work:
+                while not self._pending and not self._closing:
+                    self._work.wait()
+                if not self._pending:
+                    return
+                self._busy = True  # before the queue empties: flush() reads them unlocked
+                batch, self._pending = self._pending, []
+            data = batch[0] if len(batch) == 1 else b"".join(batch)
+            start = time.monotonic()
+            error = self._write_all(data)
+            with self._done:
+                self._busy = False
+                self._last_write_s = (time.monotonic() - start) * min(1.0, INLINE_BYTES
+                                                                    / max(len(data), 1))
+                self._backlog -= len(data)
+                if error is not None:
+                    self._fail(error)
+                    self._pending, self._backlog = [], 0
+                self._done.notify_all()
+
+    def _write_all(self, data: bytes) -> OSError | None:
+        view = memoryview(data)
+        try:
+            while view:
+                n = self._write(self._fd, view)
+                self.flushed += n
+                view = view[n:]
+        except OSError as e:
+            return e
+        return None
+
+    def _fail(self, error: OSError) -> None:
+        if self.error is None:
+            self.error = f"{self.path}: {error.strerror or error}"
+            log.warning("recording stopped: %s; the trace keeps every record written "
+                        "before this, and the engine goes on", self.error)
+
+
+class TraceSink(Protocol):
+    """Where a Recorder sends framed records: a file (TraceWriter) or memory."""
+
+    offset: int  # the offset the next record gets
+    flushed: int  # bytes a reader can see
+    error: str | None  # why writing stopped, if it has
+
+    def append(self, rtype: int, body: bytes, *, boundary: bool = False) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class MemoryWriter:
+    """A trace kept in memory (tests, benchmarks): `data` is a complete trace file."""
+
+    def __init__(self) -> None:
+        self.data = bytearray(preamble())
+        self.offset = len(self.data)
+        self.flushed = self.offset
+        self.error: str | None = None
+
+    def append(self, rtype: int, body: bytes, *, boundary: bool = False) -> int:
+        start = self.offset
+        self.data += frame(rtype, body)
+        self.offset = self.flushed = len(self.data)
+        return start
+
+    def close(self) -> None:
+        pass

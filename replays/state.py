@@ -1,0 +1,245 @@
+"""The engine's state as a trace alone can rebuild it: requests, queues and the block map.
+
+`State` is what the reducer (replays.reducer) updates one step record at a time. It
+starts from the header (`State.initial`) or from any snapshot record
+(`State.from_snapshot`), turns back into one (`to_snapshot`), copies cheaply (`copy`, for
+keyframes), and converts to `Picture`, field for field the engine's own EngineState.
+Only the trace schema is imported here, never the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from recorder.errors import TraceError
+from recorder.schema import Header, RequestSnap, Snapshot, Status
+from replays.freequeue import FreeQueue
+
+MAX_BLOCKS = 1 << 22  # a header asking for more is refused: the block map would not fit
+POLICIES = ("fcfs", "priority")
+
+
+class Inconsistent(TraceError):
+    """A record that does not fit the state it is applied to."""
+
+
+@dataclass(slots=True)
+class ReqState:
+    """One unfinished request."""
+
+    ref: int  # its ref in the trace
+    request_id: str  # the engine's id
+    status: int  # a Status: WAITING, RUNNING or PREEMPTED
+    num_prompt_tokens: int  # prompt length
+    num_output_tokens: int  # tokens sampled so far
+    num_computed_tokens: int  # tokens in the KV cache
+    block_ids: list[int]  # its block table
+    num_preemptions: int  # times preempted
+    priority: int  # lower runs first under the priority policy
+    arrival_time: float  # the policies' tie-break order
+    num_cached_tokens: int  # prefix-hit tokens at first admission (-1: not yet admitted)
+    max_tokens: int  # output tokens, at most
+    arrival_step: int = -1  # step it arrived in (-1: before the trace)
+    first_scheduled_step: int = -1  # step of its first admission (-1: not yet or unknown)
+    first_token_step: int = -1  # step of its first sampled token (-1: not yet or unknown)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    def priority_order(self) -> tuple[int, float, str]:
+        return (self.priority, self.arrival_time, self.request_id)
+
+    def copy(self) -> ReqState:
+        return ReqState(
+            self.ref, self.request_id, self.status, self.num_prompt_tokens,
+            self.num_output_tokens, self.num_computed_tokens, list(self.block_ids),
+            self.num_preemptions, self.priority, self.arrival_time, self.num_cached_tokens,
+            self.max_tokens, self.arrival_step, self.first_scheduled_step, self.first_token_step)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPicture:
+    """engine.state.RequestState, field for field."""
+
+    request_id: str
+    status: int
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_computed_tokens: int
+    block_ids: tuple[int, ...]
+    num_preemptions: int
+    priority: int
+    num_cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Picture:
+    """engine.state.EngineState, field for field: what tests compare with the engine."""
+
+    step: int
+    requests: tuple[RequestPicture, ...]  # sorted by request id
+    running: tuple[str, ...]
+    waiting: tuple[str, ...]
+    free_queue: tuple[int, ...]
+    ref_cnts: tuple[int, ...]
+    block_hashes: tuple[tuple[int, bytes], ...]
+
+
+@dataclass(slots=True)
+class State:
+    """Requests, queues and the block map after step `step`.
+
+    Invariants (check_invariants): no block is both free and owned; a block's ref count is
+    the number of tables holding it; free + owned blocks = the usable blocks 1..N-1."""
+
+    policy: str  # "fcfs" or "priority"
+    num_blocks: int  # blocks in the pool, the null block 0 included
+    block_size: int  # tokens per block
+    step: int  # the last step applied
+    next_ref: int  # the ref the next arrival gets
+    requests: dict[int, ReqState]  # unfinished requests by ref
+    running: list[int]  # running queue (refs), in order
+    waiting: list[int]  # waiting queue (refs), in admission order
+    free: FreeQueue  # free blocks, head first
+    ref_cnts: list[int]  # per block id
+    block_hashes: dict[int, bytes] = field(default_factory=dict)  # cached blocks' hashes
+
+    @classmethod
+    def initial(cls, header: Header) -> State:
+        """The state before a trace's first step; only for traces that start at step 0."""
+        _check_header(header)
+        if header.first_step != 0:
+            raise TraceError(f"the trace starts at step {header.first_step}: start from its "
+                             "first snapshot instead")
+        n = header.num_blocks
+        return cls(header.policy, n, header.block_size, -1, 0, {}, [], [],
+                   FreeQueue(n, range(1, n)), [0] * n)
+
+    @classmethod
+    def from_snapshot(cls, header: Header, snap: Snapshot) -> State:
+        """The state a snapshot record describes (validated: it may come from anywhere)."""
+        _check_header(header)
+        n = header.num_blocks
+        requests: dict[int, ReqState] = {}
+        ref_cnts = [0] * n
+        for r in snap.requests:
+            if r.ref in requests or r.ref >= snap.next_ref:
+                raise Inconsistent(f"snapshot: bad or repeated ref {r.ref}")
+            requests[r.ref] = _request(r)
+            for b in r.block_ids:
+                _check_block(b, n)
+                ref_cnts[b] += 1
+        _check_refs(snap.running, requests, "running")
+        _check_refs(snap.waiting, requests, "waiting")
+        for b in snap.free_queue:
+            _check_block(b, n)
+        if len(set(snap.free_queue)) != len(snap.free_queue):
+            raise Inconsistent("snapshot: a block is twice in the free queue")
+        if len(snap.cached_block_ids) != len(snap.cached_hashes):
+            raise Inconsistent("snapshot: cached blocks and hashes differ in number")
+        for b in snap.cached_block_ids:
+            _check_block(b, n)
+        state = cls(header.policy, n, header.block_size, snap.step, snap.next_ref, requests,
+                    list(snap.running), list(snap.waiting), FreeQueue(n, snap.free_queue),
+                    ref_cnts, dict(zip(snap.cached_block_ids, snap.cached_hashes)))
+        state.check_invariants()
+        return state
+
+    def copy(self) -> State:
+        return State(self.policy, self.num_blocks, self.block_size, self.step, self.next_ref,
+                     {ref: r.copy() for ref, r in self.requests.items()}, list(self.running),
+                     list(self.waiting), self.free.copy(), list(self.ref_cnts),
+                     dict(self.block_hashes))
+
+    def request_id(self, ref: int) -> str:
+        return self.requests[ref].request_id
+
+    def block_owners(self) -> list[list[int]]:
+        """For each block id, the refs of the requests whose tables hold it (the block
+        map's owners; a free block has none, a shared one several)."""
+        owners: list[list[int]] = [[] for _ in range(self.num_blocks)]
+        for ref, r in self.requests.items():
+            for b in r.block_ids:
+                owners[b].append(ref)
+        return owners
+
+    def to_snapshot(self) -> Snapshot:
+        cached = sorted(self.block_hashes.items())
+        return Snapshot(
+            step=self.step, next_ref=self.next_ref,
+            requests=tuple(_snap(self.requests[ref]) for ref in sorted(self.requests)),
+            running=tuple(self.running), waiting=tuple(self.waiting),
+            free_queue=tuple(self.free), cached_block_ids=tuple(b for b, _ in cached),
+            cached_hashes=tuple(h for _, h in cached))
+
+    def picture(self) -> Picture:
+        ids = self.request_id
+        requests = sorted(
+            (RequestPicture(r.request_id, r.status, r.num_prompt_tokens, r.num_output_tokens,
+                            r.num_computed_tokens, tuple(r.block_ids), r.num_preemptions,
+                            r.priority, r.num_cached_tokens)
+             for r in self.requests.values()), key=lambda r: r.request_id)
+        return Picture(self.step, tuple(requests), tuple(map(ids, self.running)),
+                       tuple(map(ids, self.waiting)), tuple(self.free), tuple(self.ref_cnts),
+                       tuple(sorted(self.block_hashes.items())))
+
+    def check_invariants(self) -> None:
+        """Raise Inconsistent unless the block map holds together (DESIGN.md K8)."""
+        held = [0] * self.num_blocks
+        for r in self.requests.values():
+            for b in r.block_ids:
+                held[b] += 1
+        if held != self.ref_cnts:
+            bad = next(b for b, (h, c) in enumerate(zip(held, self.ref_cnts)) if h != c)
+            raise Inconsistent(f"block {bad}: ref count {self.ref_cnts[bad]} but "
+                               f"{held[bad]} tables hold it")
+        free = list(self.free)
+        if len(free) != len(self.free) or len(set(free)) != len(free):
+            raise Inconsistent("the free queue is malformed")
+        if held[0] or 0 in self.free:
+            raise Inconsistent("the null block 0 is in use or free")
+        owned = sum(1 for h in held if h)
+        if any(held[b] for b in free):
+            raise Inconsistent("a block is both free and owned")
+        if owned + len(free) != self.num_blocks - 1:
+            raise Inconsistent(f"{owned} owned + {len(free)} free blocks != "
+                               f"{self.num_blocks - 1} usable")
+        for b in self.block_hashes:
+            if not 0 < b < self.num_blocks:
+                raise Inconsistent(f"a hash for block {b}, outside the pool")
+
+
+def _check_header(header: Header) -> None:
+    if not 2 <= header.num_blocks <= MAX_BLOCKS:
+        raise TraceError(f"header: num_blocks={header.num_blocks}: must be in [2, {MAX_BLOCKS}]")
+    if header.block_size < 1:
+        raise TraceError(f"header: block_size={header.block_size}: must be >= 1")
+    if header.policy not in POLICIES:
+        raise TraceError(f"header: policy={header.policy!r}: must be one of {POLICIES}")
+
+
+def _check_block(block: int, num_blocks: int) -> None:
+    if not 0 < block < num_blocks:
+        raise Inconsistent(f"block {block} is outside the pool 1..{num_blocks - 1}")
+
+
+def _check_refs(refs: tuple[int, ...], requests: dict[int, ReqState], what: str) -> None:
+    if len(set(refs)) != len(refs) or any(r not in requests for r in refs):
+        raise Inconsistent(f"{what} queue names unknown or repeated requests")
+
+
+def _request(r: RequestSnap) -> ReqState:
+    if r.status > Status.PREEMPTED:
+        raise Inconsistent(f"request {r.ref} has finished status {r.status}")
+    return ReqState(r.ref, r.request_id, r.status, r.num_prompt_tokens, r.num_output_tokens,
+                    r.num_computed_tokens, list(r.block_ids), r.num_preemptions, r.priority,
+                    r.arrival_time, r.num_cached_tokens, r.max_tokens, r.arrival_step,
+                    r.first_scheduled_step, r.first_token_step)
+
+
+def _snap(r: ReqState) -> RequestSnap:
+    return RequestSnap(r.ref, r.request_id, r.status, r.num_prompt_tokens, r.num_output_tokens,
+                       r.num_computed_tokens, tuple(r.block_ids), r.num_preemptions, r.priority,
+                       r.arrival_time, r.num_cached_tokens, r.max_tokens, r.arrival_step,
+                       r.first_scheduled_step, r.first_token_step)

@@ -1,0 +1,476 @@
+"""Recording: the trace holds every decision, and the state the reducer rebuilds from it
+equals the engine's own state after every step."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.events import EventSink
+from engine.kv.hashing import BlockHasher
+from engine.outputs import KernelStat, ModelRunnerOutput, RunnerTimings, SchedulerOutput
+from engine.report import StepReport
+from engine.request import Request, SamplingParams
+from engine.sim.api import demo_workload_path
+from engine.sim.runner import SimRunner
+from engine.sim.workload import load_workload
+from engine.state import EngineState
+from recorder.reader import TraceReader
+from recorder.recorder import Recorder, open_recording
+from recorder.schema import Snapshot, Step
+from recorder.writer import MemoryWriter, TraceWriter
+from replays.reducer import StepView, apply, apply_with_view, reduce, replay, state_at
+from replays.state import State
+from tests.helpers import Recorded, record, req, workload, write_trace
+
+FIDELITY = Path(__file__).parent / "data" / "fidelity"
+CASES = [demo_workload_path(), *sorted(FIDELITY.glob("*.workload.json"))]
+
+
+def replay_all(path: Path) -> tuple[list[State], list[StepView]]:
+    """Every step's state (copies) and view, rebuilt from the trace alone; snapshots
+    along the way must equal the state the steps built."""
+    states: list[State] = []
+    views: list[StepView] = []
+    with TraceReader(path) as reader:
+        state: State | None = None
+        for entry in reader.entries():
+            rec = entry.record
+            if isinstance(rec, Snapshot):
+                if state is None:
+                    state = State.from_snapshot(reader.header, rec)
+                else:
+                    assert state.to_snapshot() == rec, f"snapshot after step {rec.step}"
+            elif isinstance(rec, Step):
+                state = state or State.initial(reader.header)
+                views.append(apply_with_view(state, rec, entry.offset))
+                state.check_invariants()
+                states.append(state.copy())
+    return states, views
+
+
+def same_picture(state: State, engine_state: EngineState) -> bool:
+    return dataclasses.astuple(state.picture()) == dataclasses.astuple(engine_state)
+
+
+def report_facts(rep: StepReport) -> dict[str, Any]:
+    """A report's decisions as plain data, with request ids."""
+    return dict(
+        scheduled=[(s.request_id, s.num_tokens, s.kind, s.num_computed_before, s.num_spec_tokens)
+                   for s in rep.scheduled],
+        sampled={rid: list(toks) for rid, toks in rep.sampled.items()},
+        kv=[(e.kind, e.request_id, e.block_ids, e.hashes, e.num_tokens) for e in rep.kv_events],
+        admissions=[(a.request_id, a.cached_tokens, a.resumed) for a in rep.admissions],
+        preemptions=[(p.victim, p.for_request, p.tokens_lost, p.unscheduled_tokens)
+                     for p in rep.preemptions],
+        shortfalls=[(s.request_id, s.wanted, s.got, s.reason) for s in rep.shortfalls],
+        stops=[None if q is None else (q.head, q.rest) for q in (rep.running_stop,
+                                                                 rep.waiting_stop)],
+        finishes=[(f.request_id, f.status, f.message) for f in rep.finishes],
+        spec=dict(rep.num_spec_accepted),
+        arrivals=[(a.request_id, list(a.prompt_token_ids), a.priority, a.arrival_time,
+                   a.eos_token_id, a.sampling_params.max_tokens) for a in rep.arrivals],
+        counts=(rep.token_budget, rep.num_free_blocks_after_schedule, rep.num_free_blocks))
+
+
+def view_facts(view: StepView) -> dict[str, Any]:
+    rec, names = view.record, dict(view.names)
+    names.update((a.ref, a.request_id) for a in rec.arrivals)
+    return dict(
+        scheduled=[(names[s.ref], s.num_tokens, s.kind, s.num_computed_before, s.num_spec_tokens)
+                   for s in view.scheduled],
+        sampled={names[s.ref]: list(s.token_ids or ()) for s in view.samples},
+        kv=[(e.kind, None if e.ref is None else names[e.ref], e.block_ids, e.hashes,
+             e.num_tokens) for e in view.kv_events],
+        admissions=[(names[a.ref], a.cached_tokens, a.resumed) for a in rec.admissions],
+        preemptions=[(names[p.victim], names[p.for_request], p.tokens_lost,
+                      p.unscheduled_tokens) for p in rec.preemptions],
+        shortfalls=[(names[s.ref], s.wanted, s.got, s.reason) for s in rec.shortfalls],
+        stops=[None if q is None else (q.head, q.rest) for q in (rec.running_stop,
+                                                                 rec.waiting_stop)],
+        finishes=[(names[f.ref], f.status, f.message) for f in rec.finishes],
+        spec={names[a.ref]: a.accepted for a in rec.spec_accepted},
+        arrivals=[(a.request_id, list(a.prompt_token_ids or ()), a.priority, a.arrival_time,
+                   a.eos_token_id, a.sampling.max_tokens) for a in rec.arrivals],
+        counts=(rec.token_budget, rec.free_blocks_after_schedule, rec.free_blocks))
+
+
+def check_recording(run: Recorded, tmp_path: Path) -> list[State]:
+    states, views = replay_all(write_trace(tmp_path, run.data))
+    assert len(states) == len(run.states)
+    for state, engine_state, view, report in zip(states, run.states, views, run.reports):
+        assert same_picture(state, engine_state), f"step {report.step}"
+        assert view_facts(view) == report_facts(report), f"step {report.step}"
+    return states
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda p: p.name.removesuffix(".workload.json"))
+def test_rebuilt_state_equals_the_engine_after_every_step(case: Path, tmp_path: Path) -> None:
+    check_recording(record(load_workload(case), snapshot_interval=5), tmp_path)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_spec_decode_and_priorities_replay_exactly(policy: str, tmp_path: Path) -> None:
+    requests = [req(f"r{i}", 20 + 7 * i, 30 + i, arrival_step=i // 3, priority=(i * 5) % 3,
+                    base=1 + 100 * (i % 4)) for i in range(12)]
+    w = workload(requests, num_blocks=30, max_num_batched_tokens=64, max_num_seqs=6,
+                 num_speculative_tokens=2, policy=policy, long_prefill_token_threshold=24,
+                 scheduler_reserve_full_isl=False)
+    run = record(w, snapshot_interval=4)
+    assert any(r.preemptions for r in run.reports)
+    assert any(r.num_spec_accepted for r in run.reports)
+    assert any(a.cached_tokens for r in run.reports for a in r.admissions)
+    check_recording(run, tmp_path)
+
+
+class ScriptedEngine:
+    """An engine driven by hand: requests added and aborted between steps."""
+
+    def __init__(self, sink: Any = None, **cfg: Any) -> None:
+        config = EngineConfig().replace(**{"num_blocks": 24, "max_num_batched_tokens": 64,
+                                           "max_num_seqs": 4, **cfg})
+        self.runner = SimRunner({})
+        self.engine = EngineCore(config, self.runner)
+        self.recorder = Recorder(self.engine, sink or MemoryWriter(), strict=True,
+                                 snapshot_interval=3)
+        self.hasher = BlockHasher(config.block_size)
+        self.states: list[EngineState] = []
+        self.reports: list[StepReport] = []
+
+    def add(self, rid: str, n: int, max_tokens: int = 6, **kw: Any) -> None:
+        self.runner.add_script(rid, [5, 6, 7, 8, 9, 10, 11, 12])
+        self.engine.add_request(Request(rid, list(range(100, 100 + n)),
+                                        SamplingParams(max_tokens=max_tokens, **kw),
+                                        block_hasher=self.hasher))
+
+    def step(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.reports.append(self.engine.step().report)
+            self.states.append(self.engine.snapshot())
+
+    def finish(self) -> Recorded:
+        while self.engine.has_unfinished():
+            self.step()
+        self.engine.close()
+        return Recorded(self.recorder, self.engine, self.states, self.reports)
+
+
+def test_aborts_errors_stop_tokens_and_reused_ids(tmp_path: Path) -> None:
+    e = ScriptedEngine()
+    e.add("a", 40)
+    e.add("b", 20, stop_token_ids=(7,))
+    e.add("huge", 2000)  # can never fit: finishes with an error at once
+    e.step(2)
+    e.engine.abort("a")  # running, holding blocks
+    e.add("a", 10)  # the same id again, in the same gap between steps
+    e.add("c", 30)
+    e.step()
+    e.engine.abort("c")
+    e.add("c", 17)
+    e.engine.abort("c")  # a reused id aborted again before it ever ran
+    e.add("c", 5)
+    run = e.finish()
+    statuses = [(f.request_id, int(f.status)) for r in run.reports for f in r.finishes]
+    assert ("huge", 6) in statuses and ("b", 3) in statuses
+    assert statuses.count(("a", 5)) == 1 and statuses.count(("c", 5)) == 2
+    check_recording(run, tmp_path)
+
+
+def test_determinism_same_workload_same_trace_after_masking(tmp_path: Path) -> None:
+    """Recorded twice, the traces differ only in timing fields and the header clock; the
+    masking is done on the records the reader returns, which are then re-encoded."""
+    w = load_workload(demo_workload_path())
+    paths = []
+    for name in ("one.trace", "two.trace"):
+        record(w, TraceWriter(tmp_path / name), snapshot_interval=32)
+        paths.append(tmp_path / name)
+    encoded = [_masked(p) for p in paths]
+    assert encoded[0] == encoded[1]
+    assert len(encoded[0]) > 150
+
+
+def _masked(path: Path) -> list[bytes]:
+    from recorder.codec import encode
+    from recorder.schema import End, Footer
+
+    out = []
+    with TraceReader(path) as reader:
+        for entry in reader.entries():
+            rec = entry.record
+            if isinstance(rec, Step):
+                rec = dataclasses.replace(rec, time_ns=0, schedule_ns=0, update_ns=0,
+                                          timings=())
+            elif isinstance(rec, Footer):  # offsets move with the timing fields' sizes
+                rec = dataclasses.replace(rec, step_offsets=(), snapshot_offsets=(),
+                                          end_time_ns=0)
+            elif isinstance(rec, End):
+                rec = End(0)
+            out.append(encode(rec)[1])
+        out.insert(0, encode(dataclasses.replace(reader.header, start_time_ns=0))[1])
+    return out
+
+
+def test_redacted_traces_hold_no_token_ids_but_replay_the_prefix_cache(tmp_path: Path) -> None:
+    w = load_workload(demo_workload_path())
+    run = record(w, redact_prompts=True, snapshot_interval=16)
+    with TraceReader(write_trace(tmp_path, run.data)) as reader:
+        assert reader.header.redacted
+        steps = list(reader.steps())
+    arrivals = [a for s in steps for a in s.arrivals]
+    assert arrivals and all(a.prompt_token_ids is None for a in arrivals)
+    assert all(a.prompt_block_hashes == tuple(b) for a, b in zip(
+        arrivals, (x.prompt_block_hashes for r in run.reports for x in r.arrivals)))
+    assert all(s.sampled_tokens is None for s in steps)
+    # A prompt token sequence from the workload appears nowhere in the file.
+    tokens = w.requests[0].prompt_token_ids[:6]
+    assert token_bytes(tokens) not in run.data
+    assert token_bytes(tokens) in record(w).data  # where an unredacted trace has them
+    states, views = replay_all(write_trace(tmp_path, run.data, "r.trace"))
+    assert any(a.cached_tokens for r in run.reports for a in r.admissions)
+    for state, engine_state in zip(states, run.states):
+        assert same_picture(state, engine_state)
+    counts = [sum(s.count for s in v.samples) for v in views]
+    assert counts == [sum(map(len, r.sampled.values())) for r in run.reports]
+
+
+def token_bytes(tokens: list[int]) -> bytes:
+    """How token ids look in an unredacted trace: a packed little-endian array."""
+    from recorder.codec import pack_ints
+
+    return pack_ints(tokens)[1:]
+
+
+def test_disk_full_stops_recording_and_the_engine_goes_on(tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture
+                                                          ) -> None:
+    budget = [6000]
+
+    def write(fd: int, data: memoryview) -> int:
+        import os
+
+        if budget[0] <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        n = min(len(data), budget[0])
+        budget[0] -= n
+        return os.write(fd, data[:n])
+
+    path = tmp_path / "full.trace"
+    w = load_workload(demo_workload_path())
+    with caplog.at_level(logging.WARNING, logger="schedtop.recorder"):
+        run = record(w, TraceWriter(path, write=write))
+    assert len(run.states) > 100  # the engine ran to the end
+    assert run.recorder.error and "No space left on device" in run.recorder.error
+    assert "recording stopped" in caplog.text and caplog.text.count("recording stopped") == 1
+    with TraceReader(path) as reader:
+        steps = list(reader.steps())
+        assert not reader.closed_cleanly
+        assert reader.cut is not None and reader.cut.offset < 6000
+    assert steps and [s.step for s in steps] == list(range(len(steps)))
+
+
+def test_attached_mid_run_the_trace_starts_with_a_snapshot(tmp_path: Path) -> None:
+    e = ScriptedEngine()
+    e.add("a", 40)
+    e.add("b", 20)
+    e.step(2)
+    sink = MemoryWriter()
+    e.recorder.close()
+    Recorder(e.engine, sink, strict=True, snapshot_interval=100)
+    e.add("c", 30)
+    e.step()
+    e.engine.abort("b")
+    e.states.clear()
+    e.reports.clear()
+    run = e.finish()
+    path = write_trace(tmp_path, sink.data)
+    with TraceReader(path) as reader:
+        assert reader.header.first_step == 2
+        first = next(reader.entries()).record
+        assert isinstance(first, Snapshot) and first.step == 1
+        assert len(reader.index().step_offsets) == len(run.states) + 1
+        for step in range(3, 3 + len(run.states)):
+            assert same_picture(state_at(reader, step), run.states[step - 3])
+
+
+def test_attaching_after_unreported_changes_is_refused() -> None:
+    e = ScriptedEngine()
+    e.add("a", 10)
+    e.step()
+    e.add("b", 10)
+    with pytest.raises(ValueError, match="right after a step"):
+        Recorder(e.engine, MemoryWriter())
+
+
+class TimedRunner(SimRunner):
+    """Reports timings one step late, as a CUDA runner does, with a kernel breakdown."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.pending: RunnerTimings | None = None
+
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        result = super().execute(out)
+        late, self.pending = self.pending, RunnerTimings(
+            out.step, 0.001, 0.02 + out.step * 1e-6, None if out.step % 2 else 0.005, 0.0003,
+            (KernelStat("attention", 12, 0.004), KernelStat("matmul", 40, 0.012)))
+        result.timings = [late] if late is not None else []
+        return result
+
+
+def test_timings_are_recorded_and_read_back(tmp_path: Path) -> None:
+    runner = TimedRunner()
+    engine = EngineCore(EngineConfig(num_blocks=64), runner)
+    recorder = Recorder(engine, MemoryWriter(), strict=True)
+    runner.add_script("a", list(range(20)))
+    engine.add_request(Request("a", list(range(40)), SamplingParams(max_tokens=10)))
+    sent = []
+    while engine.has_unfinished():
+        rep = engine.step().report
+        sent.append((rep.schedule_s, rep.update_s, list(rep.timings)))
+    engine.close()
+    with TraceReader(write_trace(tmp_path, recorder.sink.data)) as reader:
+        steps = list(reader.steps())
+    assert [round(s.schedule_ns) for s in steps] == [round(x[0] * 1e9) for x in sent]
+    assert all(s.update_ns > 0 and s.time_ns > 0 for s in steps)
+    for step, (_, _, timings) in zip(steps, sent):
+        assert [t.step for t in step.timings] == [t.step for t in timings]
+        for got, want in zip(step.timings, timings):
+            assert got.forward_ns == round(want.forward_s * 1e9)
+            assert got.attention_ns == (None if want.attention_s is None
+                                        else round(want.attention_s * 1e9))
+            assert [(k.name, k.calls, k.total_ns) for k in got.kernels] == [
+                (k.name, k.calls, round(k.total_s * 1e9)) for k in want.kernels]
+    assert steps[1].timings[0].step == 0  # measured in step 0, arrived with step 1
+
+
+class Collecting(EventSink):
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.closed = False
+
+    def on_step(self, report: StepReport) -> None:
+        self.steps.append(report.step)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_recorder_passes_reports_on_to_the_sink_it_replaced() -> None:
+    w = load_workload(FIDELITY / "a_decode_plus_arrival.workload.json")
+    from engine.sim.driver import make_engine, run_steps
+
+    downstream = Collecting()
+    engine = make_engine(w, downstream)
+    recorder = Recorder(engine, MemoryWriter())
+    n = len(list(run_steps(w, engine)))
+    engine.close()
+    assert downstream.steps == list(range(n)) and downstream.closed
+    assert engine.sink is downstream and recorder.error is None
+
+
+def test_a_recorder_bug_stops_recording_not_the_engine(caplog: pytest.LogCaptureFixture,
+                                                       tmp_path: Path) -> None:
+    w = load_workload(demo_workload_path())
+    from engine.sim.driver import make_engine, run_steps
+
+    engine = make_engine(w)
+    recorder = Recorder(engine, MemoryWriter())
+    real = recorder._conv.convert
+
+    def flaky(rep: StepReport, **kw: Any) -> Step:
+        if rep.step == 30:
+            raise RuntimeError("boom")
+        return real(rep, **kw)
+
+    recorder._conv.convert = flaky  # type: ignore[method-assign]
+    with caplog.at_level(logging.ERROR, logger="schedtop.recorder"):
+        n = len(list(run_steps(w, engine)))
+    engine.close()
+    assert n > 100 and recorder.error == "step 30: RuntimeError: boom"
+    with TraceReader(write_trace(tmp_path, recorder.sink.data)) as reader:
+        assert [s.step for s in reader.steps()] == list(range(30))
+        assert not reader.closed_cleanly
+
+
+def test_footer_totals_and_flushed_step(tmp_path: Path) -> None:
+    w = load_workload(demo_workload_path())
+    path = tmp_path / "t.trace"
+    writer = TraceWriter(path, live=False, flush_bytes=1 << 30, flush_interval_s=1e9)
+    run = record(w, writer, snapshot_interval=50)
+    assert run.recorder.flushed_step == len(run.states) - 1
+    with TraceReader(path) as reader:
+        footer = reader.footer
+        assert footer is not None
+        assert footer.num_steps == len(run.states)
+        assert footer.num_arrivals == len(w.requests)
+        assert footer.num_finishes == len(w.requests)
+        assert footer.num_preemptions == sum(len(r.preemptions) for r in run.reports)
+        assert footer.snapshot_steps == (49, 99, 149)
+
+
+def test_flushed_step_lags_in_batch_mode_and_catches_up_in_live_mode(tmp_path: Path) -> None:
+    e = ScriptedEngine(TraceWriter(tmp_path / "batch.trace", live=False, flush_bytes=1 << 30,
+                                   flush_interval_s=1e9))
+    e.add("a", 40)
+    e.step(4)
+    assert e.recorder.flushed_step == -1  # everything is still in the buffer
+    e.recorder.sink.drain()
+    assert e.recorder.flushed_step == 3
+    live = ScriptedEngine(TraceWriter(tmp_path / "live.trace"))
+    live.add("a", 40)
+    live.step(4)
+    live.recorder.sink.drain()
+    assert live.recorder.flushed_step == 3
+    e.finish()
+    live.finish()
+
+
+def test_open_recording_writes_into_the_trace_directory(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDTOP_TRACE_DIR", str(tmp_path / "traces"))
+    from engine.sim.driver import make_engine, run_steps
+
+    w = load_workload(FIDELITY / "a_decode_plus_arrival.workload.json")
+    engine = make_engine(w)
+    recorder = open_recording(engine, kind="sim")
+    list(run_steps(w, engine))
+    engine.close()
+    assert recorder.path is not None and recorder.path.parent == tmp_path / "traces"
+    assert "-sim-" in recorder.path.name
+    with TraceReader(recorder.path) as reader:
+        assert reader.closed_cleanly
+
+
+def test_reducer_copies_are_independent_and_reduce_is_pure(tmp_path: Path) -> None:
+    run = record(load_workload(demo_workload_path()))
+    with TraceReader(write_trace(tmp_path, run.data)) as reader:
+        steps = list(reader.steps())
+        state = State.initial(reader.header)
+    for s in steps[:60]:
+        apply(state, s)
+    before = state.copy()
+    for s in steps[60:90]:
+        apply(state, s)
+    assert same_picture(before, run.states[59]) and same_picture(state, run.states[89])
+    after = reduce(before, steps[60])
+    assert same_picture(before, run.states[59]) and same_picture(after, run.states[60])
+    owners = after.block_owners()
+    assert [len(o) for o in owners] == list(after.ref_cnts)
+    assert all(after.request_id(ref) for o in owners for ref in o)
+    budgets = [s.num_scheduled_tokens for s in steps]
+    assert budgets == [r.num_scheduled_tokens for r in run.reports]
+
+
+def test_replay_yields_every_state_and_checks_snapshots(tmp_path: Path) -> None:
+    run = record(load_workload(demo_workload_path()), snapshot_interval=10)
+    with TraceReader(write_trace(tmp_path, run.data)) as reader:
+        pictures = [s.picture() for s in replay(reader.header, reader.entries())]
+    assert [dataclasses.astuple(p) for p in pictures] == [dataclasses.astuple(s)
+                                                          for s in run.states]
