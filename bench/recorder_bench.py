@@ -122,8 +122,10 @@ def twin_run(w: SimWorkload, steps: int, trace: Path | None, recorded_first: boo
 def naive_size(report: StepReport, engine: EngineCore) -> int:
     """One msgpack map per step: the report and every request's state, field names and all."""
     state = engine.snapshot()
+    fields = dataclasses.asdict(dataclasses.replace(report, kv_events=[]))
+    fields["kv_events"] = [dataclasses.asdict(e) for e in report.kv_events]
     return len(msgpack.packb({
-        "report": dataclasses.asdict(report),
+        "report": fields,
         "requests": [dataclasses.asdict(r) for r in state.requests],
         "running": state.running, "waiting": state.waiting,
     }, use_bin_type=True))

@@ -88,9 +88,9 @@ class EngineCore:
         self.finished.clear()
         return done
 
-    def snapshot(self) -> EngineState:
+    def snapshot(self, ref_cnts: bool = True) -> EngineState:
         """The engine's full state now: requests, queues and the block map."""
-        return snapshot(self.scheduler)
+        return snapshot(self.scheduler, ref_cnts)
 
     def close(self) -> None:
         self.sink.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from engine.kv.events import KVEvent
+from engine.kv.events import KVEventLog
 from engine.outputs import RunnerTimings
 from engine.request import RequestStatus, SamplingParams
 
@@ -124,10 +124,12 @@ class StepReport:
     shortfalls: list[Shortfall]  # requests cut short, each with its reason
     running_stop: QueueStop | None  # why the running pass left requests unscheduled
     waiting_stop: QueueStop | None  # why the waiting pass left requests in waiting
+    num_leading_decodes: int = -1  # leading entries that are running[i] decoding 1 token (-1: ?)
     finishes: list[Finish] = field(default_factory=list)  # aborts and errors included
     sampled: dict[str, list[int]] = field(default_factory=dict)  # tokens appended per request
+    sampled_flat: list[int] = field(default_factory=list)  # the same tokens, in sampled's order
     num_spec_accepted: dict[str, int] = field(default_factory=dict)  # accepted drafts
-    kv_events: list[KVEvent] = field(default_factory=list)  # every block movement, in order
+    kv_events: KVEventLog = field(default_factory=KVEventLog)  # every block movement, in order
     num_free_blocks_after_schedule: int = 0  # free blocks right after schedule()
     num_free_blocks: int = 0  # free blocks at the end of the step
     running: list[str] = field(default_factory=list)  # running queue at the end of the step

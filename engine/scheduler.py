@@ -48,6 +48,7 @@ class _Pass:
     shortfalls: list[Shortfall] = field(default_factory=list)
     running_stop: QueueStop | None = None
     waiting_stop: QueueStop | None = None
+    leading_decodes: int = 0  # entries so far that are running[i] decoding one token
 
 
 class Scheduler:
@@ -192,6 +193,9 @@ class Scheduler:
                         continue  # it preempted itself; the cursor already points at the next
                     p.running_stop = QueueStop(Reason.KV_BLOCKS, Reason.KV_BLOCKS)
                     return
+            if wanted == 1 and p.leading_decodes == p.cursor == len(running_reqs) \
+                    and req.output_token_ids:
+                p.leading_decodes += 1  # lets a recorder write steady decoding as one number
             p.cursor += 1
             rid = req.request_id
             if reason is not None:
@@ -347,6 +351,8 @@ class Scheduler:
             token_budget=self.config.max_num_batched_tokens, admissions=p.admissions,
             preemptions=p.preemptions, shortfalls=p.shortfalls,
             running_stop=p.running_stop, waiting_stop=p.waiting_stop,
+            # A preemption can shift or unschedule entries: then leave it to the reader.
+            num_leading_decodes=-1 if p.preemptions else p.leading_decodes,
             finishes=self._finishes,
             num_free_blocks_after_schedule=self.kv.num_free_blocks)
         self._arrivals = []
@@ -391,6 +397,7 @@ class Scheduler:
         touched: list[Request] = []
         finished_any = False
         sampled = report.sampled
+        flat = report.sampled_flat
         spec = out.scheduled_spec_decode_tokens
         drafts = result.draft_token_ids
         requests = self.requests
@@ -419,8 +426,10 @@ class Scheduler:
                       or len(req.output_token_ids) >= params.max_tokens):
                     req.status = RequestStatus.FINISHED_LENGTH_CAPPED
                 stopped = req.status != RequestStatus.RUNNING
+                flat.append(tok)
             else:
                 stopped = self._append(req, tokens)
+                flat += tokens
             sampled[rid] = tokens
             touched.append(req)
             if stopped:

@@ -6,6 +6,7 @@ trace alone, and the tests compare the two."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from engine.request import RequestStatus
@@ -38,25 +39,27 @@ class EngineState:
     running: tuple[str, ...]  # running queue, in order
     waiting: tuple[str, ...]  # waiting queue, in admission order
     free_queue: tuple[int, ...]  # free block ids, head (reused first) to tail
-    ref_cnts: tuple[int, ...]  # per block id
+    ref_cnts: tuple[int, ...]  # per block id (empty when the snapshot left them out)
     block_hashes: tuple[tuple[int, bytes], ...]  # (block id, hash) of cached blocks, by id
 
 
-def snapshot(sched: Scheduler) -> EngineState:
+def snapshot(sched: Scheduler, ref_cnts: bool = True) -> EngineState:
+    """The state now. `ref_cnts=False` leaves them out (empty): they follow from the block
+    tables, and counting every block is a good part of a snapshot's cost."""
     kv = sched.kv
     requests = tuple(
         RequestState(r.request_id, r.status, r.num_prompt_tokens, r.num_output_tokens,
                      r.num_computed_tokens, tuple(kv.get_block_ids(r.request_id)),
                      r.num_preemptions, r.priority, r.num_cached_tokens)
         for r in sorted(sched.requests.values(), key=lambda r: r.request_id))
-    blocks = kv.pool.blocks
+    pool = kv.pool
     return EngineState(
         step=sched.step_index - 1,
         requests=requests,
         running=tuple(r.request_id for r in sched.running),
         waiting=tuple(r.request_id for r in sched.waiting),
-        free_queue=tuple(b.block_id for b in kv.pool.free_queue),
-        ref_cnts=tuple(b.ref_cnt for b in blocks),
-        block_hashes=tuple((b.block_id, b.block_hash) for b in blocks
-                           if b.block_hash is not None),
+        free_queue=tuple(pool.free_queue.ids()),
+        ref_cnts=tuple(map(attrgetter("ref_cnt"), pool.blocks)) if ref_cnts else (),
+        block_hashes=tuple(sorted((block_id, h) for h, entry in pool.cached.items()
+                                  for block_id in entry)),
     )

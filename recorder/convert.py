@@ -15,13 +15,13 @@ from itertools import chain
 from operator import attrgetter
 from typing import Any
 
-from engine.kv.events import KVEvent as EngineKVEvent
-from engine.kv.events import KVEventKind
+from engine.kv.events import KVEventKind, KVEventLog
 from engine.report import Kind as EngineKind
 from engine.report import QueueStop as EngineQueueStop
 from engine.report import StepReport
 from engine.request import Request, RequestStatus
 from engine.state import EngineState
+from recorder.codec import STEP as STEP_BODY
 from recorder.derive import running_after, waiting_after_fcfs, waiting_after_priority
 from recorder.schema import (
     NO_KV_EVENTS,
@@ -44,9 +44,7 @@ from recorder.schema import (
 )
 
 _DECODE = EngineKind.DECODE
-_EVICTED, _FREED = KVEventKind.EVICTED, KVEventKind.FREED
-_CACHED, _PREFIX_HIT = KVEventKind.CACHED, KVEventKind.PREFIX_HIT
-_KIND_INT = tuple(range(len(KVEventKind)))  # indexed by kind: plain ints, no enum hashing
+_FREED = KVEventKind.FREED
 
 
 @dataclass(slots=True)
@@ -133,6 +131,30 @@ class StepConverter:
 
     # -- one step ------------------------------------------------------------------------------
 
+    def steady_body(self, rep: StepReport, *, time_ns: int = 0) -> bytes | None:
+        """The encoded STEP body of a steady decode step (the running requests each decode
+        one token and nothing else happens), built straight from the report: the same
+        bytes as encoding `convert(rep)`, for a fraction of the work. None for any other
+        step."""
+        n = rep.num_leading_decodes
+        if (n != len(rep.scheduled) or n != len(rep.sampled) or n != len(rep.sampled_flat)
+                or rep.arrivals or rep.finishes or rep.admissions or rep.preemptions
+                or rep.shortfalls or rep.running_stop or rep.waiting_stop
+                or rep.num_spec_accepted or rep.timings or self.awaiting_token
+                or n > len(self.running) or rep.running != self.running
+                or rep.waiting != self.waiting):
+            return None
+        kv = rep.kv_events
+        body = STEP_BODY.encode_fields({
+            "step": rep.step, "time_ns": time_ns, "schedule_ns": ns(rep.schedule_s),
+            "update_ns": ns(rep.update_s), "token_budget": rep.token_budget,
+            "num_decodes": n,
+            "sampled_tokens": None if self.redact else tuple(rep.sampled_flat),
+            "kv_events": self._kv_events(kv, _StepRefs(self.live)) if kv else NO_KV_EVENTS,
+            "free_blocks_after_schedule": rep.num_free_blocks_after_schedule,
+            "free_blocks": rep.num_free_blocks})
+        return body
+
     def convert(self, rep: StepReport, *, time_ns: int = 0) -> Step:
         refs = _StepRefs(self.live)
         arrivals = self._arrivals(rep, refs) if rep.arrivals else ()
@@ -213,6 +235,8 @@ class StepConverter:
         """How many leading entries are base[i] decoding one token; and every entry's id."""
         sched = rep.scheduled
         n = len(sched)
+        if rep.num_leading_decodes == n and n <= len(base):
+            return n, base[:n]  # the scheduler vouches: entry i is base[i] decoding one token
         # One pass for the common case: every entry a DECODE (one token, by definition).
         ids = [s.request_id for s in sched if s.kind is _DECODE]
         if len(ids) == n:
@@ -230,13 +254,12 @@ class StepConverter:
     def _samples(self, rep: StepReport, ids: list[str], refs: _StepRefs
                  ) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None, tuple[Sample, ...]]:
         sampled = rep.sampled
-        if len(sampled) == len(ids) and list(sampled) == ids:
-            counts: tuple[int, ...] | None = None
-            try:  # the decode case, one token each: unpacking checks that as it goes
-                flat = [t for (t,) in sampled.values()]
-            except ValueError:
-                flat = list(chain.from_iterable(sampled.values()))
-                counts = tuple(map(len, sampled.values()))
+        # Samples follow scheduling order, so when every entry sampled and the scheduler
+        # vouched for the ids, the keys need no comparison.
+        if len(sampled) == len(ids) and (rep.num_leading_decodes == len(ids)
+                                         or list(sampled) == ids):
+            flat = rep.sampled_flat  # the engine flattened them while they were hot
+            counts = None if len(flat) == len(ids) else tuple(map(len, sampled.values()))
             return counts, None if self.redact else tuple(flat), ()
         empty: list[int] = []
         per_entry = [sampled.get(rid, empty) for rid in ids]
@@ -247,34 +270,17 @@ class StepConverter:
                 None if self.redact else tuple(chain.from_iterable(per_entry)), others)
 
     @staticmethod
-    def _kv_events(events: list[EngineKVEvent], refs: _StepRefs) -> KVEvents:
-        """The events as columns, in one loop (faster here than a comprehension each)."""
-        kinds: list[int] = []
-        owners: list[int] = []
-        sizes: list[int] = []
-        blocks: list[int] = []
-        hashes: list[bytes] = []
-        hits: list[int] = []
+    def _kv_events(log: KVEventLog, refs: _StepRefs) -> KVEvents:
+        """The engine keeps the step's events as columns already: map ids to refs, drop
+        the evicted hashes (the reducer knows what it drops), and take the rest whole."""
         live = refs.live
-        for e in events:
-            kind = e.kind
-            kinds.append(_KIND_INT[kind])
-            sizes.append(len(e.block_ids))
-            blocks += e.block_ids
-            if kind is _EVICTED:  # no request; the reducer knows the hashes it drops
-                continue
-            rid = e.request_id
-            assert rid is not None
-            if kind is _FREED:
-                owners.append(refs.freed_ref(rid))
-                continue
-            owners.append(live[rid].ref)
-            if kind is _CACHED:
-                hashes += e.hashes
-            elif kind is _PREFIX_HIT:
-                hits.append(e.num_tokens)
-        return KVEvents(tuple(kinds), tuple(owners), tuple(sizes), tuple(blocks),
-                        tuple(hashes), tuple(hits))
+        if refs.freed_older:  # an id reused this step: its FREED may name the older request
+            owners = [refs.freed_ref(rid) if kind is _FREED else live[rid].ref
+                      for kind, rid in zip(log.kinds, log.request_ids) if rid is not None]
+        else:
+            owners = [live[rid].ref for rid in log.request_ids if rid is not None]
+        return KVEvents(tuple(log.kinds), tuple(owners), tuple(log.sizes),
+                        tuple(log.block_ids), tuple(log.cached_hashes), tuple(log.hit_tokens))
 
     def _queues(self, rep: StepReport, reused: bool
                 ) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:

@@ -25,7 +25,7 @@ from recorder.codec import MAX_RECORD_BYTES, encode
 from recorder.convert import StepConverter, scalar_config
 from recorder.errors import RecordingError
 from recorder.paths import new_trace_path
-from recorder.schema import End, Footer, Header, Record, Snapshot
+from recorder.schema import End, Footer, Header, Record, RecordType, Snapshot
 from recorder.writer import TraceSink, TraceWriter
 
 log = logging.getLogger("schedtop.recorder")
@@ -119,9 +119,15 @@ class Recorder:
         if self.sink.error is not None:
             self.error = self.sink.error
             return
-        step = self._conv.convert(report, time_ns=self._clock() - self._t0)
+        time_ns = self._clock() - self._t0
         snapshot_due = (report.step + 1) % self.snapshot_interval == 0
-        self._step_offsets.append(self._append(step, boundary=not snapshot_due))
+        body = self._conv.steady_body(report, time_ns=time_ns)
+        if body is not None:
+            offset = self.sink.append(RecordType.STEP, body, boundary=not snapshot_due)
+        else:
+            offset = self._append(self._conv.convert(report, time_ns=time_ns),
+                                  boundary=not snapshot_due)
+        self._step_offsets.append(offset)
         self._step_ends.append(self.sink.offset)
         counts = self._counts
         counts[0] += 1
@@ -129,7 +135,7 @@ class Recorder:
         counts[2] += len(report.finishes)
         counts[3] += len(report.preemptions)
         if snapshot_due:
-            self._write_snapshot(self._conv.snapshot(self.engine.snapshot()))
+            self._write_snapshot(self._conv.snapshot(self.engine.snapshot(ref_cnts=False)))
 
     def _write_snapshot(self, snap: Snapshot) -> None:
         self._snapshots.append((snap.step, self._append(snap, boundary=True)))

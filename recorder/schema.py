@@ -300,7 +300,7 @@ class Timing:
     kernels: tuple[Kernel, ...] = ()  # per-kernel breakdown on profiled steps
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per engine step, and frozen init costs 4x more
 class Step:
     """Everything one step decided and did, as changes to the previous state.
 

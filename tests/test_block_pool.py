@@ -98,7 +98,7 @@ def test_allocation_is_all_or_nothing() -> None:
     events_before = list(kv.events)
     assert kv.allocate_slots(b, 8) is None
     assert kv.get_block_ids("b") == [] and kv.num_free_blocks == 1
-    assert kv.events == events_before
+    assert list(kv.events) == events_before
     kv.check_invariants()
 
 

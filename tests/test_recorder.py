@@ -474,3 +474,24 @@ def test_replay_yields_every_state_and_checks_snapshots(tmp_path: Path) -> None:
         pictures = [s.picture() for s in replay(reader.header, reader.entries())]
     assert [dataclasses.astuple(p) for p in pictures] == [dataclasses.astuple(s)
                                                           for s in run.states]
+
+
+@pytest.mark.parametrize("redact", [False, True])
+def test_steady_decode_fast_path_writes_the_same_bytes(redact: bool) -> None:
+    from engine.sim.driver import make_engine, run_steps
+    from recorder.codec import encode
+    from recorder.convert import StepConverter
+
+    w = load_workload(demo_workload_path())
+    fast, slow = StepConverter(w.config.policy, redact), StepConverter(w.config.policy, redact)
+    taken = 0
+    for result in run_steps(w, make_engine(w)):
+        rep = result.report
+        body = fast.steady_body(rep, time_ns=rep.step)
+        if body is None:
+            fast.convert(rep, time_ns=rep.step)
+        step = slow.convert(rep, time_ns=rep.step)
+        if body is not None:
+            taken += 1
+            assert body == encode(step)[1], rep.step
+    assert taken > 20  # the demo has long runs of pure decoding

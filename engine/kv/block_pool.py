@@ -8,22 +8,21 @@ Invariants (checked by `check_invariants`, and by the tests after every step):
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 
-from engine.kv.events import KVEvent, KVEventKind
+from engine.kv.events import KVEventKind, KVEventLog
 
 
 class KVBlock:
-    """One block of `block_size` token slots. Free blocks are linked into the free queue."""
+    """One block of `block_size` token slots."""
 
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free")
+    __slots__ = ("block_id", "ref_cnt", "block_hash")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0  # block tables holding this block
         self.block_hash: bytes | None = None  # set once the block is full and cached
-        self.prev_free: KVBlock | None = None
-        self.next_free: KVBlock | None = None
 
     def __repr__(self) -> str:
         h = self.block_hash.hex()[:8] if self.block_hash else None
@@ -31,79 +30,58 @@ class KVBlock:
 
 
 class FreeBlockQueue:
-    """Doubly linked list of free blocks with O(1) removal from the middle.
+    """Free blocks in eviction order, head (handed out first) to tail.
 
-    The head is evicted (handed out) first. Sentinels at both ends keep every
-    operation branch-free.
-    """
+    An OrderedDict keyed by block id is a doubly linked list with a hash index, in C: O(1)
+    removal from the middle (a prefix hit on a free block), O(1) at both ends, and a fast
+    walk for snapshots."""
+
+    __slots__ = ("_blocks",)
 
     def __init__(self, blocks: Iterable[KVBlock]) -> None:
-        self.head = KVBlock(-1)
-        self.tail = KVBlock(-1)
-        self.head.next_free = self.tail
-        self.tail.prev_free = self.head
-        self.num_free = 0
-        self.append_n(list(blocks))
+        self._blocks: OrderedDict[int, KVBlock] = OrderedDict((b.block_id, b) for b in blocks)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._blocks)
 
     def __len__(self) -> int:
-        return self.num_free
+        return len(self._blocks)
 
     def __iter__(self) -> Iterator[KVBlock]:
-        node = self.head.next_free
-        while node is not self.tail:
-            assert node is not None
-            yield node
-            node = node.next_free
+        return iter(self._blocks.values())
+
+    def __contains__(self, block: KVBlock) -> bool:
+        return block.block_id in self._blocks
+
+    def ids(self) -> list[int]:
+        """Free block ids, head to tail."""
+        return list(self._blocks)
 
     def popleft_n(self, n: int) -> list[KVBlock]:
-        if n > self.num_free:
-            raise ValueError(f"cannot take {n} blocks: only {self.num_free} free")
-        out: list[KVBlock] = []
-        node = self.head.next_free
-        for _ in range(n):
-            assert node is not None
-            out.append(node)
-            nxt = node.next_free
-            node.prev_free = node.next_free = None
-            node = nxt
-        assert node is not None
-        self.head.next_free = node
-        node.prev_free = self.head
-        self.num_free -= n
-        return out
+        blocks = self._blocks
+        if n > len(blocks):
+            raise ValueError(f"cannot take {n} blocks: only {len(blocks)} free")
+        pop = blocks.popitem
+        return [pop(last=False)[1] for _ in range(n)]
 
     def remove(self, block: KVBlock) -> None:
-        prev, nxt = block.prev_free, block.next_free
-        if prev is None or nxt is None:
-            raise ValueError(f"block {block.block_id} is not in the free queue")
-        prev.next_free = nxt
-        nxt.prev_free = prev
-        block.prev_free = block.next_free = None
-        self.num_free -= 1
+        try:
+            del self._blocks[block.block_id]
+        except KeyError:
+            raise ValueError(f"block {block.block_id} is not in the free queue") from None
 
     def append_n(self, blocks: list[KVBlock]) -> None:
-        last = self.tail.prev_free
-        assert last is not None
+        queue = self._blocks
         for block in blocks:
-            block.prev_free = last
-            last.next_free = block
-            last = block
-        last.next_free = self.tail
-        self.tail.prev_free = last
-        self.num_free += len(blocks)
+            queue[block.block_id] = block
 
     def prepend_n(self, blocks: list[KVBlock]) -> None:
         """Put `blocks` at the head, in list order (the first one is evicted first)."""
-        first = self.head.next_free
-        assert first is not None
-        prev = self.head
-        for block in blocks:
-            block.prev_free = prev
-            prev.next_free = block
-            prev = block
-        prev.next_free = first
-        first.prev_free = prev
-        self.num_free += len(blocks)
+        queue = self._blocks
+        for block in reversed(blocks):
+            queue[block.block_id] = block
+            queue.move_to_end(block.block_id, last=False)
 
 
 class BlockPool:
@@ -119,7 +97,7 @@ class BlockPool:
         self.null_block = self.blocks[0]
         # hash -> blocks with that content, in caching order; the first one is served.
         self.cached: dict[bytes, dict[int, KVBlock]] = {}
-        self.events: list[KVEvent] = []
+        self.events = KVEventLog()
 
     @property
     def num_free_blocks(self) -> int:
@@ -140,9 +118,8 @@ class BlockPool:
                 evicted.append(block)
             block.ref_cnt = 1
         if evicted:
-            self.events.append(KVEvent(KVEventKind.EVICTED, None,
-                                       tuple(b.block_id for b in evicted),
-                                       tuple(self._uncache(b) for b in evicted)))
+            self.events.add(KVEventKind.EVICTED, None, [b.block_id for b in evicted],
+                            [self._uncache(b) for b in evicted])
         return blocks
 
     def _uncache(self, block: KVBlock) -> bytes:
@@ -168,8 +145,7 @@ class BlockPool:
             assert block.block_hash is None, f"block {block.block_id} is already cached"
             block.block_hash = h
             self.cached.setdefault(h, {})[block.block_id] = block
-        self.events.append(KVEvent(KVEventKind.CACHED, request_id,
-                                   tuple(b.block_id for b in blocks), tuple(hashes)))
+        self.events.add(KVEventKind.CACHED, request_id, [b.block_id for b in blocks], hashes)
 
     def free_blocks(self, ordered: Iterable[KVBlock]) -> None:
         """Drop one reference from each block. Blocks reaching 0 go back to the queue:
@@ -188,7 +164,7 @@ class BlockPool:
 
     def check_invariants(self, tables: dict[str, list[KVBlock]]) -> None:
         """Raise AssertionError when the pool and the block tables disagree (K8)."""
-        free_ids = [b.block_id for b in self.free_queue]
+        free_ids = self.free_queue.ids()
         free_set = set(free_ids)
         assert len(free_ids) == len(free_set), "a block is twice in the free queue"
         assert 0 not in free_set, "the null block is in the free queue"

@@ -8,7 +8,7 @@ free (+ the watermark when admitting) <= free blocks.
 from __future__ import annotations
 
 from engine.kv.block_pool import BlockPool, KVBlock
-from engine.kv.events import KVEvent, KVEventKind
+from engine.kv.events import KVEventKind, KVEventLog
 from engine.request import Request, RequestStatus
 
 
@@ -37,11 +37,11 @@ class KVCacheManager:
         return self.pool.num_free_blocks
 
     @property
-    def events(self) -> list[KVEvent]:
+    def events(self) -> KVEventLog:
         return self.pool.events
 
-    def take_events(self) -> list[KVEvent]:
-        events, self.pool.events = self.pool.events, []
+    def take_events(self) -> KVEventLog:
+        events, self.pool.events = self.pool.events, KVEventLog()
         return events
 
     def get_block_ids(self, request_id: str) -> list[int]:
@@ -111,16 +111,15 @@ class KVCacheManager:
             self.pool.touch(new_computed)
             table.extend(new_computed)
             self.num_cached_block[rid] = len(table)
-            self.pool.events.append(KVEvent(
-                KVEventKind.PREFIX_HIT, rid, tuple(b.block_id for b in new_computed),
-                num_tokens=num_new_computed_tokens))
+            self.pool.events.add(KVEventKind.PREFIX_HIT, rid,
+                                 [b.block_id for b in new_computed],
+                                 num_tokens=num_new_computed_tokens)
         num_new_blocks = cdiv(num_slots, self.block_size) - len(table)
         new_blocks: list[KVBlock] = []
         if num_new_blocks > 0:
             new_blocks = self.pool.get_new_blocks(num_new_blocks)
             table.extend(new_blocks)
-            self.pool.events.append(KVEvent(KVEventKind.ALLOCATED, rid,
-                                            tuple(b.block_id for b in new_blocks)))
+            self.pool.events.add(KVEventKind.ALLOCATED, rid, [b.block_id for b in new_blocks])
         if self.enable_caching:
             # Draft tokens may be rejected, so cache only up to the known tokens.
             self.cache_blocks(request, min(num_computed + num_new_tokens, request.num_tokens))
@@ -146,8 +145,7 @@ class KVCacheManager:
                 return None
             new_blocks = pool.get_new_blocks(need)
             table.extend(new_blocks)
-            pool.events.append(KVEvent(KVEventKind.ALLOCATED, rid,
-                                       tuple(b.block_id for b in new_blocks)))
+            pool.events.add(KVEventKind.ALLOCATED, rid, [b.block_id for b in new_blocks])
         if self.enable_caching:
             upto = computed + num_new_tokens
             known = len(request.all_token_ids)
@@ -177,8 +175,7 @@ class KVCacheManager:
             return
         ordered = table[::-1]
         self.pool.free_blocks(ordered)
-        self.pool.events.append(KVEvent(KVEventKind.FREED, rid,
-                                        tuple(b.block_id for b in ordered)))
+        self.pool.events.add(KVEventKind.FREED, rid, [b.block_id for b in ordered])
 
     def can_ever_fit(self, num_tokens: int) -> bool:
         """Whether `num_tokens` tokens fit in the pool with nothing else in it."""
