@@ -73,6 +73,17 @@ class TraceIndex:
 
 
 @dataclass(frozen=True, slots=True)
+class Scan:
+    """What one scan of a stretch of the file found."""
+
+    step_offsets: list[int]  # byte offset of each step record found, in order
+    snapshot_steps: list[int]  # the step each snapshot found follows
+    snapshot_offsets: list[int]  # byte offset of each snapshot found
+    end: int  # where the scan stopped: the end of the last whole record it read
+    finished: bool  # it reached the END record
+
+
+@dataclass(frozen=True, slots=True)
 class Seek:
     """How to reach a step: start from `snapshot` (None: the initial state), then apply
     `steps`, which ends with the step asked for."""
@@ -241,22 +252,32 @@ class TraceReader:
 
     def _scan(self) -> TraceIndex:
         """Index a file without a footer: frame headers and checksums only, no decoding."""
+        found = self.scan(self.records_start, self.header.first_step)
+        return TraceIndex(self.header.first_step, found.step_offsets, found.snapshot_steps,
+                          found.snapshot_offsets)
+
+    def scan(self, start: int, next_step: int, tail: bool = False) -> Scan:
+        """Index the whole records from byte `start` on (frames and checksums only, no
+        decoding), where the first step record found is step `next_step`. With `tail`
+        (a file still being written), an incomplete last record is left for a later scan
+        instead of being reported as a cut."""
         steps: list[int] = []
         snap_steps: list[int] = []
         snap_offsets: list[int] = []
-        first = self.header.first_step
-        offset = self.records_start
-        while (frame := self._frame_at(offset)) is not None:
+        offset = start
+        finished = False
+        while (frame := self._frame_at(offset, tail=tail)) is not None:
             rtype, _, after = frame
             if rtype == RecordType.STEP:
                 steps.append(offset)
             elif rtype == RecordType.SNAPSHOT:
-                snap_steps.append(first + len(steps) - 1)
+                snap_steps.append(next_step + len(steps) - 1)
                 snap_offsets.append(offset)
             elif rtype == RecordType.END:
+                finished = True
                 break
             offset = after
-        return TraceIndex(first, steps, snap_steps, snap_offsets)
+        return Scan(steps, snap_steps, snap_offsets, offset, finished)
 
     # -- tail mode ---------------------------------------------------------------------------
 

@@ -1,0 +1,205 @@
+"""Breakpoints: predicates over steps, and the search for the next or previous step where
+any of them holds (DESIGN.md R2). The TUI's n/N and `schedtop find` use this one module.
+
+A predicate holds at a step or not (level, not edge): `free<8` holds at every step that
+ends with fewer than 8 free blocks. The spellings, as the CLI and the TUI's dialog take
+them:
+
+    preempt            a step that preempts any request
+    preempt:ID         ... that preempts request ID
+    admit:ID           request ID enters running (new or resumed)
+    first-token:ID     request ID samples its first token
+    finish:ID          request ID finishes (any reason)
+    free<N             the step ends with fewer than N free KV blocks
+    slow>T             the step took more than T milliseconds (end to end)
+    wait>S             some request has waited more than S steps since arrival, never admitted
+    util<P             the step used less than P% of its token budget
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from recorder.schema import Status, Step
+from replays.reducer import apply
+from replays.state import State
+from replays.timeline import Timeline
+
+KINDS = ("preempt", "admit", "first-token", "finish", "free", "slow", "wait", "util")
+_NEEDS_ID = {"admit", "first-token", "finish"}
+_SEGMENT = 64  # steps replayed at a time when searching backwards
+
+
+@dataclass(frozen=True)
+class Predicate:
+    """One breakpoint condition."""
+
+    kind: str  # one of KINDS
+    request: str | None = None  # the request it watches (preempt, admit, first-token, finish)
+    value: float = 0.0  # the threshold (free, slow, wait, util)
+
+    def __str__(self) -> str:
+        if self.kind in ("free", "util"):
+            return f"{self.kind}<{_num(self.value)}"
+        if self.kind in ("slow", "wait"):
+            return f"{self.kind}>{_num(self.value)}"
+        return self.kind if self.request is None else f"{self.kind}:{self.request}"
+
+    @property
+    def needs_state(self) -> bool:
+        """Whether it reads the state after the step, not just the step record."""
+        return self.kind in ("first-token", "wait")
+
+
+_LEVEL = re.compile(r"^(free|util)\s*<\s*([0-9.]+)$|^(slow|wait)\s*>\s*([0-9.]+)$")
+
+
+def parse(text: str) -> Predicate:
+    """A predicate from its spelling; ValueError saying what is wrong."""
+    t = text.strip()
+    m = _LEVEL.match(t)
+    if m:
+        kind = m.group(1) or m.group(3)
+        raw = m.group(2) or m.group(4)
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"breakpoint {text!r}: {raw!r} is not a number") from None
+        return Predicate(kind, value=value)
+    kind, sep, request = t.partition(":")
+    kind = kind.strip().lower()
+    request = request.strip()
+    if kind not in KINDS or kind in ("free", "slow", "wait", "util"):
+        raise ValueError(f"breakpoint {text!r}: unknown; use one of preempt, preempt:ID, "
+                         "admit:ID, first-token:ID, finish:ID, free<N, slow>MS, wait>STEPS, "
+                         "util<PERCENT")
+    if kind in _NEEDS_ID and not request:
+        raise ValueError(f"breakpoint {text!r}: {kind} needs a request id, as {kind}:ID")
+    if sep and not request:
+        raise ValueError(f"breakpoint {text!r}: empty request id after ':'")
+    return Predicate(kind, request or None)
+
+
+class Matcher:
+    """Evaluates predicates step after step, in order, keeping what that needs: which refs
+    name the watched requests, and when the previous step ended."""
+
+    def __init__(self, predicates: Sequence[Predicate], start: State,
+                 prev_time_ns: int = 0) -> None:
+        self.predicates = list(predicates)
+        watched = {p.request for p in predicates if p.request is not None}
+        self.refs: dict[int, str] = {ref: r.request_id for ref, r in start.requests.items()
+                                     if r.request_id in watched}
+        self.watched = watched
+        self.prev_time_ns = prev_time_ns
+        self.needs_state = any(p.needs_state for p in predicates)
+        # Watched refs known to have sampled a token (first-token fires once per request).
+        self.tokened = {ref for ref, r in start.requests.items()
+                        if ref in self.refs and r.num_output_tokens > 0}
+
+    def observe(self, rec: Step) -> None:
+        """Note the step's arrivals (call before `matches`, with every step in order)."""
+        for a in rec.arrivals:
+            if a.request_id in self.watched:
+                self.refs[a.ref] = a.request_id
+
+    def matches(self, rec: Step, after: State | None) -> bool:
+        """Whether any predicate holds at `rec`'s step (`after`: the state after it,
+        needed when `needs_state`)."""
+        # Every predicate runs (no short-circuit): some keep per-request bookkeeping.
+        hits = [self._holds(p, rec, after) for p in self.predicates]
+        self.prev_time_ns = rec.time_ns
+        return any(hits)
+
+    def _holds(self, p: Predicate, rec: Step, after: State | None) -> bool:
+        kind = p.kind
+        if kind == "preempt":
+            return bool(rec.preemptions) and (
+                p.request is None or any(self.refs.get(x.victim) == p.request
+                                         for x in rec.preemptions))
+        if kind == "admit":
+            return any(self.refs.get(a.ref) == p.request for a in rec.admissions)
+        if kind == "finish":
+            return any(self.refs.get(f.ref) == p.request for f in rec.finishes)
+        if kind == "free":
+            return rec.free_blocks < p.value
+        if kind == "slow":
+            return (rec.time_ns - self.prev_time_ns) / 1e6 > p.value
+        if kind == "util":
+            return rec.token_budget > 0 and \
+                100.0 * rec.num_scheduled_tokens / rec.token_budget < p.value
+        assert after is not None
+        if kind == "first-token":
+            return self._first_token(p.request, rec, after)
+        if kind == "wait":
+            return any(r.status == Status.WAITING and r.first_scheduled_step < 0
+                       and r.arrival_step >= 0 and rec.step - r.arrival_step > p.value
+                       for r in after.requests.values())
+        raise AssertionError(kind)
+
+    def _first_token(self, request: str | None, rec: Step, after: State) -> bool:
+        hit = False
+        for ref, name in self.refs.items():
+            if name != request or ref in self.tokened:
+                continue
+            r = after.requests.get(ref)
+            if r is not None and r.num_output_tokens > 0:
+                hit = True
+                self.tokened.add(ref)
+        for f in rec.finishes:
+            # A first token that also finished the request: it is gone from `after`.
+            if self.refs.get(f.ref) == request and f.ref not in self.tokened and \
+                    f.status in (Status.FINISHED_STOPPED, Status.FINISHED_LENGTH_CAPPED):
+                hit = True
+                self.tokened.add(f.ref)
+        return hit
+
+
+def find(timeline: Timeline, predicates: Sequence[Predicate], start: int,
+         backward: bool = False) -> int | None:
+    """The first step after `start` (or, `backward`, the last step before it) where any
+    predicate holds; None when there is none."""
+    if not predicates:
+        return None
+    if backward:
+        return _find_backward(timeline, predicates, start)
+    return next(iter(_scan(timeline, predicates, start + 1, timeline.last_step)), None)
+
+
+def find_all(timeline: Timeline, predicates: Sequence[Predicate]) -> Iterable[int]:
+    """Every step where any predicate holds, in order."""
+    return _scan(timeline, predicates, timeline.first_step, timeline.last_step)
+
+
+def _scan(timeline: Timeline, predicates: Sequence[Predicate], lo: int,
+          hi: int) -> Iterable[int]:
+    if lo > hi:
+        return
+    state = timeline.state(lo - 1).copy()
+    prev_time = timeline.time_ns(lo - 1) if lo > timeline.first_step else 0
+    matcher = Matcher(predicates, state, prev_time)
+    for step in range(lo, hi + 1):
+        rec = timeline.record(step)
+        matcher.observe(rec)
+        if matcher.needs_state:
+            apply(state, rec)
+        if matcher.matches(rec, state):
+            yield step
+
+
+def _find_backward(timeline: Timeline, predicates: Sequence[Predicate],
+                   start: int) -> int | None:
+    hi = min(start - 1, timeline.last_step)
+    while hi >= timeline.first_step:
+        lo = max(timeline.first_step, hi - _SEGMENT + 1)
+        hits = list(_scan(timeline, predicates, lo, hi))
+        if hits:
+            return hits[-1]
+        hi = lo - 1
+    return None
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if x == int(x) else str(x)

@@ -1,0 +1,215 @@
+"""The engine's state at any step of a trace, forwards and backwards (DESIGN.md R1).
+
+State at step i is the reducer applied to the step records up to i. To reach any step fast
+the Timeline starts from the nearest keyframe: the trace's own snapshots (on disk), and
+copies of states it has built, every `keyframe_interval` steps, kept in memory up to a
+bound (least recently used go first). The file is never loaded whole: records are read
+by offset and a bounded cache keeps the recent ones, so memory stays flat on traces
+larger than RAM.
+
+A Timeline over a file that is still being written follows it: `refresh()` indexes the
+records appended since the last call.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import OrderedDict
+from typing import cast
+
+from recorder.errors import TraceError
+from recorder.reader import Cut, TraceReader
+from recorder.schema import Header, Snapshot, Step
+from replays.reducer import StepView, apply, apply_with_view
+from replays.state import State
+
+# Rough costs in units of "apply one step", to pick where to start from.
+_COPY_COST = 5  # copying a keyframe
+_LOAD_COST = 60  # decoding and validating a trace snapshot
+
+
+class Timeline:
+    """Random access to the states of one trace.
+
+    `state(i)` returns the state after step i; the object stays valid only until the
+    next call on this Timeline (it is the working state, reused as the cursor moves):
+    read it, don't keep it or change it. `first_step - 1` is the state before the first
+    step (for a trace that starts at step 0)."""
+
+    def __init__(self, reader: TraceReader, *, live: bool = False,
+                 keyframe_interval: int = 16, max_keyframes: int = 64,
+                 max_cached_records: int = 4096) -> None:
+        if keyframe_interval < 1 or max_keyframes < 1:
+            raise ValueError("keyframe_interval and max_keyframes must be >= 1")
+        self.reader = reader
+        self.header: Header = reader.header
+        self.live = live
+        self.keyframe_interval = keyframe_interval
+        self.max_keyframes = max_keyframes
+        self.max_cached_records = max_cached_records
+        self.first_step = self.header.first_step
+        index = reader.index() if not live else None
+        if index is not None:
+            self._offsets = list(index.step_offsets)
+            self._snap_steps = list(index.snapshot_steps)
+            self._snap_offsets = list(index.snapshot_offsets)
+            self._scan_end: int | None = None  # a finished file is indexed once
+            self.finished = reader.finished or reader.footer is not None
+        else:
+            self._offsets, self._snap_steps, self._snap_offsets = [], [], []
+            self._scan_end = reader.records_start
+            self.finished = False
+            self.refresh()
+        self._records: OrderedDict[int, Step] = OrderedDict()
+        self._keyframes: OrderedDict[int, State] = OrderedDict()
+        self._sorted_keys: list[int] | None = None  # the keyframes' steps, sorted
+        self._cur: State | None = None
+        self._cur_step = self.first_step - 2  # nothing built yet
+        self._view: tuple[int, StepView] | None = None
+
+    # -- the trace's extent --------------------------------------------------------------------
+
+    @property
+    def last_step(self) -> int:
+        """The last step in the trace so far (first_step - 1 when it has none)."""
+        return self.first_step + len(self._offsets) - 1
+
+    @property
+    def num_steps(self) -> int:
+        return len(self._offsets)
+
+    @property
+    def cut(self) -> Cut | None:
+        """Where the file stops being whole, when its writer died mid-record."""
+        return self.reader.cut
+
+    def refresh(self) -> int:
+        """Index the records a live writer appended since the last call; returns how many
+        new steps there are."""
+        if self._scan_end is None or self.finished:
+            return 0
+        found = self.reader.scan(self._scan_end, self.last_step + 1, tail=self.live)
+        self._offsets += found.step_offsets
+        self._snap_steps += found.snapshot_steps
+        self._snap_offsets += found.snapshot_offsets
+        self._scan_end = found.end
+        self.finished = found.finished
+        return len(found.step_offsets)
+
+    # -- records ------------------------------------------------------------------------------
+
+    def record(self, step: int) -> Step:
+        """The step record of `step`."""
+        self._check(step)
+        rec = self._records.get(step)
+        if rec is not None:
+            self._records.move_to_end(step)
+            return rec
+        rec = cast(Step, self.reader.read_at(self._offsets[step - self.first_step]).record)
+        if not isinstance(rec, Step) or rec.step != step:
+            raise TraceError(f"the index says step {step} is here",
+                             self._offsets[step - self.first_step])
+        self._records[step] = rec
+        if len(self._records) > self.max_cached_records:
+            self._records.popitem(last=False)
+        return rec
+
+    def time_ns(self, step: int) -> int:
+        """When `step` ended, in ns since the recording started."""
+        return self.record(step).time_ns
+
+    def step_at_time(self, t_ns: int) -> int:
+        """The last step that ended at or before `t_ns` (the first step if none did)."""
+        lo, hi = self.first_step, self.last_step
+        if hi < lo:
+            raise ValueError("the trace has no steps")
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.time_ns(mid) <= t_ns:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    # -- states -------------------------------------------------------------------------------
+
+    def state(self, step: int) -> State:
+        """The state after `step` (valid until the next call on this Timeline)."""
+        if step != self.first_step - 1:
+            self._check(step)
+        if self._cur is not None and self._cur_step == step:
+            return self._cur
+        state, at = self._start_for(step)
+        self._advance(state, at, step)
+        self._cur, self._cur_step = state, step
+        return state
+
+    def view(self, step: int) -> StepView:
+        """Step `step` spelled out: every scheduled entry, the samples, the KV events."""
+        if self._view is not None and self._view[0] == step:
+            return self._view[1]
+        before = self.state(step - 1).copy()
+        view = apply_with_view(before, self.record(step), self._offsets[step - self.first_step])
+        self._cur, self._cur_step = before, step  # now the state after `step`
+        self._view = (step, view)
+        return view
+
+    def _start_for(self, step: int) -> tuple[State, int]:
+        """A private state at or before `step` to build it from, with its step: the
+        cheapest of the working state, an in-memory keyframe and a trace snapshot."""
+        options: list[tuple[int, str, int]] = []  # (cost, kind, at)
+        if self._cur is not None and self._cur_step <= step:
+            options.append((step - self._cur_step, "cur", self._cur_step))
+        i = bisect_right(self._keyframe_steps(), step) - 1
+        if i >= 0:
+            at = self._keyframe_steps()[i]
+            options.append((step - at + _COPY_COST, "key", at))
+        j = bisect_right(self._snap_steps, step) - 1
+        if j >= 0:
+            at = self._snap_steps[j]
+            options.append((step - at + _LOAD_COST, "snap", at))
+        elif self.first_step == 0:
+            options.append((step + 1 + _COPY_COST, "initial", -1))
+        if not options:
+            raise TraceError(f"the trace starts mid-run at step {self.first_step} and has "
+                             "no snapshot to start from")
+        _, kind, at = min(options)
+        if kind == "cur":
+            assert self._cur is not None
+            state = self._cur
+            self._cur = None  # it is about to move
+            return state, at
+        if kind == "key":
+            self._keyframes.move_to_end(at)
+            return self._keyframes[at].copy(), at
+        if kind == "snap":
+            snap = self.reader.read_at(self._snap_offsets[j]).record
+            assert isinstance(snap, Snapshot)
+            state = State.from_snapshot(self.header, snap)
+            self._keep(at, state)
+            return state.copy(), at
+        return State.initial(self.header), -1
+
+    def _advance(self, state: State, at: int, step: int) -> None:
+        interval = self.keyframe_interval
+        for s in range(at + 1, step + 1):
+            apply(state, self.record(s), self._offsets[s - self.first_step])
+            if s % interval == 0 and s not in self._keyframes:
+                self._keep(s, state.copy())
+
+    def _keep(self, step: int, state: State) -> None:
+        self._keyframes[step] = state
+        self._keyframes.move_to_end(step)
+        self._sorted_keys = None
+        while len(self._keyframes) > self.max_keyframes:
+            self._keyframes.popitem(last=False)
+
+    def _keyframe_steps(self) -> list[int]:
+        if self._sorted_keys is None:
+            self._sorted_keys = sorted(self._keyframes)
+        return self._sorted_keys
+
+    def _check(self, step: int) -> None:
+        if not self.first_step <= step <= self.last_step:
+            raise IndexError(f"step {step} is not in this trace "
+                             f"({self.first_step}..{self.last_step})")

@@ -1,0 +1,111 @@
+"""Breakpoints land on the exact step, forwards and backwards: checked against a
+brute-force scan of the engine's own reports."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from engine.request import RequestStatus
+from engine.sim.api import demo_workload_path
+from engine.sim.workload import load_workload
+from recorder.reader import TraceReader
+from replays.breakpoints import Predicate, find, find_all, parse
+from replays.timeline import Timeline
+from tests.helpers import Recorded, record, write_trace
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Recorded, Timeline]:
+    run = record(load_workload(demo_workload_path()), snapshot_interval=40)
+    path = write_trace(tmp_path_factory.mktemp("bp"), run.data)
+    return run, Timeline(TraceReader(path), keyframe_interval=8, max_keyframes=8)
+
+
+def brute(run: Recorded, tl: Timeline, p: Predicate) -> list[int]:
+    """Where `p` holds, from the engine's reports and states (no reducer involved)."""
+    hits = []
+    arrived: dict[str, int] = {}
+    admitted: set[str] = set()
+    tokened: set[str] = set()
+    prev_t = 0
+    for i, (rep, state) in enumerate(zip(run.reports, run.states)):
+        for a in rep.arrivals:
+            arrived[a.request_id] = i
+        admitted |= {a.request_id for a in rep.admissions}
+        t = tl.record(i).time_ns
+        k, req, v = p.kind, p.request, p.value
+        if k == "preempt":
+            hit = bool(rep.preemptions) and (req is None or any(x.victim == req
+                                                               for x in rep.preemptions))
+        elif k == "admit":
+            hit = any(a.request_id == req for a in rep.admissions)
+        elif k == "finish":
+            hit = any(f.request_id == req for f in rep.finishes)
+        elif k == "first-token":
+            hit = req in rep.sampled and req not in tokened
+            tokened |= set(rep.sampled)
+        elif k == "free":
+            hit = rep.num_free_blocks < v
+        elif k == "slow":
+            hit = (t - prev_t) / 1e6 > v
+        elif k == "util":
+            hit = 100 * rep.num_scheduled_tokens / rep.token_budget < v
+        else:
+            hit = any(r not in admitted and i - arrived[r] > v for r in state.waiting)
+        prev_t = t
+        if hit:
+            hits.append(i)
+    return hits
+
+
+SPECS = ["preempt", "preempt:req-18", "admit:req-05", "first-token:req-12", "finish:req-09",
+         "free<10", "wait>20", "util<50", "slow>0.05"]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_find_lands_on_the_brute_force_steps(demo: tuple[Recorded, Timeline],
+                                             spec: str) -> None:
+    run, tl = demo
+    p = parse(spec)
+    want = brute(run, tl, p)
+    assert list(find_all(tl, [p])) == want
+    if spec not in ("slow>0.05",):
+        assert want, f"{spec}: the demo should exercise it"
+    rng = random.Random(spec)
+    for start in [rng.randrange(-1, tl.num_steps) for _ in range(12)] + [-1, tl.last_step]:
+        nxt = next((s for s in want if s > start), None)
+        prev = next((s for s in reversed(want) if s < start), None)
+        assert find(tl, [p], start) == nxt, (spec, start)
+        assert find(tl, [p], start, backward=True) == prev, (spec, start)
+
+
+def test_several_breakpoints_stop_at_the_nearest(demo: tuple[Recorded, Timeline]) -> None:
+    run, tl = demo
+    ps = [parse("finish:req-00"), parse("preempt")]
+    want = sorted(set(brute(run, tl, ps[0])) | set(brute(run, tl, ps[1])))
+    assert list(find_all(tl, ps)) == want
+    assert find(tl, ps, want[0]) == want[1]
+
+
+def test_first_token_that_also_finishes(tmp_path: Path) -> None:
+    from tests.helpers import req, workload
+    run = record(workload([req("one", 20, 1), req("two", 20, 5)]))
+    tl = Timeline(TraceReader(write_trace(tmp_path, run.data)))
+    assert list(find_all(tl, [parse("first-token:one")])) == [0]
+    assert run.reports[0].finishes[0].status == RequestStatus.FINISHED_LENGTH_CAPPED
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("bogus", "unknown"), ("admit", "needs a request id"), ("free<x", "unknown"),
+    ("preempt:", "empty request id")])
+def test_parse_errors_say_what_is_wrong(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse(text)
+
+
+def test_spellings_round_trip() -> None:
+    for spec in SPECS:
+        assert str(parse(spec)) == spec
