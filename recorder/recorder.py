@@ -25,7 +25,7 @@ from recorder.codec import MAX_RECORD_BYTES, encode
 from recorder.convert import StepConverter, scalar_config
 from recorder.errors import RecordingError
 from recorder.paths import new_trace_path
-from recorder.schema import End, Footer, Header, Record, RecordType, Snapshot
+from recorder.schema import End, Footer, Header, Record, RecordType, Snapshot, Step
 from recorder.writer import TraceSink, TraceWriter
 
 log = logging.getLogger("schedtop.recorder")
@@ -42,7 +42,7 @@ class Recorder:
 
     def __init__(self, engine: EngineCore, sink: TraceSink, *, redact_prompts: bool = False,
                  snapshot_interval: int = DEFAULT_SNAPSHOT_INTERVAL, model: str | None = None,
-                 strict: bool = False,
+                 strict: bool = False, on_step_record: Callable[[Step], None] | None = None,
                  clock: Callable[[], int] = time.monotonic_ns,
                  wall_clock: Callable[[], int] = time.time_ns) -> None:
         if snapshot_interval < 1:
@@ -55,6 +55,7 @@ class Recorder:
         self.sink = sink
         self.snapshot_interval = snapshot_interval
         self.strict = strict
+        self.on_step_record = on_step_record  # sees every Step record before it is written
         self.error: str | None = None  # why recording stopped, once it has
         self._clock = clock
         self._t0 = clock()
@@ -121,12 +122,14 @@ class Recorder:
             return
         time_ns = self._clock() - self._t0
         snapshot_due = (report.step + 1) % self.snapshot_interval == 0
-        body = self._conv.steady_body(report, time_ns=time_ns)
+        body = None if self.on_step_record else self._conv.steady_body(report, time_ns=time_ns)
         if body is not None:
             offset = self.sink.append(RecordType.STEP, body, boundary=not snapshot_due)
         else:
-            offset = self._append(self._conv.convert(report, time_ns=time_ns),
-                                  boundary=not snapshot_due)
+            step = self._conv.convert(report, time_ns=time_ns)
+            if self.on_step_record is not None:
+                self.on_step_record(step)
+            offset = self._append(step, boundary=not snapshot_due)
         self._step_offsets.append(offset)
         self._step_ends.append(self.sink.offset)
         counts = self._counts

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from recorder.errors import RecordingError
-from recorder.framing import frame, preamble
+from recorder.framing import FRAME_SIZE, frame, preamble
 
 log = logging.getLogger("schedtop.recorder")
 
@@ -207,6 +207,24 @@ class MemoryWriter:
         start = self.offset
         self.data += frame(rtype, body)
         self.offset = self.flushed = len(self.data)
+        return start
+
+    def close(self) -> None:
+        pass
+
+
+class NullWriter:
+    """A trace sink that keeps nothing: for runs that only want the records' side effects
+    (a re-simulation checking its steps) without a file."""
+
+    def __init__(self) -> None:
+        self.offset = len(preamble())
+        self.flushed = self.offset
+        self.error: str | None = None
+
+    def append(self, rtype: int, body: bytes, *, boundary: bool = False) -> int:
+        start = self.offset
+        self.offset = self.flushed = start + FRAME_SIZE + len(body)
         return start
 
     def close(self) -> None:

@@ -23,10 +23,11 @@ def user_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from engine.sim.workload import WorkloadError
         from recorder.errors import RecordingError, TraceError
+        from replays.resim import ResimError
 
         try:
             return fn(*args, **kwargs)
-        except (WorkloadError, TraceError, RecordingError) as e:
+        except (WorkloadError, TraceError, RecordingError, ResimError) as e:
             click.echo(f"schedtop: error: {e}", err=True)
             sys.exit(2)
 
@@ -106,6 +107,121 @@ def info(trace: str) -> None:
     from recorder.info import format_summary, summarize
 
     click.echo(format_summary(summarize(trace)))
+
+
+# -- replays: re-simulation, diff, stats, breakpoints ------------------------------------------
+
+
+@main.command()
+@click.argument("trace")
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+              help="What if: override a config key for the re-simulation. Repeatable.")
+@click.option("--trace", "out", metavar="OUT",
+              help="Write the re-simulated trace here (with --set, the default is a new "
+                   "file in the trace directory).")
+@user_errors
+def resim(trace: str, settings: tuple[str, ...], out: str | None) -> None:
+    """Re-drive today's scheduler with a trace's inputs.
+
+    With the recorded config every decision must come out the same: exit status 0 when
+    it does, 1 at the first step that differs. With --set, compare the new run with the
+    recorded one."""
+    from engine.sim.api import parse_settings
+    from recorder.paths import new_trace_path
+    from replays.diff import diff_traces, format_diff
+    from replays.resim import resimulate
+
+    overrides = parse_settings(settings)
+    if overrides and out is None:
+        path = new_trace_path("resim")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        out = str(path)
+    result = resimulate(trace, overrides, out)
+    changed = ", ".join(f"{k}={v}" for k, v in overrides.items())
+    click.echo(f"re-simulated {result.num_steps} steps ({result.num_recorded_steps} recorded)"
+               + (f" with {changed}" if changed else " with the recorded config"))
+    if result.divergence is None:
+        click.echo("every decision reproduced" if not overrides
+                   else "the change alters no decision")
+    else:
+        d = result.divergence
+        click.echo(f"first difference at step {d.step}: {', '.join(d.fields)}")
+    if out is not None:
+        click.echo(f"trace: {out}")
+    if overrides and out is not None:
+        click.echo("")
+        click.echo(format_diff(diff_traces(trace, out)))
+    if result.divergence is not None and not overrides:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("a")
+@click.argument("b")
+@user_errors
+def diff(a: str, b: str) -> None:
+    """Compare two traces: the first step whose decisions differ, then metric deltas.
+
+    Exit status 0 when the decisions are identical, 1 when they differ, 2 on bad input."""
+    from replays.diff import diff_traces, format_diff
+
+    d = diff_traces(a, b)
+    click.echo(format_diff(d))
+    sys.exit(0 if d.identical else 1)
+
+
+@main.command()
+@click.argument("trace")
+@click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
+@user_errors
+def stats(trace: str, as_json: bool) -> None:
+    """Throughput, TTFT/TPOT percentiles, preemptions, prefix hits and KV use of a trace."""
+    import json
+
+    from replays.stats import format_stats, trace_stats
+
+    s = trace_stats(trace)
+    click.echo(json.dumps(s.to_json(), indent=1) if as_json else format_stats(s))
+
+
+@main.command()
+@click.argument("trace")
+@click.argument("predicates", nargs=-1, required=True, metavar="PREDICATE...")
+@click.option("--from", "start", type=int, default=None,
+              help="Search from this step (default: the start, or the end with --backward).")
+@click.option("--backward", is_flag=True, help="Find the previous hit instead of the next.")
+@click.option("--all", "every", is_flag=True, help="List every step where one holds.")
+@user_errors
+def find(trace: str, predicates: tuple[str, ...], start: int | None, backward: bool,
+         every: bool) -> None:
+    """Find the steps where breakpoints hold (the TUI's n/N, from the shell).
+
+    Predicates: preempt, preempt:ID, admit:ID, first-token:ID, finish:ID, free<N, slow>MS,
+    wait>STEPS, util<PERCENT. Exit status 1 when nothing matches."""
+    from recorder.reader import TraceReader
+    from replays.breakpoints import find as find_step
+    from replays.breakpoints import find_all, parse
+    from replays.timeline import Timeline
+
+    try:
+        preds = [parse(p) for p in predicates]
+    except ValueError as e:
+        click.echo(f"schedtop: error: {e}", err=True)
+        sys.exit(2)
+    with TraceReader(trace) as reader:
+        tl = Timeline(reader)
+        if every:
+            hits = list(find_all(tl, preds))
+        else:
+            origin = start if start is not None else (
+                tl.last_step + 1 if backward else tl.first_step - 1)
+            hit = find_step(tl, preds, origin, backward=backward)
+            hits = [] if hit is None else [hit]
+    for step in hits:
+        click.echo(str(step))
+    if not hits:
+        click.echo("no step matches", err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,208 @@
+"""Comparing traces: the first step where two traces decide differently, and what the
+difference did to the metrics (DESIGN.md R4). `schedtop diff` exits 0 when the decisions
+are identical, 1 when they differ, 2 on bad input, so it serves as a regression test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from itertools import zip_longest
+from pathlib import Path
+
+from recorder.reader import TraceReader
+from recorder.schema import Kind, Reason, Status, Step
+from replays.reducer import StepView
+from replays.stats import TraceStats, trace_stats
+from replays.timeline import Timeline
+
+# Fields that differ from run to run with the same decisions.
+TIMING_FIELDS = frozenset({"time_ns", "schedule_ns", "update_ns", "timings"})
+# ... and the budget, a setting rather than a decision: a bigger budget that changes
+# nothing should not be reported as a difference.
+_MASKED = TIMING_FIELDS | {"token_budget"}
+_COMPARED = tuple(f.name for f in fields(Step) if f.name not in _MASKED)
+
+
+def differing_fields(a: Step, b: Step) -> tuple[str, ...]:
+    """The fields of two step records that differ, timings and the budget aside."""
+    return tuple(name for name in _COMPARED if getattr(a, name) != getattr(b, name))
+
+
+@dataclass(frozen=True)
+class StepSide:
+    """One trace's decisions at a step, spelled out with request ids."""
+
+    scheduled: dict[str, int]  # request id -> tokens, in scheduling order
+    kinds: dict[str, str]  # request id -> prefill / chunk / decode / spec
+    admitted: list[str]  # e.g. "req-3 (cached 32)"
+    preempted: list[str]  # e.g. "req-7 for req-2 (lost 96 tokens)"
+    finished: list[str]  # e.g. "req-1 (length)"
+    reasons: list[str]  # why requests were cut short or left out
+
+
+@dataclass
+class TraceDiff:
+    """Two traces compared."""
+
+    a: Path  # the first trace
+    b: Path  # the second
+    first_step: int | None  # the first step whose decisions differ (None: identical)
+    fields: tuple[str, ...]  # what differs at that step
+    side_a: StepSide | None  # A's decisions at that step (None: A has no such step)
+    side_b: StepSide | None  # B's
+    steps_differing: int  # steps whose decisions differ, counting steps only one side has
+    requests_affected: list[str]  # requests whose outcome differs (timing, tokens, ...)
+    stats_a: TraceStats  # A's metrics
+    stats_b: TraceStats  # B's
+
+    @property
+    def identical(self) -> bool:
+        return self.first_step is None
+
+
+def diff_traces(a: str | Path, b: str | Path) -> TraceDiff:
+    """Compare the decisions of two traces step by step, then their metrics."""
+    a, b = Path(a), Path(b)
+    first: int | None = None
+    what: tuple[str, ...] = ()
+    differing = 0
+    with TraceReader(a) as ra, TraceReader(b) as rb:
+        for rec_a, rec_b in zip_longest(_steps(ra), _steps(rb)):
+            fields_: tuple[str, ...]
+            if rec_a is None or rec_b is None:
+                fields_ = ("steps",)
+            else:
+                fields_ = differing_fields(rec_a, rec_b)
+            if fields_:
+                differing += 1
+                if first is None:
+                    present = rec_a if rec_a is not None else rec_b
+                    assert present is not None
+                    first = present.step
+                    what = fields_
+    stats_a, stats_b = trace_stats(a), trace_stats(b)
+    side_a = side_b = None
+    if first is not None:
+        side_a, side_b = _side(a, first), _side(b, first)
+    return TraceDiff(a, b, first, what, side_a, side_b, differing,
+                     _affected(stats_a, stats_b), stats_a, stats_b)
+
+
+def _steps(reader: TraceReader) -> Iterator[Step]:
+    for entry in reader.entries():
+        if isinstance(entry.record, Step):
+            yield entry.record
+
+
+def _side(path: Path, step: int) -> StepSide | None:
+    with TraceReader(path) as reader:
+        timeline = Timeline(reader)
+        if step > timeline.last_step:
+            return None
+        view = timeline.view(step)
+        return describe(view)
+
+
+def describe(view: StepView) -> StepSide:
+    """A step's decisions with request ids instead of refs."""
+    names = view.names
+    rec = view.record
+    kinds = {names[e.ref]: Kind(e.kind).name.lower() for e in view.scheduled}
+    return StepSide(
+        scheduled={names[e.ref]: e.num_tokens for e in view.scheduled},
+        kinds=kinds,
+        admitted=[f"{names[x.ref]} (cached {x.cached_tokens}"
+                  + (", resumed)" if x.resumed else ")") for x in rec.admissions],
+        preempted=[f"{names[p.victim]} for {names[p.for_request]} "
+                   f"(lost {p.tokens_lost} tokens)" for p in rec.preemptions],
+        finished=[f"{names[f.ref]} ({Status(f.status).name.removeprefix('FINISHED_').lower()})"
+                  for f in rec.finishes],
+        reasons=[f"{names[s.ref]}: {s.got} of {s.wanted} tokens, "
+                 f"{Reason(s.reason).name.lower()}" for s in rec.shortfalls]
+        + [f"{which} pass stopped: {Reason(q.head).name.lower()}, then "
+           f"{Reason(q.rest).name.lower()}"
+           for which, q in (("running", rec.running_stop), ("waiting", rec.waiting_stop))
+           if q is not None])
+
+
+def _affected(a: TraceStats, b: TraceStats) -> list[str]:
+    """Requests (matched by arrival order) whose outcome differs between the traces."""
+    out = []
+    for ra, rb in zip_longest(a.requests, b.requests):
+        if ra is None or rb is None:
+            present = ra if ra is not None else rb
+            assert present is not None
+            out.append(present.request_id)
+            continue
+        if (ra.first_token_step, ra.finish_step, ra.status, ra.output_tokens, ra.preemptions,
+                ra.cached_tokens) != (rb.first_token_step, rb.finish_step, rb.status,
+                                      rb.output_tokens, rb.preemptions, rb.cached_tokens):
+            out.append(ra.request_id)
+    return out
+
+
+_METRICS = (("throughput", "throughput"), ("TTFT p50", "ttft_p50"), ("TTFT p99", "ttft_p99"),
+            ("TPOT p50", "tpot_p50"), ("TPOT p99", "tpot_p99"), ("preemptions", "preemptions"),
+            ("prefix-hit rate", "prefix_hit_rate"), ("peak KV blocks", "peak_blocks"),
+            ("steps", "num_steps"))
+
+
+def format_diff(d: TraceDiff, max_entries: int = 12) -> str:
+    lines = [f"A: {d.a}", f"B: {d.b}"]
+    if d.identical:
+        lines.append(f"identical decisions over {d.stats_a.num_steps} steps")
+    else:
+        lines.append(f"first difference at step {d.first_step}: {', '.join(d.fields)}")
+        for name, side in (("A", d.side_a), ("B", d.side_b)):
+            lines += _format_side(name, side, max_entries)
+        lines.append(f"{d.steps_differing} steps differ; {len(d.requests_affected)} "
+                     "requests affected" + (": " + ", ".join(d.requests_affected[:10])
+                                            + (" ..." if len(d.requests_affected) > 10
+                                               else "") if d.requests_affected else ""))
+    lines.append("")
+    unit = d.stats_a.unit
+    lines.append(f"{'metric':<16} {'A':>12} {'B':>12} {'B - A':>12}")
+    for label, attr in _METRICS:
+        va, vb = getattr(d.stats_a, attr), getattr(d.stats_b, attr)
+        lines.append(f"{label:<16} {_fmt(va, attr, unit):>12} {_fmt(vb, attr, unit):>12} "
+                     f"{_delta(va, vb, attr, unit):>12}")
+    return "\n".join(lines)
+
+
+def _format_side(name: str, side: StepSide | None, max_entries: int) -> list[str]:
+    if side is None:
+        return [f"  {name}: no such step (the trace ended)"]
+    items = list(side.scheduled.items())
+    shown = ", ".join(f"{rid} {n} {side.kinds[rid]}" for rid, n in items[:max_entries])
+    more = f", ... {len(items) - max_entries} more" if len(items) > max_entries else ""
+    out = [f"  {name} scheduled {sum(side.scheduled.values())} tokens: {shown}{more}"]
+    for label, values in (("admitted", side.admitted), ("preempted", side.preempted),
+                          ("finished", side.finished), ("why", side.reasons)):
+        if values:
+            out.append(f"  {name} {label}: " + "; ".join(values))
+    return out
+
+
+def _fmt(v: float | int | None, attr: str, unit: str) -> str:
+    if v is None:
+        return "-"
+    if attr.startswith(("ttft", "tpot")):
+        return f"{v * 1e3:.1f} ms" if unit == "s" else f"{v:.2f}"
+    if attr == "prefix_hit_rate":
+        return f"{v:.1%}"
+    if attr == "throughput":
+        return f"{v:.2f}"
+    return str(v)
+
+
+def _delta(a: float | int | None, b: float | int | None, attr: str, unit: str) -> str:
+    if a is None or b is None:
+        return "-"
+    d = b - a
+    if attr.startswith(("ttft", "tpot")):
+        return f"{d * 1e3:+.1f} ms" if unit == "s" else f"{d:+.2f}"
+    if attr == "prefix_hit_rate":
+        return f"{d * 100:+.1f} pt"
+    if attr == "throughput":
+        return f"{d:+.2f}"
+    return f"{d:+d}" if isinstance(d, int) else f"{d:+.2f}"
