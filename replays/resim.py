@@ -76,9 +76,11 @@ class ResimResult:
 
 
 def resimulate(path: str | Path, overrides: dict[str, Any] | None = None,
-               out: str | Path | None = None, scripted: bool = False) -> ResimResult:
+               out: str | Path | None = None, scripted: bool = False,
+               max_steps: int | None = None) -> ResimResult:
     """Re-simulate the trace at `path`, with `overrides` applied to its config; write the
-    new trace to `out` if given. `scripted` skips the faithful runner (tests use it)."""
+    new trace to `out` if given. `scripted` skips the faithful runner (tests use it);
+    `max_steps` stops a faithful re-simulation early (benchmarks use it)."""
     with TraceReader(path) as reader:
         header = reader.header
         if header.first_step != 0:
@@ -86,8 +88,8 @@ def resimulate(path: str | Path, overrides: dict[str, Any] | None = None,
                              "re-simulation needs every arrival from step 0")
         config = _config(header.config, overrides or {})
         if not overrides and not header.redacted and not scripted:
-            result = _run_faithful(reader, config, out)
-            if result.reproduced:
+            result = _run_faithful(reader, config, out, max_steps)
+            if result.reproduced or max_steps is not None:
                 return result
         return _run_scripted(reader, config, dict(overrides or {}), out)
 
@@ -224,8 +226,8 @@ def _draft(tokens: list[int], accepted: int, k: int) -> list[int]:
     return (drafts + [0] * k)[:k]
 
 
-def _run_faithful(reader: TraceReader, config: EngineConfig,
-                  out: str | Path | None) -> ResimResult:
+def _run_faithful(reader: TraceReader, config: EngineConfig, out: str | Path | None,
+                  max_steps: int | None = None) -> ResimResult:
     runner = _FaithfulRunner(config.num_speculative_tokens)
     engine = EngineCore(config, runner)
     checker = _Checker()
@@ -235,7 +237,8 @@ def _run_faithful(reader: TraceReader, config: EngineConfig,
     nxt = next(records, None)
     recorded = 0
     try:
-        while nxt is not None and checker.divergence is None:
+        while nxt is not None and checker.divergence is None and \
+                (max_steps is None or recorded < max_steps):
             rec, nxt = nxt, next(records, None)
             recorded += 1
             _abort(engine, rec, runner.refs)
@@ -245,8 +248,9 @@ def _run_faithful(reader: TraceReader, config: EngineConfig,
             runner.record, runner.next = rec, nxt
             checker.expect(rec)
             engine.step()
-        if checker.divergence is None and engine.has_unfinished():
-            checker.divergence = Divergence(recorded, ("steps",), None, None)
+            engine.take_finished()  # nobody reads them: don't let them pile up
+        # Requests still running when the trace ends are fine: a trace can stop mid-run
+        # (a crash, a cut); had the original finished them, its last records would say so.
     finally:
         recorder.close()
     return ResimResult(config, {}, reader.index().last_step + 1, checker.steps,
@@ -419,6 +423,7 @@ def _run_scripted(reader: TraceReader, config: EngineConfig, overrides: dict[str
                     if reader.header.redacted else plain
                 engine.add_request(_request(a, hasher))
             engine.step()
+            engine.take_finished()
             step += 1
         if checker.divergence is None and checker.steps < num_recorded:
             checker.divergence = Divergence(checker.steps, ("steps",), None, None)
