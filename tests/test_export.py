@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from engine.sim.api import demo_workload_path
 from engine.sim.driver import make_engine, run_steps
@@ -26,6 +27,7 @@ from replays.export import export_perfetto
 from replays.reducer import StepView, apply_with_view
 from replays.state import State
 from tests.helpers import record, req, workload, write_trace
+from tui.cli import main
 
 FIDELITY = Path(__file__).parent / "data" / "fidelity"
 Event = dict[str, Any]
@@ -467,3 +469,45 @@ def test_an_open_reader_can_be_exported(demo: Any, tmp_path: Path) -> None:
         summary = export_perfetto(reader, tmp_path / "r.json")
     assert summary.steps == len(demo[1].views) and summary.flows == summary.preemptions
 
+
+# -- the command --------------------------------------------------------------------------------
+
+
+def schedtop(*args: str) -> Any:
+    return CliRunner().invoke(main, list(args))
+
+
+def test_cli_exports_and_says_what_it_wrote(demo: Any, tmp_path: Path) -> None:
+    out = tmp_path / "demo.json"
+    result = schedtop("export", str(demo[0]), "--perfetto", str(out))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.count("\n") == 1 and str(out) in result.stdout
+    assert f"{len(demo[2])} events" in result.stdout
+    validate(json.loads(out.read_text(encoding="utf-8")))
+
+
+@pytest.mark.parametrize("problem", ["missing", "not a trace", "corrupt", "unwritable",
+                                     "same file"])
+def test_cli_bad_input_is_one_line_and_status_2(problem: str, demo: Any,
+                                                tmp_path: Path) -> None:
+    trace, out = str(demo[0]), tmp_path / "out.json"
+    out.write_text("previous export")
+    if problem == "missing":
+        trace = str(tmp_path / "nope.trace")
+    elif problem == "not a trace":
+        trace = str(out)
+    elif problem == "corrupt":  # whole until past the middle, then a bad checksum
+        data = bytearray(demo[0].read_bytes())
+        data[len(data) * 2 // 3] ^= 0xFF
+        trace = str(write_trace(tmp_path, data, "bad.trace"))
+    elif problem == "unwritable":
+        out = tmp_path / "no-such-dir" / "out.json"
+    else:
+        out = demo[0]
+    before = out.read_bytes() if out.exists() else None
+    result = schedtop("export", trace, "--perfetto", str(out))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("schedtop: error: ") and result.stderr.count("\n") == 1
+    assert "Traceback" not in result.output
+    assert (out.read_bytes() if out.exists() else None) == before  # left as it was
+    assert not [p for p in tmp_path.rglob("*.tmp")]  # no temporary file left behind
