@@ -224,5 +224,25 @@ def find(trace: str, predicates: tuple[str, ...], start: int | None, backward: b
         sys.exit(1)
 
 
+@main.command()
+@click.argument("trace", metavar="TRACE")
+@click.option("--perfetto", "out", required=True, metavar="OUT.json",
+              help="Write the Chrome trace-event format, for ui.perfetto.dev or "
+                   "chrome://tracing.")
+@user_errors
+def export(trace: str, out: str) -> None:
+    """Export a trace for a timeline viewer: one track per request, the steps with their
+    timings, counters and preemption arrows (docs/export.md)."""
+    from replays.export import ExportError, export_perfetto
+
+    try:
+        done = export_perfetto(trace, out)
+    except ExportError as e:  # the output side; trace errors go through user_errors
+        click.echo(f"schedtop: error: {e}", err=True)
+        sys.exit(2)
+    click.echo(f"perfetto: {done.events} events ({done.steps} steps, {done.requests} "
+               f"requests, {done.preemptions} preemptions) -> {done.path}")
+
+
 if __name__ == "__main__":
     main()
