@@ -272,7 +272,8 @@ class _Hashes(Codec[tuple[bytes, ...]]):
         size = v[0]
         if size == 0 or (len(v) - 1) % size:
             raise Bad(f"hash list of {len(v) - 1} bytes does not divide into {size}-byte hashes")
-        return tuple(v[i:i + size] for i in range(1, len(v), size))
+        # One C-level pass: the hashes are fixed-size fields of a struct.
+        return tuple(h for (h,) in struct.iter_unpack(f"{size}s", memoryview(v)[1:]))
 
 
 INTS, OFFSETS, HASHES = _Ints(), _Offsets(), _Hashes()

@@ -21,10 +21,17 @@ class FreeQueue:
         self.tail = num_blocks + 1
         self.prev = array("q", [_NONE]) * (num_blocks + 2)
         self.next = array("q", [_NONE]) * (num_blocks + 2)
-        self.next[self.head] = self.tail
-        self.prev[self.tail] = self.head
         self.size = 0
-        self.append_n(blocks)
+        self._link([self.head, *blocks, self.tail])
+
+    def _link(self, chain: list[int]) -> None:
+        """Link `chain` (head, blocks..., tail) in one tight loop: a snapshot's queue holds
+        tens of thousands of blocks."""
+        prev, nxt = self.prev, self.next
+        for a, b in zip(chain, chain[1:]):
+            nxt[a] = b
+            prev[b] = a
+        self.size = len(chain) - 2
 
     def copy(self) -> FreeQueue:
         twin = FreeQueue.__new__(FreeQueue)

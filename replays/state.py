@@ -9,6 +9,7 @@ Only the trace schema is imported here, never the engine.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from recorder.errors import TraceError
@@ -127,23 +128,21 @@ class State:
             if r.ref in requests or r.ref >= snap.next_ref:
                 raise Inconsistent(f"snapshot: bad or repeated ref {r.ref}")
             requests[r.ref] = _request(r)
+            _check_blocks(r.block_ids, n)
             for b in r.block_ids:
-                _check_block(b, n)
                 ref_cnts[b] += 1
         _check_refs(snap.running, requests, "running")
         _check_refs(snap.waiting, requests, "waiting")
-        for b in snap.free_queue:
-            _check_block(b, n)
+        _check_blocks(snap.free_queue, n)
         if len(set(snap.free_queue)) != len(snap.free_queue):
             raise Inconsistent("snapshot: a block is twice in the free queue")
         if len(snap.cached_block_ids) != len(snap.cached_hashes):
             raise Inconsistent("snapshot: cached blocks and hashes differ in number")
-        for b in snap.cached_block_ids:
-            _check_block(b, n)
+        _check_blocks(snap.cached_block_ids, n)
         state = cls(header.policy, n, header.block_size, snap.step, snap.next_ref, requests,
                     list(snap.running), list(snap.waiting), FreeQueue(n, snap.free_queue),
                     ref_cnts, dict(zip(snap.cached_block_ids, snap.cached_hashes)))
-        state.check_invariants()
+        state.check_invariants(free=snap.free_queue)  # the queue as listed, just linked
         return state
 
     def copy(self) -> State:
@@ -184,8 +183,9 @@ class State:
                        tuple(map(ids, self.waiting)), tuple(self.free), tuple(self.ref_cnts),
                        tuple(sorted(self.block_hashes.items())))
 
-    def check_invariants(self) -> None:
-        """Raise Inconsistent unless the block map holds together (DESIGN.md K8)."""
+    def check_invariants(self, free: Sequence[int] | None = None) -> None:
+        """Raise Inconsistent unless the block map holds together (DESIGN.md K8). `free`:
+        the free queue's blocks when the caller has them as a list already."""
         held = [0] * self.num_blocks
         for r in self.requests.values():
             for b in r.block_ids:
@@ -194,13 +194,14 @@ class State:
             bad = next(b for b, (h, c) in enumerate(zip(held, self.ref_cnts)) if h != c)
             raise Inconsistent(f"block {bad}: ref count {self.ref_cnts[bad]} but "
                                f"{held[bad]} tables hold it")
-        free = list(self.free)
+        if free is None:
+            free = list(self.free)
         if len(free) != len(self.free) or len(set(free)) != len(free):
             raise Inconsistent("the free queue is malformed")
         if held[0] or 0 in self.free:
             raise Inconsistent("the null block 0 is in use or free")
-        owned = sum(1 for h in held if h)
-        if any(held[b] for b in free):
+        owned = len(held) - held.count(0)
+        if any(map(held.__getitem__, free)):
             raise Inconsistent("a block is both free and owned")
         if owned + len(free) != self.num_blocks - 1:
             raise Inconsistent(f"{owned} owned + {len(free)} free blocks != "
@@ -217,6 +218,14 @@ def _check_header(header: Header) -> None:
         raise TraceError(f"header: block_size={header.block_size}: must be >= 1")
     if header.policy not in POLICIES:
         raise TraceError(f"header: policy={header.policy!r}: must be one of {POLICIES}")
+
+
+def _check_blocks(blocks: tuple[int, ...], num_blocks: int) -> None:
+    """Every block id within the pool, checked with two C-level passes (snapshots list
+    tens of thousands of blocks)."""
+    if blocks and (min(blocks) < 1 or max(blocks) >= num_blocks):
+        bad = next(b for b in blocks if not 0 < b < num_blocks)
+        _check_block(bad, num_blocks)
 
 
 def _check_block(block: int, num_blocks: int) -> None:

@@ -192,9 +192,13 @@ class Timeline:
 
     def _advance(self, state: State, at: int, step: int) -> None:
         interval = self.keyframe_interval
+        # Keyframes pay off near where the user is (stepping back, small jumps); on a long
+        # jump, copying the state every `interval` steps of the way would cost more than
+        # the jump itself, so only the last stretch before the target gets them.
+        keep_from = step - 2 * interval
         for s in range(at + 1, step + 1):
             apply(state, self.record(s), self._offsets[s - self.first_step])
-            if s % interval == 0 and s not in self._keyframes:
+            if s % interval == 0 and s >= keep_from and s not in self._keyframes:
                 self._keep(s, state.copy())
 
     def _keep(self, step: int, state: State) -> None:
