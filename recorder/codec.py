@@ -483,6 +483,9 @@ SAMPLE = Struct(Sample, [("ref", UINT), ("count", UINT), ("token_ids", Opt(INTS)
 SPEC_ACCEPTED = Struct(SpecAccepted, [("ref", UINT), ("accepted", UINT)])
 
 
+_EVICTED, _CACHED, _PREFIX_HIT = KVKind.EVICTED, KVKind.CACHED, KVKind.PREFIX_HIT
+
+
 class _KVColumns(Struct[KVEvents]):
     """KVEvents, with the columns checked against each other."""
 
@@ -493,12 +496,12 @@ class _KVColumns(Struct[KVEvents]):
         kinds, sizes = kv.kinds, kv.sizes
         if len(sizes) != len(kinds) or sum(sizes) != len(kv.block_ids):
             raise Bad("event kinds, sizes and blocks do not add up")
-        if any(k > KVKind.EVICTED for k in kinds):
+        if kinds and max(kinds) > _EVICTED:
             raise Bad(f"unknown event kind {max(kinds)}")
-        with_ref = len(kinds) - kinds.count(KVKind.EVICTED)
-        cached = sum(n for k, n in zip(kinds, sizes) if k == KVKind.CACHED)
+        with_ref = len(kinds) - kinds.count(_EVICTED)
+        cached = sum([n for k, n in zip(kinds, sizes) if k == _CACHED])
         if (len(kv.refs) != with_ref or len(kv.hashes) != cached
-                or len(kv.hit_tokens) != kinds.count(KVKind.PREFIX_HIT)):
+                or len(kv.hit_tokens) != kinds.count(_PREFIX_HIT)):
             raise Bad("event refs, hashes or hit tokens do not match the event kinds")
         return kv
 
