@@ -26,6 +26,7 @@ from replays.state import State
 # Rough costs in units of "apply one step", to pick where to start from.
 _COPY_COST = 5  # copying a keyframe
 _LOAD_COST = 60  # decoding and validating a trace snapshot
+_NEAR = 48  # steps before a jump's target that get keyframes (a walk back stays inside)
 
 
 class Timeline:
@@ -37,7 +38,7 @@ class Timeline:
     step (for a trace that starts at step 0)."""
 
     def __init__(self, reader: TraceReader, *, live: bool = False,
-                 keyframe_interval: int = 16, max_keyframes: int = 64,
+                 keyframe_interval: int = 8, max_keyframes: int = 96,
                  max_cached_records: int = 4096) -> None:
         if keyframe_interval < 1 or max_keyframes < 1:
             raise ValueError("keyframe_interval and max_keyframes must be >= 1")
@@ -139,8 +140,11 @@ class Timeline:
             self._check(step)
         if self._cur is not None and self._cur_step == step:
             return self._cur
+        # Walking backwards, the steps just before this one come next: keep keyframes all
+        # the way from the start point, so that each further step back is short.
+        backward = self._cur_step > step
         state, at = self._start_for(step)
-        self._advance(state, at, step)
+        self._advance(state, at, step, keep_all=backward)
         self._cur, self._cur_step = state, step
         return state
 
@@ -190,12 +194,12 @@ class Timeline:
             return state.copy(), at
         return State.initial(self.header), -1
 
-    def _advance(self, state: State, at: int, step: int) -> None:
+    def _advance(self, state: State, at: int, step: int, keep_all: bool = False) -> None:
         interval = self.keyframe_interval
         # Keyframes pay off near where the user is (stepping back, small jumps); on a long
         # jump, copying the state every `interval` steps of the way would cost more than
         # the jump itself, so only the last stretch before the target gets them.
-        keep_from = step - 2 * interval
+        keep_from = at if keep_all else step - _NEAR
         for s in range(at + 1, step + 1):
             apply(state, self.record(s), self._offsets[s - self.first_step])
             if s % interval == 0 and s >= keep_from and s not in self._keyframes:
