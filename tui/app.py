@@ -1,0 +1,362 @@
+"""The schedtop app: the main screen, its keys, and the wiring between the panes and the
+reader thread.
+
+Data flows one way. The reader thread (tui.worker) owns the Session and the Timeline and
+posts FrameReady; the app takes the frame (immutable) and hands each pane its part as
+attributes. The panes report what the user picks as messages; keys become commands sent
+to the reader thread. Nothing here reads the trace or the clock.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widgets import Footer, Input
+
+from replays.breakpoints import Predicate, parse
+from tui.commands import (
+    Cancel,
+    Command,
+    FindBreak,
+    FindRequest,
+    FollowRequest,
+    Goto,
+    GotoEdge,
+    GotoTime,
+    Move,
+    SetBreakpoints,
+    Speed,
+    ToggleBreakpoint,
+    TogglePlay,
+)
+from tui.screens.help import HelpScreen
+from tui.screens.prompt import breakpoints_screen, goto_screen
+from tui.session import Session
+from tui.viewmodel import SORT_KEYS, Frame, table_rows
+from tui.widgets.batch import BatchBar
+from tui.widgets.blockmap import ZOOMS, BlockMap
+from tui.widgets.detail import BlockDetail
+from tui.widgets.events import EventLog
+from tui.widgets.header import StepHeader
+from tui.widgets.requests import RequestTable
+from tui.widgets.sparks import Sparklines
+from tui.worker import FrameSource
+
+PREEMPT = parse("preempt")
+
+
+class FrameReady(Message):
+    """The reader thread has a new frame."""
+
+
+class Notice(Message):
+    """The reader thread has something to say."""
+
+    def __init__(self, severity: str, text: str) -> None:
+        super().__init__()
+        self.severity = severity
+        self.text = text
+
+
+class SchedtopApp(App[None]):
+    """Live view and replay debugger of one trace."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "schedtop"
+    ENABLE_COMMAND_PALETTE = False
+
+    BINDINGS = [
+        Binding("space", "play", "play/pause"),
+        Binding("right", "move(1)", "step"),
+        Binding("left", "move(-1)", "back", show=False),
+        Binding("shift+right", "move(10)", "10 steps", show=False),
+        Binding("shift+left", "move(-10)", "10 back", show=False),
+        Binding("home", "edge(False)", "first step", show=False),
+        Binding("end,F", "edge(True)", "last/follow", show=False),
+        Binding("plus,equals_sign", "speed(True)", "faster", show=False),
+        Binding("minus", "speed(False)", "slower", show=False),
+        Binding("g", "goto", "go to"),
+        Binding("n", "find(False)", "next break"),
+        Binding("N", "find(True)", "prev break", show=False),
+        Binding("b", "toggle_preempt", "break on preempt"),
+        Binding("B", "breakpoints", "breakpoints", show=False),
+        Binding("f", "follow", "follow req"),
+        Binding("right_square_bracket", "request_event(False)", "its next event", show=False),
+        Binding("left_square_bracket", "request_event(True)", "its prev event", show=False),
+        Binding("slash", "filter", "filter"),
+        Binding("s", "sort", "sort"),
+        Binding("S", "sort_reverse", "reverse sort", show=False),
+        Binding("z", "zoom", "zoom"),
+        Binding("escape", "escape", "stop", show=False),
+        Binding("question_mark", "help", "help"),
+        Binding("q", "quit", "quit"),
+    ]
+
+    frame: reactive[Frame | None] = reactive(None)  # the frame on screen
+    selected_request: reactive[str | None] = reactive(None)  # by id: stable across steps
+    selected_block: reactive[int | None] = reactive(None)
+    query_text: reactive[str] = reactive("")  # the request filter
+    sort_key: reactive[str] = reactive("arrival")
+    sort_reverse: reactive[bool] = reactive(False)
+
+    def __init__(self, session: Session) -> None:
+        super().__init__()
+        self.source = FrameSource(session, self._frame_ready, self._notice)
+        self.notices: list[tuple[str, str]] = []  # every notice shown (tests read them)
+        self._trace = Path(session.name).name
+
+    # -- layout -----------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield StepHeader(id="header")
+        with Vertical(id="requests-pane", classes="pane"):
+            yield RequestTable(id="requests")
+            yield Input(placeholder="filter: words in the id, state, kind or reason "
+                                    "(enter: done, esc: clear)", id="filter")
+        with Horizontal(id="middle"):
+            with Vertical(id="blocks-pane", classes="pane"):
+                yield BlockMap(id="blocks")
+                yield BlockDetail(id="block-detail")
+            with Vertical(id="side"):
+                with Vertical(id="sparks-pane", classes="pane"):
+                    yield Sparklines(id="sparks")
+                with Vertical(id="batch-pane", classes="pane"):
+                    yield BatchBar(id="batch")
+        with Vertical(id="events-pane", classes="pane"):
+            yield EventLog(id="events")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.title = f"schedtop {self._trace}"
+        self.query_one("#events-pane").border_title = "events"
+        self.query_one("#sparks-pane").border_title = "history"
+        self.query_one("#batch-pane").border_title = "batch"
+        self.query_one(RequestTable).focus()
+        self.run_worker(self.source.run, thread=True, name="reader", exit_on_error=False)
+
+    def on_unmount(self) -> None:
+        self.source.stop()
+
+    # -- the reader thread ----------------------------------------------------------------------
+
+    def _frame_ready(self) -> None:
+        self.post_message(FrameReady())  # from the reader thread: post_message is safe
+
+    def _notice(self, severity: str, text: str) -> None:
+        self.post_message(Notice(severity, text))
+
+    def on_frame_ready(self, _: FrameReady) -> None:
+        frame = self.source.take()
+        if frame is not None:
+            self.frame = frame
+
+    def on_notice(self, message: Notice) -> None:
+        self.notices.append((message.severity, message.text))
+        severity = message.severity if message.severity in ("warning", "error") \
+            else "information"
+        self.notify(message.text, severity=severity,  # type: ignore[arg-type]
+                    timeout=10 if severity != "information" else 4, markup=False)
+
+    def send(self, cmd: Command) -> None:
+        self.source.send(cmd)
+
+    # -- frames down to the panes ----------------------------------------------------------------
+
+    def watch_frame(self, frame: Frame | None) -> None:
+        if frame is None:
+            return
+        self.query_one(StepHeader).vm = frame.header
+        self._update_table()
+        blocks = self.query_one(BlockMap)
+        blocks.vm = frame.blocks
+        blocks.highlight = self._selected_ref()
+        self.query_one(BlockDetail).frame = frame
+        self.query_one(Sparklines).vm = frame.sparks
+        self.query_one(BatchBar).vm = frame.batch
+        log = self.query_one(EventLog)
+        log.events = frame.events
+        log.step = frame.header.step
+        log.followed = frame.header.followed
+        self._titles()
+
+    def _update_table(self) -> None:
+        frame = self.frame
+        if frame is None:
+            return
+        table = self.query_one(RequestTable)
+        table.sort = (self.sort_key, self.sort_reverse)
+        table.rows = table_rows(frame.requests, self.query_text, self.sort_key,
+                                self.sort_reverse)
+        table.selected = self.selected_request
+        table.followed = frame.header.followed
+        if frame.header.followed is not None and frame.header.followed == \
+                self.selected_request:
+            i = table.index_of(self.selected_request)
+            if i >= 0:
+                table.scroll_to_row(i)
+
+    def _titles(self) -> None:
+        frame = self.frame
+        if frame is None:
+            return
+        shown = len(self.query_one(RequestTable).rows)
+        total = len(frame.requests)
+        order = f"{self.sort_key}{' ▼' if self.sort_reverse else ''}"
+        count = f"{shown} of {total}" if self.query_text else str(total)
+        pane = self.query_one("#requests-pane")
+        pane.border_title = f"requests {count} · sorted by {order}"
+        pane.border_subtitle = f"filter: {self.query_text}" if self.query_text else ""
+        vm = frame.blocks
+        blocks = self.query_one(BlockMap)
+        self.query_one("#blocks-pane").border_title = (
+            f"KV blocks {vm.num_blocks - 1} × {vm.block_size} tokens · {blocks.title}")
+        batch = frame.batch
+        used = sum(e.tokens for e in batch.entries)
+        self.query_one("#batch-pane").border_title = (
+            f"batch: {len(batch.entries)} requests, {used}/{batch.budget} tokens")
+        sparks = frame.sparks
+        n = len(sparks.series[0].values) if sparks.series else 0
+        self.query_one("#sparks-pane").border_title = (
+            f"history: steps {sparks.first}–{sparks.first + n - 1}" if n else "history")
+
+    def _selected_ref(self) -> int | None:
+        frame, rid = self.frame, self.selected_request
+        if frame is None or rid is None:
+            return None
+        return next((r.ref for r in frame.requests if r.request_id == rid), None)
+
+    def watch_selected_request(self) -> None:
+        self.query_one(RequestTable).selected = self.selected_request
+        self.query_one(BlockMap).highlight = self._selected_ref()
+
+    def watch_selected_block(self, block: int | None) -> None:
+        self.query_one(BlockMap).selected = block
+        detail = self.query_one(BlockDetail)
+        detail.block = block
+        detail.per_cell = self.query_one(BlockMap).geometry.per_cell
+
+    def watch_query_text(self) -> None:
+        self._update_table()
+        self._titles()
+
+    def watch_sort_key(self) -> None:
+        self._update_table()
+        self._titles()
+
+    def watch_sort_reverse(self) -> None:
+        self._update_table()
+        self._titles()
+
+    # -- messages up from the panes ----------------------------------------------------------
+
+    def on_request_table_selected(self, message: RequestTable.Selected) -> None:
+        self.selected_request = message.request_id
+
+    def on_request_table_sort_clicked(self, message: RequestTable.SortClicked) -> None:
+        if message.key == self.sort_key:
+            self.sort_reverse = not self.sort_reverse
+        else:
+            self.sort_key, self.sort_reverse = message.key, False
+
+    def on_block_map_selected(self, message: BlockMap.Selected) -> None:
+        self.selected_block = message.block
+        self.query_one(BlockMap)._scroll_to_selected()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "filter":
+            self.query_text = event.value
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "filter":
+            self.query_one(RequestTable).focus()
+            if not event.value:
+                event.input.display = False
+
+    # -- actions --------------------------------------------------------------------------------
+
+    def action_play(self) -> None:
+        self.send(TogglePlay())
+
+    def action_move(self, delta: int) -> None:
+        self.send(Move(delta))
+
+    def action_edge(self, end: bool) -> None:
+        self.send(GotoEdge(end))
+
+    def action_speed(self, faster: bool) -> None:
+        self.send(Speed(faster))
+
+    def action_find(self, backward: bool) -> None:
+        self.send(FindBreak(backward))
+
+    def action_toggle_preempt(self) -> None:
+        self.send(ToggleBreakpoint(PREEMPT))
+
+    def action_goto(self) -> None:
+        def go(result: tuple[str, int] | None) -> None:
+            if result is None:
+                return
+            kind, n = result
+            self.send(Goto(n) if kind == "step" else Move(n) if kind == "move"
+                      else GotoTime(n))
+
+        self.push_screen(goto_screen(), go)
+
+    def action_breakpoints(self) -> None:
+        def done(result: tuple[Predicate, ...] | None) -> None:
+            if result is not None:
+                self.send(SetBreakpoints(result))
+
+        current = self.frame.header.breakpoints if self.frame is not None else ()
+        self.push_screen(breakpoints_screen(current), done)
+
+    def action_follow(self) -> None:
+        followed = self.frame.header.followed if self.frame is not None else None
+        rid = self.selected_request
+        if rid is None or rid == followed:
+            self.send(FollowRequest(None))
+        else:
+            self.send(FollowRequest(rid))
+
+    def action_request_event(self, backward: bool) -> None:
+        followed = self.frame.header.followed if self.frame is not None else None
+        rid = followed or self.selected_request
+        if rid is None:
+            self.notify("select a request first (↑/↓ or a click), or follow one with f")
+            return
+        self.send(FindRequest(rid, backward))
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.focus()
+
+    def action_sort(self) -> None:
+        i = SORT_KEYS.index(self.sort_key)
+        self.sort_key = SORT_KEYS[(i + 1) % len(SORT_KEYS)]
+
+    def action_sort_reverse(self) -> None:
+        self.sort_reverse = not self.sort_reverse
+
+    def action_zoom(self) -> None:
+        blocks = self.query_one(BlockMap)
+        blocks.zoom = ZOOMS[(ZOOMS.index(blocks.geometry.zoom) + 1) % len(ZOOMS)]
+        self.query_one(BlockDetail).per_cell = blocks.geometry.per_cell
+        self._titles()
+
+    def action_escape(self) -> None:
+        box = self.query_one("#filter", Input)
+        if box.has_focus or self.query_text:
+            box.value = ""
+            box.display = False
+            self.query_one(RequestTable).focus()
+            return
+        self.send(Cancel())
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())

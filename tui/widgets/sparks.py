@@ -1,0 +1,71 @@
+"""Sparklines of recent steps, with the cursor's column marked."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from tui.viewmodel import Series, SparksVM
+
+_BARS = " ▁▂▃▄▅▆▇█"
+_LABEL = 12
+_VALUE = 9
+_COLOURS = ("#98c379", "#e5c07b", "#61afef", "#d19a66", "#e06c75")
+
+
+class Sparklines(Widget):
+    """One line per series: its name, its recent values, and the value at the cursor."""
+
+    DEFAULT_CSS = """
+    Sparklines { height: auto; min-height: 5; }
+    """
+
+    vm: reactive[SparksVM | None] = reactive(None)
+
+    def render(self) -> Text:
+        vm = self.vm
+        if vm is None:
+            return Text("")
+        width = max(1, self.size.width - _LABEL - _VALUE)
+        lines = [_line(s, vm.cursor, width, colour) for s, colour in zip(vm.series, _COLOURS)]
+        return Text("\n").join(lines)
+
+
+def window(n: int, cursor: int, width: int) -> tuple[int, int]:
+    """The slice [lo, hi) of n values to show in `width` columns, keeping the cursor
+    centred when it can be (at the right end when it is the last value)."""
+    if n <= width:
+        return 0, n
+    if cursor < 0:
+        return n - width, n
+    lo = min(max(cursor - width // 2, 0), n - width)
+    return lo, lo + width
+
+
+def _line(series: Series, cursor: int, width: int, colour: str) -> Text:
+    values = series.values
+    lo, hi = window(len(values), cursor, width)
+    shown = values[lo:hi]
+    top = max(shown, default=0.0)
+    t = Text(no_wrap=True)
+    t.append(series.name[:_LABEL - 1].ljust(_LABEL), style="#abb2bf")
+    for i, v in enumerate(shown):
+        level = 0 if top <= 0 else round(v / top * (len(_BARS) - 1))
+        char = _BARS[level] if v > 0 or top <= 0 else " "
+        if lo + i == cursor:
+            t.append(char if char != " " else "▁", style=f"bold #1e2127 on {colour}")
+        else:
+            t.append(char, style=colour)
+    t.append(" " * (width - len(shown)))
+    at = values[cursor] if 0 <= cursor < len(values) else None
+    t.append(_value(at, series.unit).rjust(_VALUE), style="bold")
+    return t
+
+
+def _value(v: float | None, unit: str) -> str:
+    if v is None:
+        return "—"
+    if unit == "ms":
+        return f"{v:.2f} ms" if v < 100 else f"{v:.0f} ms"
+    return f"{v:.0f}"
