@@ -54,7 +54,7 @@ def _line(series: Series, cursor: int, width: int, colour: str) -> Text:
         level = 0 if top <= 0 else round(v / top * (len(_BARS) - 1))
         char = _BARS[level] if v > 0 or top <= 0 else " "
         if lo + i == cursor:
-            t.append(char if char != " " else "▁", style=f"bold #1e2127 on {colour}")
+            t.append(char if char != " " else "▁", style="bold #ffffff on #5c6370")
         else:
             t.append(char, style=colour)
     t.append(" " * (width - len(shown)))
