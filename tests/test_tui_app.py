@@ -285,12 +285,13 @@ async def test_playing_and_zooming(trace: Path, timeline: Timeline) -> None:
                          and app.frame.header.mode == "PAUSED", timeout=30)
         blocks = app.query_one(BlockMap)
         zooms = []
-        for _ in range(3):
+        assert blocks.geometry.zoom == "wide"  # 95 blocks fit at two cells each
+        for _ in range(4):
             await pilot.press("z")
             await pilot.pause(0.02)
             zooms.append(blocks.geometry.zoom)
-        assert zooms == ["half", "fit", "block"]
-        assert "1 block per cell" in screen_text(app)
+        assert zooms == ["block", "half", "fit", "wide"]
+        assert "1 block per 2 cells" in screen_text(app)
 
 
 @app_test

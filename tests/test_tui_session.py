@@ -50,6 +50,31 @@ def session(path: Path, **kw: object) -> Session:
     return Session(Timeline(TraceReader(path)), name=path.name, **kw)  # type: ignore[arg-type]
 
 
+def settled(s: Session) -> Frame:
+    """The frame once the history after a jump is made (it comes a tick after the step)."""
+    frame = s.frame()
+    while s.dirty or s.timeout() == 0:
+        s.tick()
+        frame = s.frame()
+    return frame
+
+
+def test_a_jump_shows_the_step_first_and_its_history_a_frame_later(trace: Path) -> None:
+    s = session(trace)
+    s.handle(Goto(120))
+    first = s.frame()
+    assert first.header.step == 120 and first.sparks.series[0].values == ()
+    assert s.timeout() == 0  # more to do at once
+    s.tick()
+    assert s.dirty
+    second = s.frame()
+    assert second.header.step == 120 and len(second.sparks.series[0].values) == 160
+    assert second.events and first.requests == second.requests
+    s.handle(Move(1))
+    third = s.frame()  # a step forwards: the history is there already
+    assert len(third.sparks.series[0].values) == 160 and not s.dirty
+
+
 def test_frames_agree_with_the_timeline_at_every_step(trace: Path) -> None:
     s = session(trace)
     tl = Timeline(TraceReader(trace))
@@ -127,7 +152,7 @@ def test_a_preempted_request_says_for_whom(trace: Path) -> None:
     p = tl.record(step).preemptions[0]
     s = session(trace)
     s.handle(Goto(step))
-    frame = s.frame()
+    frame = settled(s)
     names = {r.ref: r.request_id for r in frame.requests}
     victim = next(r for r in frame.requests if r.ref == p.victim)
     assert victim.state == "preempted"

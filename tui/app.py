@@ -10,12 +10,15 @@ to the reader thread. Nothing here reads the trace or the clock.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeVar
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Footer, Input
 
 from replays.breakpoints import Predicate, parse
@@ -48,6 +51,7 @@ from tui.widgets.sparks import Sparklines
 from tui.worker import FrameSource
 
 PREEMPT = parse("preempt")
+W = TypeVar("W", bound=Widget)
 
 
 class FrameReady(Message):
@@ -108,6 +112,7 @@ class SchedtopApp(App[None]):
         super().__init__()
         self.source = FrameSource(session, self._frame_ready, self._notice)
         self.notices: list[tuple[str, str]] = []  # every notice shown (tests read them)
+        self._main: Screen[object] | None = None  # the screen with the panes, once mounted
         self._trace = Path(session.name).name
 
     # -- layout -----------------------------------------------------------------------------
@@ -132,14 +137,18 @@ class SchedtopApp(App[None]):
         yield Footer()
 
     def on_mount(self) -> None:
+        # The panes live on the main screen; dialogs go on top of it, so panes are found
+        # there, never on whatever screen is current.
+        self._main = self.screen
         self.title = f"schedtop {self._trace}"
-        self.query_one("#events-pane").border_title = "events"
-        self.query_one("#sparks-pane").border_title = "history"
-        self.query_one("#batch-pane").border_title = "batch"
-        self.query_one(RequestTable).focus()
+        self._pane(Widget, "#events-pane").border_title = "events"
+        self._pane(Widget, "#sparks-pane").border_title = "history"
+        self._pane(Widget, "#batch-pane").border_title = "batch"
+        self._pane(RequestTable).focus()
         self.run_worker(self.source.run, thread=True, name="reader", exit_on_error=False)
 
     def on_unmount(self) -> None:
+        self._main = None
         self.source.stop()
 
     # -- the reader thread ----------------------------------------------------------------------
@@ -152,7 +161,7 @@ class SchedtopApp(App[None]):
 
     def on_frame_ready(self, _: FrameReady) -> None:
         frame = self.source.take()
-        if frame is not None:
+        if frame is not None and self._main is not None:  # not while shutting down
             self.frame = frame
 
     def on_notice(self, message: Notice) -> None:
@@ -162,6 +171,13 @@ class SchedtopApp(App[None]):
         self.notify(message.text, severity=severity,  # type: ignore[arg-type]
                     timeout=10 if severity != "information" else 4, markup=False)
 
+    def _pane(self, kind: type[W], selector: str | None = None) -> W:
+        """A widget of the main screen (dialogs may be on top of it)."""
+        assert self._main is not None
+        if selector is None:
+            return self._main.query_one(kind)
+        return self._main.query_one(selector, kind)
+
     def send(self, cmd: Command) -> None:
         self.source.send(cmd)
 
@@ -170,15 +186,15 @@ class SchedtopApp(App[None]):
     def watch_frame(self, frame: Frame | None) -> None:
         if frame is None:
             return
-        self.query_one(StepHeader).vm = frame.header
+        self._pane(StepHeader).vm = frame.header
         self._update_table()
-        blocks = self.query_one(BlockMap)
+        blocks = self._pane(BlockMap)
         blocks.vm = frame.blocks
         blocks.highlight = self._selected_ref()
-        self.query_one(BlockDetail).frame = frame
-        self.query_one(Sparklines).vm = frame.sparks
-        self.query_one(BatchBar).vm = frame.batch
-        log = self.query_one(EventLog)
+        self._pane(BlockDetail).frame = frame
+        self._pane(Sparklines).vm = frame.sparks
+        self._pane(BatchBar).vm = frame.batch
+        log = self._pane(EventLog)
         log.events = frame.events
         log.step = frame.header.step
         log.followed = frame.header.followed
@@ -188,7 +204,7 @@ class SchedtopApp(App[None]):
         frame = self.frame
         if frame is None:
             return
-        table = self.query_one(RequestTable)
+        table = self._pane(RequestTable)
         table.sort = (self.sort_key, self.sort_reverse)
         table.rows = table_rows(frame.requests, self.query_text, self.sort_key,
                                 self.sort_reverse)
@@ -204,25 +220,30 @@ class SchedtopApp(App[None]):
         frame = self.frame
         if frame is None:
             return
-        shown = len(self.query_one(RequestTable).rows)
+        shown = len(self._pane(RequestTable).rows)
         total = len(frame.requests)
         order = f"{self.sort_key}{' ▼' if self.sort_reverse else ''}"
         count = f"{shown} of {total}" if self.query_text else str(total)
-        pane = self.query_one("#requests-pane")
-        pane.border_title = f"requests {count} · sorted by {order}"
-        pane.border_subtitle = f"filter: {self.query_text}" if self.query_text else ""
-        vm = frame.blocks
-        blocks = self.query_one(BlockMap)
-        self.query_one("#blocks-pane").border_title = (
-            f"KV blocks {vm.num_blocks - 1} × {vm.block_size} tokens · {blocks.title}")
-        batch = frame.batch
+        vm, batch, sparks = frame.blocks, frame.batch, frame.sparks
         used = sum(e.tokens for e in batch.entries)
-        self.query_one("#batch-pane").border_title = (
-            f"batch: {len(batch.entries)} requests, {used}/{batch.budget} tokens")
-        sparks = frame.sparks
         n = len(sparks.series[0].values) if sparks.series else 0
-        self.query_one("#sparks-pane").border_title = (
-            f"history: steps {sparks.first}–{sparks.first + n - 1}" if n else "history")
+        titles = {
+            "#requests-pane": (f"requests {count} · sorted by {order}",
+                               f"filter: {self.query_text}" if self.query_text else ""),
+            "#blocks-pane": (f"KV blocks {vm.num_blocks - 1} × {vm.block_size} tokens · "
+                             f"{self._pane(BlockMap).title}", ""),
+            "#batch-pane": (f"batch: {len(batch.entries)} requests, {used}/{batch.budget} "
+                            "tokens", ""),
+            "#sparks-pane": (f"history: steps {sparks.first}–{sparks.first + n - 1}"
+                             if n else "history", ""),
+        }
+        for selector, (title, subtitle) in titles.items():
+            pane = self._pane(Widget, selector)
+            # Setting a title repaints the pane: only when it changes.
+            if pane.border_title != title:
+                pane.border_title = title
+            if (pane.border_subtitle or "") != subtitle:
+                pane.border_subtitle = subtitle
 
     def _selected_ref(self) -> int | None:
         frame, rid = self.frame, self.selected_request
@@ -231,14 +252,14 @@ class SchedtopApp(App[None]):
         return next((r.ref for r in frame.requests if r.request_id == rid), None)
 
     def watch_selected_request(self) -> None:
-        self.query_one(RequestTable).selected = self.selected_request
-        self.query_one(BlockMap).highlight = self._selected_ref()
+        self._pane(RequestTable).selected = self.selected_request
+        self._pane(BlockMap).highlight = self._selected_ref()
 
     def watch_selected_block(self, block: int | None) -> None:
-        self.query_one(BlockMap).selected = block
-        detail = self.query_one(BlockDetail)
+        self._pane(BlockMap).selected = block
+        detail = self._pane(BlockDetail)
         detail.block = block
-        detail.per_cell = self.query_one(BlockMap).geometry.per_cell
+        detail.per_cell = self._pane(BlockMap).geometry.per_cell
 
     def watch_query_text(self) -> None:
         self._update_table()
@@ -265,7 +286,7 @@ class SchedtopApp(App[None]):
 
     def on_block_map_selected(self, message: BlockMap.Selected) -> None:
         self.selected_block = message.block
-        self.query_one(BlockMap)._scroll_to_selected()
+        self._pane(BlockMap)._scroll_to_selected()
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "filter":
@@ -273,7 +294,7 @@ class SchedtopApp(App[None]):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id == "filter":
-            self.query_one(RequestTable).focus()
+            self._pane(RequestTable).focus()
             if not event.value:
                 event.input.display = False
 
@@ -332,7 +353,7 @@ class SchedtopApp(App[None]):
         self.send(FindRequest(rid, backward))
 
     def action_filter(self) -> None:
-        box = self.query_one("#filter", Input)
+        box = self._pane(Input, "#filter")
         box.display = True
         box.focus()
 
@@ -344,17 +365,17 @@ class SchedtopApp(App[None]):
         self.sort_reverse = not self.sort_reverse
 
     def action_zoom(self) -> None:
-        blocks = self.query_one(BlockMap)
+        blocks = self._pane(BlockMap)
         blocks.zoom = ZOOMS[(ZOOMS.index(blocks.geometry.zoom) + 1) % len(ZOOMS)]
-        self.query_one(BlockDetail).per_cell = blocks.geometry.per_cell
+        self._pane(BlockDetail).per_cell = blocks.geometry.per_cell
         self._titles()
 
     def action_escape(self) -> None:
-        box = self.query_one("#filter", Input)
+        box = self._pane(Input, "#filter")
         if box.has_focus or self.query_text:
             box.value = ""
             box.display = False
-            self.query_one(RequestTable).focus()
+            self._pane(RequestTable).focus()
             return
         self.send(Cancel())
 

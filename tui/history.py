@@ -122,6 +122,11 @@ class History:
     def get(self, step: int) -> Digest | None:
         return self._digests.get(step)
 
+    def missing(self, lo: int, hi: int) -> int:
+        """How many of steps lo..hi have no digest."""
+        got = self._digests
+        return sum(1 for s in range(lo, hi + 1) if s not in got)
+
     def window(self, lo: int, hi: int) -> tuple[Digest, ...]:
         """The cached digests of steps lo..hi, in order (fill() them first)."""
         got = self._digests

@@ -44,6 +44,9 @@ SLICE = 1024  # steps one slice of a breakpoint search covers before looking at 
 POLL_S = 0.05  # live: how often to look for new records
 IDLE_S = 3.0  # live: after this long without a new step, the header says so
 MAX_FPS = 30  # playing: frames per second at most
+INLINE_FILL = 48  # missing history steps made before a frame; more are made after it
+AHEAD = 32  # history steps made past the window's end at a time (stepping forwards)
+RATE_STEPS = 16  # tokens per second are averaged over this many steps
 
 _REQUEST_KINDS = ("admit", "preempt", "first-token", "finish")
 _KIND_WORDS = {"admit": "admitted", "preempt": "preempted", "first-token": "first token",
@@ -90,6 +93,9 @@ class Session:
         self._played_at = 0.0
         self._carry = 0.0
         self._ended = timeline.finished
+        self._backfill: tuple[int, int] | None = None  # history to make after a jump
+        self._step: tuple[int, StepInput] | None = None  # the cursor's step, spelled out
+        self._followed_to: int | None = None  # live: the step of the last frame following
         cut = timeline.cut
         if cut is not None:
             self.notices.append(("warning", f"the trace is cut at byte {cut.offset:,} "
@@ -163,7 +169,7 @@ class Session:
     def timeout(self) -> float | None:
         """How long the worker may wait for a command before calling tick() (None: until
         a command comes)."""
-        if self.search is not None:
+        if self.search is not None or self._backfill is not None:
             return 0.0
         if self.playing:
             return max(1.0 / self.speed, 1.0 / MAX_FPS)
@@ -176,6 +182,11 @@ class Session:
         now = self._clock()
         if self.live:
             self._grow(now)
+        if self._backfill is not None:
+            lo, hi = self._backfill
+            self._backfill = None
+            self._fill(lo, hi)
+            self.dirty = True
         if self.search is not None:
             self._search_slice()
         elif self.playing:
@@ -297,31 +308,79 @@ class Session:
 
     def frame(self) -> Frame:
         """The frame for the cursor (raises TraceError when the trace cannot be read
-        there; the cursor then stays where it was asked to go)."""
+        there; the cursor then stays where it was asked to go).
+
+        The sparklines' window is filled here when that takes a few steps (the cursor
+        moved a little, or a live trace grew a little); after a jump it is left to the
+        next tick(), so that the frame for the new step comes first and its history a
+        frame later."""
         tl, i = self.tl, self.cursor
         lo, hi = self.window(i)
-        if self.following and i >= tl.first_step:
-            self.history.fill(tl, i - CATCHUP + 1, i)  # the log misses no step it can keep
-        self.history.fill(tl, lo, hi)
-        step: StepInput | None = None
         if i >= tl.first_step:
-            rec: Step = tl.record(i)
-            before = tl.state(i - 1)
-            gone = tuple(before.requests[f.ref].copy() for f in rec.finishes
-                         if f.ref in before.requests)
-            step = StepInput(tl.view(i), gone)
+            first = max(lo, tl.first_step)
+            consecutive = False
+            if self.following and self._followed_to is not None:
+                # Every step since the last frame, for the log (up to CATCHUP of them):
+                # the working state is at that frame's step, so each costs one apply.
+                first = max(min(first, self._followed_to + 1), i - CATCHUP + 1)
+                consecutive = True
+            if consecutive or self.history.missing(first, min(hi, tl.last_step)) \
+                    <= INLINE_FILL:
+                self._fill(first, hi)
+            else:
+                self._backfill = (first, hi)
+        self._followed_to = i if self.following else None
+        step = self._step_input(i)
         state = tl.state(i)
         self.seq += 1
         self.dirty = False
+        step_ns, rate = self._rates(i)
         ctx = Context(
             seq=self.seq, trace=self.name, first_step=tl.first_step, last_step=tl.last_step,
             max_num_seqs=_int(tl.header.config.get("max_num_seqs")), mode=self.mode,
             speed=self.speed, breakpoints=tuple(str(p) for p in self.breakpoints),
             followed=self.followed, live=self.live, ended=tl.finished,
-            idle_s=self._idle_shown or None, search_at=None if self.search is None
-            else self.search.at)
+            idle_s=self._idle_shown or None,
+            search_at=None if self.search is None else self.search.at,
+            step_ns=step_ns, tokens_per_s=rate)
         return build_frame(state, step, self.history.window(lo, hi),
                            self.history.recent(i, LOG_STEPS), tuple(self.notes), ctx)
+
+    def _fill(self, lo: int, hi: int) -> None:
+        """Digest steps lo..hi, and the next AHEAD too when hi is past what is known
+        (stepping forwards then finds them made)."""
+        ahead = AHEAD if self.history.get(hi) is None and not self.following else 0
+        self.history.fill(self.tl, lo, hi + ahead)
+
+    def _step_input(self, i: int) -> StepInput | None:
+        """Step i spelled out (kept while the cursor stays there)."""
+        tl = self.tl
+        if i < tl.first_step:
+            return None
+        if self._step is not None and self._step[0] == i:
+            return self._step[1]
+        rec: Step = tl.record(i)
+        before = tl.state(i - 1)
+        gone = tuple(before.requests[f.ref].copy() for f in rec.finishes
+                     if f.ref in before.requests)
+        step = StepInput(tl.view(i), gone)
+        self._step = (i, step)
+        return step
+
+    def _rates(self, i: int) -> tuple[int, float | None]:
+        """How long step i took, and scheduled tokens per second over the RATE_STEPS
+        steps up to it: from the step records alone."""
+        tl = self.tl
+        if i < tl.first_step:
+            return 0, None
+        end = tl.record(i).time_ns
+        step_ns = end - (tl.record(i - 1).time_ns if i > tl.first_step else 0)
+        lo = max(tl.first_step, i - RATE_STEPS)
+        if lo == i:
+            return max(0, step_ns), None
+        tokens = sum(tl.record(s).num_scheduled_tokens for s in range(lo + 1, i + 1))
+        elapsed = end - tl.record(lo).time_ns
+        return max(0, step_ns), (tokens / (elapsed / 1e9) if elapsed > 0 and tokens else None)
 
 
 def _next_speed(speed: float, faster: bool) -> float:

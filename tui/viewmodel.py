@@ -9,6 +9,7 @@ immutable (tuples, frozen dataclasses, read-only mappings), so a frame can cross
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -18,7 +19,7 @@ from replays.reducer import StepView
 from replays.state import ReqState, State
 from tui.history import Digest, Event
 
-# Block classes in BlockMapVM.cls.
+# Block classes in BlockMapVM.cls; the held ones (USED, SHARED) are those >= USED.
 NULL, FREE, CACHED, USED, SHARED = range(5)
 
 KIND_NAMES: dict[int, str] = {Kind.PREFILL: "prefill", Kind.CHUNK: "chunk", Kind.DECODE: "decode",
@@ -98,16 +99,18 @@ class RequestRow:
 
 @dataclass(frozen=True, slots=True)
 class BlockMapVM:
-    """The KV block pool after the step, one entry per block id."""
+    """The KV block pool after the step, one entry per block id (read-only sequences:
+    copies made with C-level operations, so that large pools stay cheap)."""
 
     num_blocks: int  # blocks in the pool, the null block 0 included
     block_size: int  # tokens per block
     cls: bytes  # per block: NULL, FREE, CACHED (free, still hashed), USED or SHARED
-    owner: tuple[int, ...]  # per block: the ref of the first table holding it (-1: none)
-    index: tuple[int, ...]  # per block: its position in that table (-1: none)
+    owner: Sequence[int]  # per block: the ref of the first table holding it (-1: none)
+    index: Sequence[int]  # per block: its position in that table (-1: none)
     owners: Mapping[int, tuple[int, ...]]  # shared blocks: the refs of every table holding them
+    tables: Mapping[int, tuple[int, ...]]  # each request's block table, by ref
     hashes: Mapping[int, bytes]  # blocks that hold a prefix hash
-    free_queue: tuple[int, ...]  # free blocks, the next to be handed out first
+    free_links: Sequence[int]  # the free queue's next-links (index num_blocks: its head)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +189,8 @@ class Context:
     ended: bool  # the writer closed the trace
     idle_s: float | None  # live: seconds without a new step
     search_at: int | None  # a running search's position
+    step_ns: int = 0  # how long the step took (from the records: no history needed)
+    tokens_per_s: float | None = None  # scheduled tokens per second over recent steps
     max_events: int = 200  # event log lines kept
 
 
@@ -195,7 +200,7 @@ def build_frame(state: State, step: StepInput | None, history: Sequence[Digest],
     the digests of the sparklines' window of steps around it, `log` those of the steps up
     to it whose events the log shows, both in order; `notes` are the session's own events
     (breakpoint hits), merged into the log by step."""
-    return Frame(ctx.seq, _header(state, step, history, ctx), _rows(state, step),
+    return Frame(ctx.seq, _header(state, step, ctx), _rows(state, step),
                  _blocks(state), _batch(step), _sparks(state.step, history),
                  _events(state.step, log, notes, ctx.max_events))
 
@@ -203,101 +208,75 @@ def build_frame(state: State, step: StepInput | None, history: Sequence[Digest],
 # -- header ------------------------------------------------------------------------------------
 
 
-def _header(state: State, step: StepInput | None, history: Sequence[Digest],
-            ctx: Context) -> HeaderVM:
+def _header(state: State, step: StepInput | None, ctx: Context) -> HeaderVM:
     rec = None if step is None else step.view.record
-    here = _digest_at(history, state.step)
     return HeaderVM(
         trace=ctx.trace, step=state.step, first_step=ctx.first_step, last_step=ctx.last_step,
-        time_ns=0 if rec is None else rec.time_ns,
-        step_ns=0 if here is None else here.step_ns,
+        time_ns=0 if rec is None else rec.time_ns, step_ns=ctx.step_ns,
         budget_used=0 if rec is None else rec.num_scheduled_tokens,
         budget=0 if rec is None else rec.token_budget,
         running=len(state.running), waiting=len(state.waiting),
         max_num_seqs=ctx.max_num_seqs, free_blocks=len(state.free),
-        usable_blocks=state.num_blocks - 1, tokens_per_s=tokens_per_s(history, state.step),
+        usable_blocks=state.num_blocks - 1, tokens_per_s=ctx.tokens_per_s,
         mode=ctx.mode, speed=ctx.speed, breakpoints=ctx.breakpoints, followed=ctx.followed,
         live=ctx.live, ended=ctx.ended, idle_s=ctx.idle_s, search_at=ctx.search_at)
-
-
-def tokens_per_s(history: Sequence[Digest], step: int, span: int = 16) -> float | None:
-    """Scheduled tokens per second over up to `span` steps ending at `step`."""
-    at = {d.step: d for d in history}
-    end = at.get(step)
-    if end is None:
-        return None
-    start = end
-    tokens = 0
-    while start.step > step - span and (prev := at.get(start.step - 1)) is not None:
-        tokens += start.scheduled_tokens
-        start = prev
-    elapsed = end.time_ns - start.time_ns
-    return tokens / (elapsed / 1e9) if elapsed > 0 and tokens else None
-
-
-def _digest_at(history: Sequence[Digest], step: int) -> Digest | None:
-    if history and history[0].step <= step <= history[-1].step:
-        d = history[step - history[0].step]
-        if d.step == step:
-            return d
-    return next((d for d in history if d.step == step), None)
 
 
 # -- requests ------------------------------------------------------------------------------------
 
 
 def _rows(state: State, step: StepInput | None) -> tuple[RequestRow, ...]:
-    sched: dict[int, tuple[int, int]] = {}  # ref -> (tokens, kind)
+    sched: dict[int, tuple[int, str]] = {}  # ref -> (tokens, kind)
     why: dict[int, str] = {}
     if step is not None:
         for e in step.view.scheduled:
-            sched[e.ref] = (e.num_tokens, e.kind)
+            sched[e.ref] = (e.num_tokens, KIND_NAMES.get(e.kind, "?"))
         why = reasons(state, step.view)
-    rows = [_row(r, state.step, sched.get(r.ref), why.get(r.ref, ""), None)
-            for r in state.requests.values()]
-    if step is not None:
-        finishes = {f.ref: f for f in step.view.record.finishes}
-        for r in step.gone:
-            f = finishes[r.ref]
-            text = STATES.get(f.status, "finished")
-            detail = f"finished: {text}" + (f" ({f.message})" if f.message else "")
-            rows.append(_row(r, state.step, sched.get(r.ref), detail, text, step.view))
-    rows.sort(key=lambda row: row.ref)
+    i = state.step
+    none = (0, "")
+    states = STATES
+    rows = []
+    # The hot loop (a thousand requests a frame): positional fields, no helper calls.
+    for ref, r in state.requests.items():
+        arrived, first, token = r.arrival_step, r.first_scheduled_step, r.first_token_step
+        tokens, kind = sched.get(ref, none)
+        output = r.num_output_tokens
+        rows.append(RequestRow(
+            ref, r.request_id, states.get(r.status, "?"), r.num_computed_tokens,
+            r.num_prompt_tokens + output, output, r.max_tokens, len(r.block_ids),
+            r.num_preemptions, r.priority,
+            None if arrived < 0 else (first - arrived if first >= 0 else i + 1 - arrived),
+            arrived >= 0 > first, token - arrived if arrived >= 0 and token >= 0 else None,
+            tokens, kind, why.get(ref, "")))
+    if step is not None and step.gone:
+        rows.extend(_finished_row(r, i, step.view, sched.get(r.ref)) for r in step.gone)
+        rows.sort(key=lambda row: row.ref)
     return tuple(rows)
 
 
-def _row(r: ReqState, step: int, sched: tuple[int, int] | None, why: str,
-         finished: str | None, view: StepView | None = None) -> RequestRow:
-    computed, output, blocks = r.num_computed_tokens, r.num_output_tokens, len(r.block_ids)
-    if finished is not None and view is not None:
-        # `r` is the request before its last step: add what that step did.
-        if sched is not None:
-            entry = next(e for e in view.scheduled if e.ref == r.ref)
-            computed = entry.num_computed_before + entry.num_tokens
-        output += sum(s.count for s in view.samples if s.ref == r.ref)
-        blocks = 0  # a finished request's blocks are freed in its last step
-    arrived = r.arrival_step
-    first = r.first_scheduled_step
-    if first < 0 and view is not None and any(a.ref == r.ref for a in view.record.admissions):
+def _finished_row(r: ReqState, step: int, view: StepView,
+                  sched: tuple[int, str] | None) -> RequestRow:
+    """A request that finished in `step`; `r` is how it was before the step."""
+    f = next(f for f in view.record.finishes if f.ref == r.ref)
+    how = STATES.get(f.status, "finished")
+    computed = r.num_computed_tokens
+    entry = next((e for e in view.scheduled if e.ref == r.ref), None)
+    if entry is not None:
+        computed = entry.num_computed_before + entry.num_tokens
+    output = r.num_output_tokens + sum(s.count for s in view.samples if s.ref == r.ref)
+    arrived, first, token = r.arrival_step, r.first_scheduled_step, r.first_token_step
+    if first < 0 and any(a.ref == r.ref for a in view.record.admissions):
         first = step  # admitted and finished in the same step
-    if arrived < 0:
-        queued, still = None, False
-    elif first >= 0:
-        queued, still = first - arrived, False
-    else:
-        queued, still = step + 1 - arrived, finished is None
-    first_token = r.first_token_step
-    if first_token < 0 and finished is not None and output > 0:
-        first_token = step
-    ttft = first_token - arrived if arrived >= 0 and first_token >= 0 else None
-    tokens, kind = sched if sched is not None else (0, -1)
+    if token < 0 and output > 0:
+        token = step
+    queued = None if arrived < 0 else (first if first >= 0 else step + 1) - arrived
+    tokens, kind = sched if sched is not None else (0, "")
     return RequestRow(
-        ref=r.ref, request_id=r.request_id,
-        state=finished or STATES.get(r.status, str(r.status)), computed=computed,
-        total=r.num_prompt_tokens + output, output=output, max_tokens=r.max_tokens,
-        blocks=blocks, preemptions=r.num_preemptions, priority=r.priority, queued=queued,
-        still_queued=still, ttft=ttft, scheduled=tokens,
-        kind=KIND_NAMES.get(kind, "") if sched else "", why=why)
+        r.ref, r.request_id, how, computed, r.num_prompt_tokens + output, output,
+        r.max_tokens, 0,  # its blocks are freed in its last step
+        r.num_preemptions, r.priority, queued, False,
+        token - arrived if arrived >= 0 and token >= 0 else None, tokens, kind,
+        f"finished: {how}" + (f" ({f.message})" if f.message else ""))
 
 
 def reasons(state: State, view: StepView) -> dict[int, str]:
@@ -329,23 +308,32 @@ def reasons(state: State, view: StepView) -> dict[int, str]:
 
 def _blocks(state: State) -> BlockMapVM:
     n = state.num_blocks
-    cls = bytearray(n)  # NULL everywhere to start with
-    owner = [-1] * n
-    index = [-1] * n
+    cls = bytearray([FREE]) * n
+    cls[0] = NULL
+    owner = array("i", [-1]) * n
+    index = array("i", [-1]) * n
     shared: dict[int, tuple[int, ...]] = {}
-    for ref in sorted(state.requests):
-        for i, b in enumerate(state.requests[ref].block_ids):
+    tables: dict[int, tuple[int, ...]] = {}
+    for ref, r in state.requests.items():
+        table = tables[ref] = tuple(r.block_ids)
+        for i, b in enumerate(table):
             if owner[b] < 0:
                 owner[b], index[b], cls[b] = ref, i, USED
             else:
                 shared[b] = (*shared.get(b, (owner[b],)), ref)
                 cls[b] = SHARED
     hashes = state.block_hashes
-    free = tuple(state.free)
-    for b in free:
-        cls[b] = CACHED if b in hashes else FREE
-    return BlockMapVM(n, state.block_size, bytes(cls), tuple(owner), tuple(index),
-                      MappingProxyType(shared), MappingProxyType(dict(hashes)), free)
+    for b in hashes:
+        if cls[b] == FREE:
+            cls[b] = CACHED
+    return BlockMapVM(n, state.block_size, bytes(cls), _frozen(owner), _frozen(index),
+                      MappingProxyType(shared), MappingProxyType(tables),
+                      MappingProxyType(dict(hashes)), _frozen(state.free.next[:]))
+
+
+def _frozen(a: array[int]) -> Sequence[int]:
+    """A read-only view of `a` (which nobody else holds): indexable like a tuple."""
+    return memoryview(a).toreadonly()
 
 
 # -- batch ---------------------------------------------------------------------------------------
@@ -464,6 +452,17 @@ def block_info(frame: Frame, block: int) -> BlockInfo | None:
         first = by_ref.get(vm.owner[block])
         hi = lo + vm.block_size if first is None else min(lo + vm.block_size, first.total)
         tokens = (lo, max(lo, hi))
-    rank = vm.free_queue.index(block) if vm.cls[block] in (FREE, CACHED) else None
+    rank = free_rank(vm, block) if vm.cls[block] in (FREE, CACHED) else None
     return BlockInfo(block, vm.cls[block], names, len(refs), vm.hashes.get(block), tokens,
                      rank)
+
+
+def free_rank(vm: BlockMapVM, block: int) -> int | None:
+    """How many free blocks are handed out before `block` (None: it is not free)."""
+    links, tail = vm.free_links, vm.num_blocks + 1
+    node, rank = links[vm.num_blocks], 0
+    while node != tail and rank <= vm.num_blocks:
+        if node == block:
+            return rank
+        node, rank = links[node], rank + 1
+    return None

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.reactive import reactive
-from textual.widget import Widget
 
 from tui.viewmodel import BATCH_KINDS, BatchVM
 from tui.widgets import palette
+from tui.widgets.lines import TextLines
 
 _UNUSED = "#3b4048"
 
 
-class BatchBar(Widget):
+class BatchBar(TextLines):
     """Prefill, chunk, decode and spec tokens per request, against the budget."""
 
     DEFAULT_CSS = """
@@ -21,12 +21,12 @@ class BatchBar(Widget):
 
     vm: reactive[BatchVM | None] = reactive(None)
 
-    def render(self) -> Text:
+    def lines(self, width: int, height: int) -> list[Text]:
         vm = self.vm
         if vm is None or not vm.budget:
-            return Text("no step yet", style="italic #7f848e")
-        width = max(10, self.size.width)
-        return Text("\n").join((bar(vm, width), _totals(vm), _entries(vm, width)))
+            return [Text("no step yet", style="italic #7f848e")]
+        width = max(10, width)
+        return [bar(vm, width), _totals(vm), *_entries(vm, width, max(1, height - 2))]
 
 
 def bar(vm: BatchVM, width: int) -> Text:
@@ -64,19 +64,26 @@ def _totals(vm: BatchVM) -> Text:
     return t
 
 
-def _entries(vm: BatchVM, width: int) -> Text:
-    """The requests in the batch: the large entries by name, decodes as a count."""
-    t = Text(overflow="ellipsis")
+def _entries(vm: BatchVM, width: int, height: int) -> list[Text]:
+    """The requests in the batch, as many lines as fit: the large entries by name,
+    decodes as a count."""
     decodes = [e for e in vm.entries if e.kind == "decode"]
     others = sorted((e for e in vm.entries if e.kind != "decode"), key=lambda e: -e.tokens)
     parts: list[tuple[str, str]] = []
+    if decodes:
+        parts.append((f"{len(decodes)} decoding", palette.KINDS["decode"]))
     for e in others:
         spec = f" ({e.spec} draft)" if e.spec else ""
         parts.append((f"{e.request_id} {e.kind} {e.tokens}{spec}", palette.KINDS[e.kind]))
-    if decodes:
-        parts.append((f"{len(decodes)} decoding", palette.KINDS["decode"]))
-    for i, (text, colour) in enumerate(parts):
-        if i:
-            t.append(" · ", style="#5c6370")
-        t.append(text, style=colour)
-    return t
+    lines: list[Text] = [Text()]
+    for text, colour in parts:
+        line = lines[-1]
+        if line.cell_len and line.cell_len + 3 + len(text) > width:
+            if len(lines) == height:
+                break
+            lines.append(Text())
+            line = lines[-1]
+        if line.cell_len:
+            line.append(" · ", style="#5c6370")
+        line.append(text, style=colour)
+    return lines

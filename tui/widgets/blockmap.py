@@ -9,7 +9,6 @@ so only the visible lines cost anything at 4096 blocks or more.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 from rich.segment import Segment
@@ -25,12 +24,14 @@ from textual.strip import Strip
 from tui.viewmodel import CACHED, FREE, NULL, SHARED, USED, BlockMapVM
 from tui.widgets import palette
 
-ZOOMS = ("block", "half", "fit")
-ZOOM_TITLES = {"block": "1 block per cell", "half": "2 blocks per cell",
+ZOOMS = ("wide", "block", "half", "fit")
+ZOOM_TITLES = {"wide": "1 block per 2 cells", "block": "1 block per cell",
+               "half": "2 blocks per cell",
                "fit": "aggregate: {} blocks per cell"}
 _GLYPHS = {NULL: "╳", FREE: "·", CACHED: "▒", USED: "█", SHARED: "▓"}
 _SHADES = " ░▒▓█"
 _LABEL = palette.style("#5c6370")
+_HALF_FREE = "#2f343f"  # a free block where it has no glyph: close to the background
 _CLASS_COLOURS = {NULL: palette.NULL, FREE: palette.FREE, CACHED: palette.CACHED,
                   SHARED: palette.SHARED}
 
@@ -39,10 +40,11 @@ _CLASS_COLOURS = {NULL: palette.NULL, FREE: palette.FREE, CACHED: palette.CACHED
 class Geometry:
     """How the pool is laid out in the pane."""
 
-    zoom: str  # block, half or fit
-    cols: int  # cells per line
+    zoom: str  # wide, block, half or fit
+    cols: int  # cells per line (wide: pairs of cells)
     per_cell: int  # blocks per cell
     lines: int  # lines the whole pool takes
+    cell_w: int = 1  # terminal columns per cell (2 when wide)
 
     @property
     def per_line(self) -> int:
@@ -51,15 +53,19 @@ class Geometry:
     def cell_of(self, block: int) -> tuple[int, int]:
         """(x, y) of the cell that shows `block`."""
         y, rest = divmod(block, self.per_line)
-        return rest // self.per_cell, y
+        return rest // self.per_cell * self.cell_w, y
 
 
 def geometry(num_blocks: int, cols: int, rows: int, zoom: str | None) -> Geometry:
-    """The layout for `zoom` (None: the closest zoom at which the pool fits the pane)."""
-    cols, rows = max(1, cols), max(1, rows)
+    """The layout for `zoom` in `cols` x `rows` cells (None: the largest zoom at which the
+    whole pool fits)."""
+    cols, rows = max(2, cols), max(1, rows)
     if zoom is None:
-        zoom = ("block" if num_blocks <= cols * rows else
+        zoom = ("wide" if num_blocks <= cols // 2 * rows else
+                "block" if num_blocks <= cols * rows else
                 "half" if num_blocks <= 2 * cols * rows else "fit")
+    if zoom == "wide":
+        return Geometry(zoom, cols // 2, 1, -(-num_blocks // (cols // 2)), 2)
     if zoom == "block":
         per_cell = 1
     elif zoom == "half":
@@ -121,16 +127,10 @@ class BlockMap(ScrollView, can_focus=True, inherit_bindings=False):
     def _relayout(self) -> None:
         self._lines.clear()
         vm = self.vm
-        if vm is not None and self.highlight is not None:
-            ref = self.highlight
-            owners = vm.owners
-            self._hl_cells = frozenset(
-                b for b, o in enumerate(vm.owner)
-                if o == ref or (o >= 0 and b in owners and ref in owners[b]))
-        else:
-            self._hl_cells = frozenset()
+        self._hl_cells = frozenset(vm.tables.get(self.highlight, ())) \
+            if vm is not None and self.highlight is not None else frozenset()
         g = self.geometry
-        self.virtual_size = Size(g.cols + self.label_width, g.lines)
+        self.virtual_size = Size(g.cols * g.cell_w + self.label_width, g.lines)
         self.refresh()
 
     def watch_vm(self) -> None:
@@ -162,7 +162,7 @@ class BlockMap(ScrollView, can_focus=True, inherit_bindings=False):
         if at is None or self.vm is None:
             return
         g = self.geometry
-        x = at.x - self.label_width
+        x = (at.x - self.label_width) // g.cell_w
         if not 0 <= x < g.cols:
             return
         block = (self.scroll_offset.y + at.y) * g.per_line + x * g.per_cell
@@ -205,54 +205,75 @@ class BlockMap(ScrollView, can_focus=True, inherit_bindings=False):
             return Strip.blank(width)
         lo = line * g.per_line
         hi = min(lo + g.per_line, vm.num_blocks)
-        if g.zoom == "block":
+        if g.zoom == "wide":
+            cells = [c for b in range(lo, hi) for c in self._wide_cell(vm, b)]
+        elif g.zoom == "block":
             cells = [self._block_cell(vm, b) for b in range(lo, hi)]
         elif g.zoom == "half":
             cells = [self._half_cell(vm, b) for b in range(lo, hi, 2)]
         else:
             cells = [self._fit_cell(vm, b, min(b + g.per_cell, hi))
                      for b in range(lo, hi, g.per_cell)]
-        label = Segment(f"{lo:>{self.label_width - 1}} ", _LABEL)
-        return Strip([label, *_merge(cells)]).extend_cell_length(width).crop(0, width)
+        label = f"{lo:>{self.label_width - 1}} "
+        segments = [Segment(label, _LABEL), *_merge(cells)]
+        used = len(label) + len(cells)  # every glyph is one cell wide
+        if used < width:
+            segments.append(Segment(" " * (width - used)))
+        return Strip(segments, max(width, used)).crop(0, width) if used > width \
+            else Strip(segments, width)
 
-    def _colour(self, vm: BlockMapVM, b: int) -> str:
-        cls = vm.cls[b]
-        if cls == USED:
-            colour = palette.owner(vm.owner[b])
-        else:
-            colour = _CLASS_COLOURS[cls]
-        if self._hl_cells and b not in self._hl_cells and cls in (USED, SHARED):
+    def _colour(self, vm: BlockMapVM, b: int, cls: int) -> str:
+        colour = palette.owner(vm.owner[b]) if cls == USED else _CLASS_COLOURS[cls]
+        if self._hl_cells and cls >= USED and b not in self._hl_cells:
             colour = palette.dim(colour)
         return colour
 
     def _block_cell(self, vm: BlockMapVM, b: int) -> tuple[str, Style]:
         cls = vm.cls[b]
         hl = b in self._hl_cells
-        return _GLYPHS[cls], palette.style(self._colour(vm, b), reverse=b == self.selected,
+        return _GLYPHS[cls], palette.style(self._colour(vm, b, cls), reverse=b == self.selected,
                                            bold=hl, underline=hl)
 
+    def _wide_cell(self, vm: BlockMapVM, b: int) -> tuple[tuple[str, Style], ...]:
+        """A block in two cells (a small pool fills the pane and is easier to click)."""
+        cell = self._block_cell(vm, b)
+        return cell, cell
+
     def _half_cell(self, vm: BlockMapVM, b: int) -> tuple[str, Style]:
+        """Two blocks in one cell: the left one is the glyph, the right one its background.
+        Free blocks are nearly background here (there is no glyph to tell them by); the
+        selected block is drawn white."""
         right = b + 1
-        bg = self._colour(vm, right) if right < vm.num_blocks else None
-        chosen = self.selected in (b, right)
-        return "▌", palette.style(self._colour(vm, b), bg, reverse=chosen)
+        left_colour = self._half_colour(vm, b)
+        right_colour = self._half_colour(vm, right) if right < vm.num_blocks else None
+        if self.selected == right and right_colour is not None:
+            return "▐", palette.style("#ffffff", left_colour)
+        if self.selected == b:
+            left_colour = "#ffffff"
+        return "▌", palette.style(left_colour, right_colour)
+
+    def _half_colour(self, vm: BlockMapVM, b: int) -> str:
+        cls = vm.cls[b]
+        return _HALF_FREE if cls == FREE else self._colour(vm, b, cls)
 
     def _fit_cell(self, vm: BlockMapVM, lo: int, hi: int) -> tuple[str, Style]:
-        classes = vm.cls[lo:hi]
-        used = sum(1 for c in classes if c in (USED, SHARED))
+        """A run of blocks: its shade says how much of it is held (counted exactly), its
+        colour who holds its first held block (a run is mostly one table's, or shared)."""
+        run = vm.cls[lo:hi]
         n = hi - lo
+        held = n - run.count(FREE) - run.count(CACHED) - run.count(NULL)
         chosen = self.selected is not None and lo <= self.selected < hi
-        hl = bool(self._hl_cells) and any(b in self._hl_cells for b in range(lo, hi))
-        if used == 0:
-            cached = classes.count(CACHED)
-            colour = palette.CACHED if cached * 2 >= n else palette.FREE
-            return ("▒" if cached * 2 >= n else "·"), palette.style(colour, reverse=chosen)
-        top = Counter(vm.owner[b] if vm.cls[b] == USED else -2 for b in range(lo, hi)
-                      if vm.cls[b] in (USED, SHARED)).most_common(1)[0][0]
-        colour = palette.SHARED if top == -2 else palette.owner(top)
-        if self._hl_cells and not hl:
+        if held == 0:
+            cached = run.count(CACHED) * 2 >= n
+            return ("▒" if cached else "·"), palette.style(
+                palette.CACHED if cached else palette.FREE, reverse=chosen)
+        first = run.find(USED)
+        colour = palette.SHARED if first < 0 else palette.owner(vm.owner[lo + first])
+        hl_cells = self._hl_cells
+        hl = bool(hl_cells) and not hl_cells.isdisjoint(range(lo, hi))
+        if hl_cells and not hl:
             colour = palette.dim(colour)
-        shade = _SHADES[max(1, round(used / n * (len(_SHADES) - 1)))]
+        shade = _SHADES[max(1, round(held / n * (len(_SHADES) - 1)))]
         return shade, palette.style(colour, reverse=chosen, bold=hl, underline=hl)
 
 

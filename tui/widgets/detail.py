@@ -5,17 +5,17 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.reactive import reactive
-from textual.widget import Widget
 
 from tui.viewmodel import CACHED, FREE, NULL, SHARED, USED, Frame, block_info
 from tui.widgets import palette
+from tui.widgets.lines import TextLines
 
 _LEGEND = ((palette.OWNERS[3], "█", "used"), (palette.SHARED, "▓", "shared"),
            (palette.CACHED, "▒", "cached-free"), (palette.FREE, "·", "free"),
            (palette.NULL, "╳", "null"))
 
 
-class BlockDetail(Widget):
+class BlockDetail(TextLines):
     """Details of the selected block (and of its cell's run of blocks when aggregated)."""
 
     DEFAULT_CSS = """
@@ -26,7 +26,7 @@ class BlockDetail(Widget):
     block: reactive[int | None] = reactive(None)
     per_cell: reactive[int] = reactive(1)  # blocks the selected cell stands for
 
-    def render(self) -> Text:
+    def lines(self, width: int, height: int) -> list[Text]:
         frame, block = self.frame, self.block
         if frame is None or block is None:
             return legend()
@@ -34,16 +34,16 @@ class BlockDetail(Widget):
         if self.per_cell > 2:
             lo = block - block % self.per_cell
             lines.append(run(frame, lo, min(lo + self.per_cell, frame.blocks.num_blocks)))
-        return Text("\n").join(lines)
+        return lines
 
 
-def legend() -> Text:
-    t = Text(no_wrap=True, overflow="ellipsis")
+def legend() -> list[Text]:
+    t = Text()
     for colour, glyph, name in _LEGEND:
         t.append(glyph, style=colour)
         t.append(f" {name}  ")
-    t.append("\nclick a block (or j k h l) for its owners, hash and tokens", style="#7f848e")
-    return t
+    return [t, Text("click a block (or j k h l) for its owners, hash and tokens",
+                    style="#7f848e")]
 
 
 def describe(frame: Frame, block: int) -> Text:

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.reactive import reactive
-from textual.widget import Widget
 
 from tui.history import Event
 from tui.widgets import palette
+from tui.widgets.lines import TextLines
 
 _TAGS = {"arrive": "arrive", "admit": "admit", "preempt": "PREEMPT", "finish": "finish",
          "break": "BREAK", "note": "note"}
 
 
-class EventLog(Widget):
+class EventLog(TextLines):
     """The newest events that fit, oldest at the top; the shown step's are marked."""
 
     DEFAULT_CSS = """
@@ -24,12 +24,11 @@ class EventLog(Widget):
     step: reactive[int] = reactive(-1)
     followed: reactive[str | None] = reactive(None)
 
-    def render(self) -> Text:
-        height = max(1, self.size.height)
-        shown = self.events[-height:]
+    def lines(self, width: int, height: int) -> list[Text]:
+        shown = self.events[-max(1, height):]
         if not shown:
-            return Text("no events in the steps before this one", style="italic #7f848e")
-        return Text("\n").join(line(e, e.step == self.step, self.followed) for e in shown)
+            return [Text("no events in the steps before this one", style="italic #7f848e")]
+        return [line(e, e.step == self.step, self.followed) for e in shown]
 
 
 def line(e: Event, current: bool, followed: str | None) -> Text:

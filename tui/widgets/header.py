@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.reactive import reactive
-from textual.widget import Widget
 
 from tui.format import clock, duration, si
 from tui.viewmodel import HeaderVM
 from tui.widgets import palette
+from tui.widgets.lines import TextLines
 
 _SEP = ("  │  ", "#5c6370")
 
 
-class StepHeader(Widget):
+class StepHeader(TextLines):
     """Step, time, budget, queues, free blocks, throughput, mode and breakpoints."""
 
     DEFAULT_CSS = """
@@ -22,11 +22,11 @@ class StepHeader(Widget):
 
     vm: reactive[HeaderVM | None] = reactive(None)
 
-    def render(self) -> Text:
+    def lines(self, width: int, height: int) -> list[Text]:
         vm = self.vm
         if vm is None:
-            return Text("schedtop: opening the trace...", style="italic")
-        return Text("\n").join((_line_one(vm), _line_two(vm)))
+            return [Text("schedtop: opening the trace...", style="italic")]
+        return [_line_one(vm), _line_two(vm)]
 
 
 def _line_one(vm: HeaderVM) -> Text:

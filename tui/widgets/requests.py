@@ -4,7 +4,9 @@ are rendered, so a thousand requests cost what a screenful does)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
+from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from textual import events
@@ -58,7 +60,8 @@ def cells(row: RequestRow) -> tuple[str, ...]:
         f"+{row.scheduled} {row.kind}" if row.scheduled else "", row.why)
 
 
-def layout(width: int) -> list[tuple[Column, int, int]]:
+@cache
+def layout(width: int) -> tuple[tuple[Column, int, int], ...]:
     """(column, x, width) for a table `width` cells wide; columns that do not fit are
     left out, the last one takes what is left."""
     out = []
@@ -70,13 +73,26 @@ def layout(width: int) -> list[tuple[Column, int, int]]:
         w = min(w, width - x)
         out.append((col, x, w))
         x += w + 1
-    return out
+    return tuple(out)
 
 
 def _fit(text: str, width: int, right: bool) -> str:
+    """`text` in exactly `width` cells: cut with an ellipsis, or padded."""
+    if not text.isascii():  # wide characters: measure cells, not characters
+        return set_cell_size(text, width) if cell_len(text) > width or not right \
+            else " " * (width - cell_len(text)) + text
     if len(text) > width:
         return text[: max(0, width - 1)] + "…" if width > 1 else text[:width]
     return text.rjust(width) if right else text.ljust(width)
+
+
+def _strip(segments: list[Segment], used: int, width: int, style: Style) -> Strip:
+    """A line of exactly `width` cells from segments `used` cells wide (telling Strip the
+    length spares it measuring every segment)."""
+    if used < width:
+        segments.append(Segment(" " * (width - used), style))
+        return Strip(segments, width)
+    return Strip(segments, used).crop(0, width) if used > width else Strip(segments, width)
 
 
 class RequestTable(ScrollView, can_focus=True, inherit_bindings=False):
@@ -160,10 +176,12 @@ class RequestTable(ScrollView, can_focus=True, inherit_bindings=False):
     def _title(self, width: int) -> Strip:
         key, descending = self.sort
         segments = [Segment(" " * _GUTTER, _HEADER)]
+        used = _GUTTER
         for col, _, w in layout(width):
             title = col.title + ((" ▼" if descending else " ▲") if col.sort == key else "")
             segments.append(Segment(_fit(title, w, col.right) + " ", _HEADER))
-        return Strip(segments).extend_cell_length(width, _HEADER).crop(0, width)
+            used += w + 1
+        return _strip(segments, used, width, _HEADER)
 
     def _row(self, row: RequestRow, width: int) -> Strip:
         selected = row.request_id == self.selected
@@ -173,11 +191,12 @@ class RequestTable(ScrollView, can_focus=True, inherit_bindings=False):
         segments = [Segment("▶" if followed else " ", palette.style("#ffffff", bg, bold=True)),
                     Segment("■", palette.style(palette.owner(row.ref), bg)),
                     Segment(" ", base)]
-        texts = cells(row)
-        for (col, _, w), text in zip(layout(width), texts):
-            segments.append(Segment(_fit(text, w, col.right) + " ", self._style(col, row, base,
-                                                                               bg)))
-        return Strip(segments).extend_cell_length(width, base).crop(0, width)
+        used = _GUTTER
+        for (col, _, w), text in zip(layout(width), cells(row)):
+            segments.append(Segment(_fit(text, w, col.right) + " ",
+                                    self._style(col, row, base, bg)))
+            used += w + 1
+        return _strip(segments, used, width, base)
 
     @staticmethod
     def _style(col: Column, row: RequestRow, base: Style, bg: str | None) -> Style:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.reactive import reactive
-from textual.widget import Widget
 
 from tui.viewmodel import Series, SparksVM
+from tui.widgets.lines import TextLines
 
 _BARS = " ▁▂▃▄▅▆▇█"
 _LABEL = 12
@@ -14,7 +14,7 @@ _VALUE = 9
 _COLOURS = ("#98c379", "#e5c07b", "#61afef", "#d19a66", "#e06c75")
 
 
-class Sparklines(Widget):
+class Sparklines(TextLines):
     """One line per series: its name, its recent values, and the value at the cursor."""
 
     DEFAULT_CSS = """
@@ -23,13 +23,12 @@ class Sparklines(Widget):
 
     vm: reactive[SparksVM | None] = reactive(None)
 
-    def render(self) -> Text:
+    def lines(self, width: int, height: int) -> list[Text]:
         vm = self.vm
         if vm is None:
-            return Text("")
-        width = max(1, self.size.width - _LABEL - _VALUE)
-        lines = [_line(s, vm.cursor, width, colour) for s, colour in zip(vm.series, _COLOURS)]
-        return Text("\n").join(lines)
+            return []
+        bars = max(1, width - _LABEL - _VALUE)
+        return [_line(s, vm.cursor, bars, colour) for s, colour in zip(vm.series, _COLOURS)]
 
 
 def window(n: int, cursor: int, width: int) -> tuple[int, int]:
