@@ -270,6 +270,9 @@ def test_live_frames_are_coalesced_to_the_newest_step(trace: Path, tmp_path: Pat
     frames.append(frame)
     assert source.run_once() is None  # nothing new: no frame
     assert len(s.history) <= 64
+    fresh = History(capacity=64)
+    fresh.fill(Timeline(TraceReader(trace)), 149 - 63, 149)
+    assert fresh.window(0, 149) == s.history.window(0, 149)  # following misses no step
     assert frame.events[-1].step <= 149 and frame.events[0].step >= 149 - 64
     s.handle(Move(-5))
     assert source.run_once().header.mode == "PAUSED"  # type: ignore[union-attr]

@@ -176,9 +176,7 @@ class History:
         while s <= hi and s not in self._digests:
             before = timeline.state(s - 1)
             rec = timeline.record(s)
-            reqs = before.requests
-            # Take the names now: state(s) moves this same object on to step s.
-            names = {ref: reqs[ref].request_id for ref in _mentioned(rec) if ref in reqs}
+            names = names_before(rec, before)  # now: state(s) moves this object on to s
             after = timeline.state(s)
             d = digest(rec, names, after, prev_time)
             self._put(d)
@@ -187,11 +185,28 @@ class History:
             s += 1
         return made
 
+    def add_step(self, timeline: Timeline, step: int, names: Mapping[int, str]) -> None:
+        """Digest `step` from the state after it (the timeline's working state there) and
+        the names taken before it (names_before), if it is not digested yet."""
+        if step in self._digests:
+            return
+        prev = self._digests.get(step - 1)
+        prev_time = (prev.time_ns if prev is not None else timeline.time_ns(step - 1)
+                     if step > timeline.first_step else 0)
+        self._put(digest(timeline.record(step), names, timeline.state(step), prev_time))
+
     def _put(self, d: Digest) -> None:
         self._digests[d.step] = d
         self._digests.move_to_end(d.step)
         while len(self._digests) > self.capacity:
             self._digests.popitem(last=False)
+
+
+def names_before(rec: Step, before: State) -> dict[int, str]:
+    """The ids of the requests step `rec` mentions, from the state before it (take them
+    before the Timeline moves that state on)."""
+    reqs = before.requests
+    return {ref: reqs[ref].request_id for ref in _mentioned(rec) if ref in reqs}
 
 
 def _mentioned(rec: Step) -> Iterable[int]:

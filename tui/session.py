@@ -32,7 +32,7 @@ from tui.commands import (
     ToggleBreakpoint,
     TogglePlay,
 )
-from tui.history import Event, History
+from tui.history import Event, History, names_before
 from tui.viewmodel import Context, Frame, StepInput, build_frame
 
 SPEEDS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)  # steps per second
@@ -96,6 +96,7 @@ class Session:
         self._backfill: tuple[int, int] | None = None  # history to make after a jump
         self._step: tuple[int, StepInput] | None = None  # the cursor's step, spelled out
         self._followed_to: int | None = None  # live: the step of the last frame following
+        self._before_names: dict[int, str] = {}  # the cursor step's requests, named
         cut = timeline.cut
         if cut is not None:
             self.notices.append(("warning", f"the trace is cut at byte {cut.offset:,} "
@@ -316,21 +317,23 @@ class Session:
         frame later."""
         tl, i = self.tl, self.cursor
         lo, hi = self.window(i)
-        if i >= tl.first_step:
-            first = max(lo, tl.first_step)
-            consecutive = False
-            if self.following and self._followed_to is not None:
-                # Every step since the last frame, for the log (up to CATCHUP of them):
-                # the working state is at that frame's step, so each costs one apply.
-                first = max(min(first, self._followed_to + 1), i - CATCHUP + 1)
-                consecutive = True
-            if consecutive or self.history.missing(first, min(hi, tl.last_step)) \
-                    <= INLINE_FILL:
-                self._fill(first, hi)
-            else:
-                self._backfill = (first, hi)
+        if i >= tl.first_step and self.following and self._followed_to is not None:
+            # Every step since the last frame (up to CATCHUP of them), for the log. The
+            # working state is at that frame's step: walking on costs one apply a step,
+            # and the last step is digested from its view, never by stepping back.
+            first = max(min(lo, self._followed_to + 1), i - CATCHUP + 1, tl.first_step)
+            self.history.fill(tl, first, i - 1)
+            step = self._step_input(i)
+            self.history.add_step(tl, i, self._before_names)
+        else:
+            if i >= tl.first_step:
+                first = max(lo, tl.first_step)
+                if self.history.missing(first, min(hi, tl.last_step)) <= INLINE_FILL:
+                    self._fill(first, hi)
+                else:
+                    self._backfill = (first, hi)
+            step = self._step_input(i)
         self._followed_to = i if self.following else None
-        step = self._step_input(i)
         state = tl.state(i)
         self.seq += 1
         self.dirty = False
@@ -361,8 +364,9 @@ class Session:
             return self._step[1]
         rec: Step = tl.record(i)
         before = tl.state(i - 1)
-        gone = tuple(before.requests[f.ref].copy() for f in rec.finishes
-                     if f.ref in before.requests)
+        reqs = before.requests
+        gone = tuple(reqs[f.ref].copy() for f in rec.finishes if f.ref in reqs)
+        self._before_names = names_before(rec, before)
         step = StepInput(tl.view(i), gone)
         self._step = (i, step)
         return step

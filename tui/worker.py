@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 from recorder.errors import TraceError
@@ -18,6 +19,8 @@ from tui.commands import Command, FrameTaken, Stop
 from tui.session import Session
 from tui.viewmodel import Frame
 
+FRAME_S = 1 / 20  # frames made due by time alone (a growing trace, playing) come this far
+# apart at least: drawing more often only takes time from reading. Keys are shown at once.
 Notify = Callable[[str, str], None]  # (severity, text): "information", "warning" or "error"
 
 
@@ -58,17 +61,29 @@ class FrameSource:
         """The worker thread's loop: wait for a command or the session's next tick, apply,
         tick, and publish a frame when one is due and the last one was taken."""
         session = self.session
+        urgent = True  # the user asked for something: show it now
+        next_frame = 0.0  # frames that only time made due wait until then
         while True:
             self._guard(session.tick)
+            wait: float | None = None
             if session.dirty and not self._pending:
-                self._publish()
+                now = time.monotonic()
+                if urgent or now >= next_frame:
+                    self._publish()
+                    urgent, next_frame = False, now + FRAME_S
+                else:
+                    wait = next_frame - now
             self._flush_notices()
-            for cmd in self._next_commands(session.timeout()):
+            timeout = session.timeout()
+            if wait is not None:
+                timeout = wait if timeout is None else min(timeout, wait)
+            for cmd in self._next_commands(timeout):
                 if isinstance(cmd, Stop):
                     return
                 if isinstance(cmd, FrameTaken):
                     self._pending = False
                 else:
+                    urgent = True
                     self._guard(session.handle, cmd)
 
     def run_once(self) -> Frame | None:

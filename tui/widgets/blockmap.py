@@ -109,6 +109,7 @@ class BlockMap(ScrollView, can_focus=True, inherit_bindings=False):
         super().__init__(id=id)
         self._lines: dict[int, Strip] = {}  # rendered lines, until something changes
         self._hl_cells: frozenset[int] = frozenset()  # highlighted blocks
+        self._geometry: tuple[tuple[int, int, int, str | None], Geometry] | None = None
 
     # -- layout ----------------------------------------------------------------------------
 
@@ -122,7 +123,11 @@ class BlockMap(ScrollView, can_focus=True, inherit_bindings=False):
     def geometry(self) -> Geometry:
         n = self.vm.num_blocks if self.vm is not None else 1
         region = self.scrollable_content_region
-        return geometry(n, region.width - self.label_width, region.height, self.zoom)
+        key = (n, region.width, region.height, self.zoom)
+        if self._geometry is None or self._geometry[0] != key:  # asked for once a line
+            self._geometry = (key, geometry(n, region.width - self.label_width,
+                                            region.height, self.zoom))
+        return self._geometry[1]
 
     def _relayout(self) -> None:
         self._lines.clear()
