@@ -10,6 +10,7 @@ from textual.pilot import Pilot
 
 from recorder.reader import TraceReader
 from replays.breakpoints import find, parse
+from replays.state import State
 from replays.timeline import Timeline
 from tests.tui_support import (
     app_test,
@@ -77,6 +78,28 @@ async def test_stepping_forwards_and_back(trace: Path, timeline: Timeline) -> No
             assert f"step {step:,} / {timeline.last_step}" in text
             assert f"running {len(state.running)}/16" in text
             assert f"free blocks {len(state.free)}/95" in text
+            assert map_glyphs(app) == expected_glyphs(state)
+
+
+def map_glyphs(app: object) -> list[str]:
+    """The block map's glyph for every block, read off the screen (two cells a block)."""
+    blocks = app.query_one(BlockMap)  # type: ignore[attr-defined]
+    g, label = blocks.geometry, blocks.label_width
+    assert g.zoom == "wide"
+    out = []
+    for line in widget_text(blocks).splitlines()[:g.lines]:
+        out += list(line[label:label + 2 * g.cols:2])
+    return out[:blocks.vm.num_blocks]
+
+
+def expected_glyphs(state: State) -> list[str]:
+    owners = state.block_owners()
+    glyphs = ["╳"]
+    for b in range(1, state.num_blocks):
+        held = len(owners[b])
+        glyphs.append("▓" if held > 1 else "█" if held else
+                      "▒" if b in state.block_hashes else "·")
+    return glyphs
 
 
 @app_test

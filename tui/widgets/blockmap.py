@@ -10,6 +10,7 @@ so only the visible lines cost anything at 4096 blocks or more.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from rich.segment import Segment
 from rich.style import Style
@@ -107,9 +108,16 @@ class BlockMap(ScrollView, can_focus=True, inherit_bindings=False):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self._lines: dict[int, Strip] = {}  # rendered lines, until something changes
+        # Rendered lines: (look, the line's classes, its owners, strip). A new step reuses
+        # every line whose blocks did not change; anything else that changes how blocks
+        # look (selection, zoom, size) bumps `_look`.
+        self._lines: dict[int, tuple[int, bytes, bytes, Strip]] = {}
+        self._look = 0
         self._hl_cells: frozenset[int] = frozenset()  # highlighted blocks
         self._geometry: tuple[tuple[int, int, int, str | None], Geometry] | None = None
+        self._pass = (0, geometry(1, 2, 1, None))  # width and layout of the pass rendering
+        self._top = 0  # and its scroll offset
+        self._pass_key: tuple[int, Geometry] | None = None
 
     # -- layout ----------------------------------------------------------------------------
 
@@ -129,17 +137,19 @@ class BlockMap(ScrollView, can_focus=True, inherit_bindings=False):
                                             region.height, self.zoom))
         return self._geometry[1]
 
-    def _relayout(self) -> None:
-        self._lines.clear()
+    def _relayout(self, look: bool = True) -> None:
         vm = self.vm
-        self._hl_cells = frozenset(vm.tables.get(self.highlight, ())) \
+        hl = frozenset(vm.tables.get(self.highlight, ())) \
             if vm is not None and self.highlight is not None else frozenset()
+        if look or hl != self._hl_cells:
+            self._look += 1
+        self._hl_cells = hl
         g = self.geometry
         self.virtual_size = Size(g.cols * g.cell_w + self.label_width, g.lines)
         self.refresh()
 
     def watch_vm(self) -> None:
-        self._relayout()
+        self._relayout(look=False)
 
     def watch_zoom(self) -> None:
         self._relayout()
@@ -149,7 +159,7 @@ class BlockMap(ScrollView, can_focus=True, inherit_bindings=False):
         self._relayout()
 
     def watch_selected(self) -> None:
-        self._lines.clear()
+        self._look += 1
         self.refresh()
 
     def on_resize(self) -> None:
@@ -194,18 +204,36 @@ class BlockMap(ScrollView, can_focus=True, inherit_bindings=False):
 
     # -- drawing -------------------------------------------------------------------------------
 
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # Sizes once per pass (they are computed afresh each time they are read).
+        width, g = self._pass = (self.size.width, self.geometry)
+        self._top = self.scroll_offset.y
+        key = (width, g)
+        if key != self._pass_key:
+            self._pass_key = key
+            self._look += 1
+        return super().render_lines(crop)
+
     def render_line(self, y: int) -> Strip:
-        line = self.scroll_offset.y + y
-        strip = self._lines.get(line)
-        if strip is None:
-            strip = self._draw(line)
-            self._lines[line] = strip
+        line = self._top + y
+        vm = self.vm
+        if vm is None:
+            return Strip.blank(self._pass[0])
+        per_line = self._pass[1].per_line
+        lo = line * per_line
+        cls = vm.cls[lo:lo + per_line]
+        owners = cast(memoryview, vm.owner)[lo:lo + per_line].tobytes()
+        cached = self._lines.get(line)
+        if cached is not None and cached[0] == self._look and cached[1] == cls \
+                and cached[2] == owners:
+            return cached[3]
+        strip = self._draw(line)
+        self._lines[line] = (self._look, cls, owners, strip)
         return strip
 
     def _draw(self, line: int) -> Strip:
         vm = self.vm
-        width = self.size.width
-        g = self.geometry
+        width, g = self._pass
         if vm is None or line >= g.lines:
             return Strip.blank(width)
         lo = line * g.per_line

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rich.segment import Segment
 from rich.text import Text
+from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 
@@ -27,13 +28,18 @@ class TextLines(Widget):
         super().refresh(*args, **kwargs)  # type: ignore[arg-type]
         return self
 
-    def render_line(self, y: int) -> Strip:
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # The size once per pass: it is computed afresh each time it is asked for.
         width, height = self.size
         cache = self._cache
         if cache is None or cache[:2] != (width, height):
-            cache = (width, height, [self._strip(t, width) for t in self.lines(width, height)])
-            self._cache = cache
-        strips = cache[2]
+            self._cache = (width, height,
+                           [self._strip(t, width) for t in self.lines(width, height)])
+        return super().render_lines(crop)
+
+    def render_line(self, y: int) -> Strip:
+        assert self._cache is not None
+        width, _, strips = self._cache
         return strips[y] if y < len(strips) else Strip.blank(width, self.rich_style)
 
     def _strip(self, text: Text, width: int) -> Strip:

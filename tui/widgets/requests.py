@@ -129,6 +129,8 @@ class RequestTable(ScrollView, can_focus=True, inherit_bindings=False):
             super().__init__()
             self.key = key
 
+    _width = _top = 0  # the width and the scroll offset of the pass being rendered
+
     def watch_rows(self) -> None:
         self.virtual_size = Size(self.size.width, len(self.rows) + 1)
         self.refresh()
@@ -164,11 +166,16 @@ class RequestTable(ScrollView, can_focus=True, inherit_bindings=False):
         if 0 <= i < len(self.rows):
             self.post_message(self.Selected(self.rows[i].request_id))
 
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # Once per pass: these are computed afresh each time they are read.
+        self._width, self._top = self.size.width, self.scroll_offset.y
+        return super().render_lines(crop)
+
     def render_line(self, y: int) -> Strip:
-        width = self.size.width
+        width = self._width
         if y == 0:
             return self._title(width)
-        i = self.scroll_offset.y + y - 1
+        i = self._top + y - 1
         if i >= len(self.rows):
             return Strip.blank(width)
         return self._row(self.rows[i], width)
