@@ -24,7 +24,9 @@ from tests.tui_support import (
 )
 from tui.screens.help import HelpScreen
 from tui.widgets.blockmap import BlockMap
+from tui.widgets.events import EventLog
 from tui.widgets.requests import RequestTable
+from tui.widgets.sparks import Sparklines, window
 
 SIZE = (120, 40)
 PREEMPT = parse("preempt")
@@ -148,6 +150,19 @@ async def test_the_preemption_breakpoint_lands_where_find_does(trace: Path,
             assert f"step {hit} / " in text
             assert f"breakpoint hit at step {hit}: preempt" in text
             assert "PREEMPT" in text
+        log = app.query_one(EventLog)
+        shown = log.events[-log.size.height:]
+        row = next(i for i, e in enumerate(shown) if e.step < hits[-1])
+        await pilot.click(EventLog, offset=(10, row))  # an event's line: its step
+        await at_step(pilot, shown[row].step)
+        sparks = app.query_one(Sparklines)
+        vm = sparks.vm
+        assert vm is not None
+        lo, _ = window(len(vm.series[0].values), vm.cursor, sparks.size.width - 12 - 9)
+        await pilot.click(Sparklines, offset=(12 + 3, 0))  # the history's fourth column
+        await at_step(pilot, vm.first + lo + 3)
+        await pilot.press("g", *str(hits[-1]), "enter")
+        await at_step(pilot, hits[-1])
         await pilot.press("n")  # no later hit: it stays, and says so
         await wait_until(pilot, lambda: any("no breakpoint hit after" in t
                                             for _, t in app.notices))

@@ -46,6 +46,7 @@ from tui.widgets.blockmap import ZOOMS, BlockMap
 from tui.widgets.detail import BlockDetail
 from tui.widgets.events import EventLog
 from tui.widgets.header import StepHeader
+from tui.widgets.lines import StepClicked
 from tui.widgets.requests import RequestTable
 from tui.widgets.sparks import Sparklines
 from tui.worker import FrameSource
@@ -283,6 +284,9 @@ class SchedtopApp(App[None]):
             self.sort_reverse = not self.sort_reverse
         else:
             self.sort_key, self.sort_reverse = message.key, False
+
+    def on_step_clicked(self, message: StepClicked) -> None:
+        self.send(Goto(message.step))
 
     def on_block_map_selected(self, message: BlockMap.Selected) -> None:
         self.selected_block = message.block

@@ -11,6 +11,7 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         ("home / end", "first / last step"),
         ("F / end", "live: follow the newest step"),
         ("g", "go to a step, +N/-N, or a time"),
+        ("click", "go to a history column or event"),
     )),
     ("Breakpoints", (
         ("n / N", "next / previous hit"),

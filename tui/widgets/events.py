@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from rich.text import Text
+from textual.events import Click
 from textual.reactive import reactive
 
 from tui.history import Event
 from tui.widgets import palette
-from tui.widgets.lines import TextLines
+from tui.widgets.lines import StepClicked, TextLines
 
 _TAGS = {"arrive": "arrive", "admit": "admit", "preempt": "PREEMPT", "finish": "finish",
          "break": "BREAK", "note": "note"}
@@ -23,6 +24,13 @@ class EventLog(TextLines):
     events: reactive[tuple[Event, ...]] = reactive(())
     step: reactive[int] = reactive(-1)
     followed: reactive[str | None] = reactive(None)
+
+    def on_click(self, event: Click) -> None:
+        """A click on an event goes to its step."""
+        at = event.get_content_offset(self)
+        shown = self.events[-max(1, self.size.height):]
+        if at is not None and 0 <= at.y < len(shown):
+            self.post_message(StepClicked(shown[at.y].step))
 
     def lines(self, width: int, height: int) -> list[Text]:
         shown = self.events[-max(1, height):]

@@ -9,8 +9,17 @@ from __future__ import annotations
 from rich.segment import Segment
 from rich.text import Text
 from textual.geometry import Region
+from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
+
+
+class StepClicked(Message):
+    """The user clicked something that stands for a step (a sparkline column, an event)."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.step = step
 
 
 class TextLines(Widget):

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from rich.text import Text
+from textual import events
 from textual.reactive import reactive
 
 from tui.viewmodel import Series, SparksVM
-from tui.widgets.lines import TextLines
+from tui.widgets.lines import StepClicked, TextLines
 
 _BARS = " ▁▂▃▄▅▆▇█"
 _LABEL = 12
@@ -22,6 +23,18 @@ class Sparklines(TextLines):
     """
 
     vm: reactive[SparksVM | None] = reactive(None)
+
+    def on_click(self, event: events.Click) -> None:
+        """A click on a column goes to its step."""
+        at = event.get_content_offset(self)
+        vm = self.vm
+        if at is None or vm is None or not vm.series:
+            return
+        n = len(vm.series[0].values)
+        lo, hi = window(n, vm.cursor, max(1, self.size.width - _LABEL - _VALUE))
+        column = at.x - _LABEL
+        if 0 <= column < hi - lo:
+            self.post_message(StepClicked(vm.first + lo + column))
 
     def lines(self, width: int, height: int) -> list[Text]:
         vm = self.vm
