@@ -259,7 +259,9 @@ async def bench_goto(trace: Path, jumps: int) -> dict[str, list[float]]:
     last = builder.tl.last_step
     rng = random.Random(3)
     app = SchedtopApp(open_session(trace, live=False))
-    out: dict[str, list[float]] = {"build": [], "draw": [], "total": [], "total CPU": []}
+    seeker = open_session(trace, live=False).tl  # the Timeline alone, for comparison
+    out: dict[str, list[float]] = {"seek": [], "build": [], "draw": [], "total": [],
+                                   "total CPU": []}
     async with app.run_test(size=SIZE) as pilot:
         while app.frame is None:
             await pilot.pause(0.05)
@@ -267,6 +269,9 @@ async def bench_goto(trace: Path, jumps: int) -> dict[str, list[float]]:
         await pilot.pause(0.1)
         for _ in range(jumps):
             step = rng.randrange(last + 1)
+            t0 = time.perf_counter()
+            seeker.state(step)
+            out["seek"].append(time.perf_counter() - t0)
             t0, c0 = time.perf_counter(), time.process_time()
             builder.handle(Goto(step))
             frame = builder.frame()
@@ -350,6 +355,7 @@ def main() -> None:
     goto = asyncio.run(bench_goto(trace, args.jumps))
     print("| cost | median ms | p95 ms | max ms | target |")
     print("| --- | ---: | ---: | ---: | --- |")
+    print(row("for comparison: Timeline.state(step) alone, wall", goto["seek"], ""))
     print(row("build the frame (reader thread), wall", goto["build"], ""))
     print(row("draw it (UI thread), wall", goto["draw"], ""))
     print(row("go to, total, wall", goto["total"], "< 100 ms"))

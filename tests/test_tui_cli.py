@@ -134,6 +134,7 @@ def test_demo_headless_runs_the_simulated_engine_in_another_process(trace_dir: P
     progress = [line for line in lines if line.startswith("step ")]
     assert progress and "running    0  waiting    0  free blocks    95/95" in progress[-1]
     assert "preemptions 6" in progress[-1]
+    assert "(queued: steps from arrival to first scheduled" in result.stdout  # its summary
     traces = list(trace_dir.glob("*-demo-*.trace"))
     assert len(traces) == 1 and f"trace: {traces[0]}" in lines[-1]
     with TraceReader(traces[0]) as reader:

@@ -343,7 +343,9 @@ class SchedtopApp(App[None]):
     def action_follow(self) -> None:
         followed = self.frame.header.followed if self.frame is not None else None
         rid = self.selected_request
-        if rid is None or rid == followed:
+        if rid is None and followed is None:
+            self.notify("select a request to follow first (↑/↓ or a click)")
+        elif rid is None or rid == followed:
             self.send(FollowRequest(None))
         else:
             self.send(FollowRequest(rid))

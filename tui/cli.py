@@ -204,6 +204,7 @@ def demo(headless: bool, use_sim: bool, pace: float | None) -> None:
                    f"pid {engine.proc.pid}, output in {engine.log}")
         if headless:
             follow_headless(engine, click.echo)
+            click.echo(engine.output().rstrip())  # the engine's own summary
         else:
             run_app(open_session(engine.path, live=True))
     finally:

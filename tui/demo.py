@@ -99,6 +99,7 @@ def follow_headless(engine: Engine, echo: Callable[[str], None]) -> None:
         history = History(capacity=16)
         preemptions = 0
         done = timeline.first_step - 1  # the last step counted
+        shown = done  # the last step a line was printed for
         last_report = 0.0
         while True:
             exited = engine.proc.poll() is not None  # before the refresh: it sees the end
@@ -109,14 +110,14 @@ def follow_headless(engine: Engine, echo: Callable[[str], None]) -> None:
                 done = timeline.last_step
                 now = time.monotonic()
                 if now - last_report >= REPORT_EVERY_S:
-                    last_report = now
+                    last_report, shown = now, done
                     echo(progress(timeline, history, preemptions))
             if timeline.finished or exited:
                 break
             time.sleep(0.05)
         if engine.proc.wait() != 0:
             raise DemoError(engine.failure("failed"))
-        if done >= timeline.first_step:
+        if done > shown:
             echo(progress(timeline, history, preemptions))
 
 
