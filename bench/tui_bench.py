@@ -166,13 +166,15 @@ def pump(source: Path, dest: Path, rate: float, log: Path) -> None:
 async def follow(app: SchedtopApp, seconds: float) -> list[tuple[int, int]]:
     """(wall ns, step on screen) every 20 ms for `seconds`, once the first step is shown."""
     samples = []
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=SIZE):
+        # Plain sleeps: Pilot.pause() also forces screen updates, which is not what a
+        # terminal does between frames.
         while app.frame is None or app.frame.header.step < 0:
-            await pilot.pause(0.01)
+            await asyncio.sleep(0.01)
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             samples.append((time.time_ns(), app.frame.header.step))  # type: ignore[union-attr]
-            await pilot.pause(0.02)
+            await asyncio.sleep(0.02)
     return samples
 
 

@@ -38,7 +38,7 @@ from tui.viewmodel import Context, Frame, StepInput, build_frame
 SPEEDS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)  # steps per second
 DEFAULT_SPEED = 10
 WINDOW = 160  # steps of sparkline history around the cursor
-CATCHUP = 2048  # live: steps digested one by one before skipping ahead (the log keeps them)
+CATCHUP = 2048  # live: new steps digested one by one (for the log); more: skip ahead
 LOG_STEPS = 1024  # steps of events the log looks back over
 SLICE = 1024  # steps one slice of a breakpoint search covers before looking at commands
 POLL_S = 0.05  # live: how often to look for new records
@@ -322,6 +322,11 @@ class Session:
             # working state is at that frame's step: walking on costs one apply a step,
             # and the last step is digested from its view, never by stepping back.
             first = max(min(lo, self._followed_to + 1), i - CATCHUP + 1, tl.first_step)
+            skipped = first - self._followed_to - 1
+            if skipped > 0:
+                self.notes.append(Event(first, "note", f"{skipped:,} steps not read: the "
+                                                       "engine writes faster than this view "
+                                                       "reads"))
             self.history.fill(tl, first, i - 1)
             step = self._step_input(i)
             self.history.add_step(tl, i, self._before_names)
