@@ -171,6 +171,7 @@ async def follow(app: SchedtopApp, seconds: float) -> list[tuple[int, int]]:
         # terminal does between frames.
         while app.frame is None or app.frame.header.step < 0:
             await asyncio.sleep(0.01)
+        await asyncio.sleep(1.0)  # the backlog written while the app started
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             samples.append((time.time_ns(), app.frame.header.step))  # type: ignore[union-attr]
@@ -331,7 +332,7 @@ def main() -> None:
         print()
 
         rates = [int(r) for r in args.rates.split(",")]
-        live_source(int(max(rates) * (args.seconds + 3)))
+        live_source(int(max(rates) * (args.seconds + 4)))
         print(f"2. live: another process appends a recorded trace's steps at R steps/s, the "
               f"app follows ({args.seconds:g} s per rate); lag = steps written but not yet "
               "on screen")

@@ -336,3 +336,28 @@ def test_a_trace_with_no_steps(tmp_path: Path) -> None:
     frame = s.frame()
     assert frame.header.step == -1 and frame.requests == () and frame.batch.entries == ()
     assert frame.blocks.cls.count(FREE) == 95
+
+
+def test_live_waits_for_a_header_being_written(trace: Path, tmp_path: Path) -> None:
+    """`schedtop live` right after an engine started: the file is there, its header not
+    yet whole. A missing file is an error at once (test_tui_cli)."""
+    from tui.launch import open_session
+
+    data = trace.read_bytes()
+    path = tmp_path / "starting.trace"
+    path.write_bytes(data[:20])
+    done = threading.Event()
+
+    def finish_header() -> None:
+        with TraceReader(trace) as reader:
+            first = reader.index().step_offsets[0]
+        time_to_wait = threading.Event()
+        time_to_wait.wait(0.3)
+        path.write_bytes(data[:first])
+        done.set()
+
+    writer = threading.Thread(target=finish_header)
+    writer.start()
+    s = open_session(path, live=True)
+    writer.join()
+    assert done.is_set() and s.frame().header.step == -1 and s.live

@@ -22,6 +22,7 @@ from replays.timeline import Timeline
 from tui.session import Session
 
 KEYFRAME_INTERVAL = 32
+HEADER_WAIT_S = 5.0  # live: how long a file whose header is still being written is waited for
 RECENT_S = 10.0  # a trace without a footer written to this recently is being written
 _PID = re.compile(r"-(\d+)" + re.escape(SUFFIX) + "$")
 _CANDIDATES = 32  # newest traces looked at when attaching
@@ -35,7 +36,12 @@ def open_session(path: str | os.PathLike[str], *, live: bool,
                  breakpoints: tuple[Predicate, ...] = ()) -> Session:
     """A Session over the trace at `path`, checked down to its first step's state.
     Raises TraceError for a file that cannot be shown."""
-    reader = TraceReader(path)
+    try:
+        reader = TraceReader(path)
+    except TraceError as e:
+        if not (live and e.incomplete and Path(path).exists()):
+            raise
+        reader = TraceReader.wait_for(path, HEADER_WAIT_S)  # a writer just starting
     try:
         # Keyframes every 32 steps rather than 16: a jump copies the state half as often
         # (a quarter less time on a 256-request trace), and a step back still costs a few
