@@ -9,6 +9,7 @@ to the reader thread. Nothing here reads the trace or the clock.
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import TypeVar
 
@@ -52,6 +53,7 @@ from tui.widgets.sparks import Sparklines
 from tui.worker import FrameSource
 
 PREEMPT = parse("preempt")
+GC_THRESHOLD = 20_000  # allocations between young-generation collections (default 700)
 W = TypeVar("W", bound=Widget)
 
 
@@ -115,6 +117,7 @@ class SchedtopApp(App[None]):
         self.notices: list[tuple[str, str]] = []  # every notice shown (tests read them)
         self._main: Screen[object] | None = None  # the screen with the panes, once mounted
         self._trace = Path(session.name).name
+        self._gc_threshold = gc.get_threshold()
 
     # -- layout -----------------------------------------------------------------------------
 
@@ -146,11 +149,20 @@ class SchedtopApp(App[None]):
         self._pane(Widget, "#sparks-pane").border_title = "history"
         self._pane(Widget, "#batch-pane").border_title = "batch"
         self._pane(RequestTable).focus()
+        # Each frame allocates tens of thousands of short-lived objects (rows, segments,
+        # strips): collect the young generation less often, and keep what exists now (the
+        # app, the trace's first state) out of full collections, which otherwise stall a
+        # frame now and then.
+        self._gc_threshold = gc.get_threshold()
+        gc.set_threshold(GC_THRESHOLD, *self._gc_threshold[1:])
+        gc.freeze()
         self.run_worker(self.source.run, thread=True, name="reader", exit_on_error=False)
 
     def on_unmount(self) -> None:
         self._main = None
         self.source.stop()
+        gc.unfreeze()
+        gc.set_threshold(*self._gc_threshold)
 
     # -- the reader thread ----------------------------------------------------------------------
 
