@@ -3,6 +3,7 @@ checks what the app holds and what the screen shows, against the Timeline's own 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -22,9 +23,11 @@ from tests.tui_support import (
     wait_until,
     widget_text,
 )
+from tui.app import FrameReady
 from tui.screens.help import HelpScreen
 from tui.widgets.blockmap import BlockMap
 from tui.widgets.events import EventLog
+from tui.widgets.header import StepHeader
 from tui.widgets.requests import RequestTable
 from tui.widgets.sparks import Sparklines, window
 
@@ -381,3 +384,19 @@ async def test_a_cut_trace_says_where_in_the_app(tmp_path: Path, trace: Path) ->
         assert f"cut at byte {cut_at - 11:,}" in text and "ends at step 29" in text
         await pilot.press("end")
         await at_step(pilot, 29)
+
+
+@app_test
+async def test_a_frame_that_arrives_while_the_app_closes(trace: Path) -> None:
+    """The reader thread may hand over a frame after the panes are gone (the app is
+    closing): it is dropped, not a crash."""
+    app = make_app(trace)
+    async with app.run_test(size=SIZE) as pilot:
+        await at_step(pilot, 0)
+        assert app.frame is not None
+        await app.query_one(StepHeader).remove()  # as when the app tears its screen down
+        seq = app.frame.seq + 1
+        with app.source._lock:
+            app.source._frame = dataclasses.replace(app.frame, seq=seq)
+        app.on_frame_ready(FrameReady())
+        assert app.frame.seq == seq  # taken, and nothing raised

@@ -10,12 +10,14 @@ to the reader thread. Nothing here reads the trace or the clock.
 from __future__ import annotations
 
 import gc
+from contextlib import suppress
 from pathlib import Path
 from typing import TypeVar
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
@@ -174,7 +176,9 @@ class SchedtopApp(App[None]):
 
     def on_frame_ready(self, _: FrameReady) -> None:
         frame = self.source.take()
-        if frame is not None and self._main is not None:  # not while shutting down
+        if frame is None or self._main is None:
+            return
+        with suppress(NoMatches):  # the app is closing: its panes are gone already
             self.frame = frame
 
     def on_notice(self, message: Notice) -> None:
