@@ -19,7 +19,7 @@ T = TypeVar("T")
 BREAKPOINT_HELP = (
     "comma-separated; empty clears them all:\n"
     "  preempt  preempt:ID  admit:ID  first-token:ID  finish:ID\n"
-    "  free<N (free blocks)  slow>MS (step time)  wait>STEPS  util<PERCENT (budget)")
+    "  free<N (blocks)  slow>MS (a step)  wait>STEPS (queued)  util<PERCENT")
 GOTO_HELP = "a step (120), a move (+10, -10), or a time since the start (1.5s, 250ms)"
 
 
