@@ -158,14 +158,18 @@ class Matcher:
 
 
 def find(timeline: Timeline, predicates: Sequence[Predicate], start: int,
-         backward: bool = False) -> int | None:
+         backward: bool = False, limit: int | None = None) -> int | None:
     """The first step after `start` (or, `backward`, the last step before it) where any
-    predicate holds; None when there is none."""
+    predicate holds; None when there is none. `limit` bounds the search (forwards: steps
+    up to it; backwards: steps down to it), so that a caller can search a long trace in
+    slices and stay responsive; slices give the same answers as one whole search."""
     if not predicates:
         return None
     if backward:
-        return _find_backward(timeline, predicates, start)
-    return next(iter(_scan(timeline, predicates, start + 1, timeline.last_step)), None)
+        floor = timeline.first_step if limit is None else max(limit, timeline.first_step)
+        return _find_backward(timeline, predicates, start, floor)
+    hi = timeline.last_step if limit is None else min(limit, timeline.last_step)
+    return next(iter(_scan(timeline, predicates, start + 1, hi)), None)
 
 
 def find_all(timeline: Timeline, predicates: Sequence[Predicate]) -> Iterable[int]:
@@ -190,10 +194,10 @@ def _scan(timeline: Timeline, predicates: Sequence[Predicate], lo: int,
 
 
 def _find_backward(timeline: Timeline, predicates: Sequence[Predicate],
-                   start: int) -> int | None:
+                   start: int, floor: int) -> int | None:
     hi = min(start - 1, timeline.last_step)
-    while hi >= timeline.first_step:
-        lo = max(timeline.first_step, hi - _SEGMENT + 1)
+    while hi >= floor:
+        lo = max(floor, hi - _SEGMENT + 1)
         hits = list(_scan(timeline, predicates, lo, hi))
         if hits:
             return hits[-1]

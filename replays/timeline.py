@@ -152,9 +152,13 @@ class Timeline:
         """Step `step` spelled out: every scheduled entry, the samples, the KV events."""
         if self._view is not None and self._view[0] == step:
             return self._view[1]
-        before = self.state(step - 1).copy()
-        view = apply_with_view(before, self.record(step), self._offsets[step - self.first_step])
-        self._cur, self._cur_step = before, step  # now the state after `step`
+        # The working state moves on in place (no copy: a copy of a large state costs
+        # more than the step). Until the step is applied it is nobody's: a record that
+        # does not fit leaves it undefined, and the next call starts from a keyframe.
+        state = self.state(step - 1)
+        self._cur = None
+        view = apply_with_view(state, self.record(step), self._offsets[step - self.first_step])
+        self._cur, self._cur_step = state, step  # now the state after `step`
         self._view = (step, view)
         return view
 

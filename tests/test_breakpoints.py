@@ -82,6 +82,28 @@ def test_find_lands_on_the_brute_force_steps(demo: tuple[Recorded, Timeline],
         assert find(tl, [p], start, backward=True) == prev, (spec, start)
 
 
+def test_a_search_in_slices_finds_what_one_search_finds(
+        demo: tuple[Recorded, Timeline]) -> None:
+    """The TUI searches long traces in slices (`limit`) to stay responsive."""
+    run, tl = demo
+    for spec in ("preempt", "first-token:req-12", "wait>20"):
+        p = parse(spec)
+        want = brute(run, tl, p)
+        for start in (-1, 30, 80, tl.last_step):
+            for backward in (False, True):
+                at, found = start, None
+                while found is None:
+                    limit = at - 7 if backward else at + 7
+                    found = find(tl, [p], at, backward=backward, limit=limit)
+                    if limit <= tl.first_step or limit >= tl.last_step:
+                        break
+                    at = limit
+                assert found == find(tl, [p], start, backward=backward), (spec, start)
+                expect = (next((s for s in reversed(want) if s < start), None) if backward
+                          else next((s for s in want if s > start), None))
+                assert found == expect
+
+
 def test_several_breakpoints_stop_at_the_nearest(demo: tuple[Recorded, Timeline]) -> None:
     run, tl = demo
     ps = [parse("finish:req-00"), parse("preempt")]

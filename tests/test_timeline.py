@@ -103,3 +103,28 @@ def test_live_timeline_picks_up_appended_records(tmp_path: Path) -> None:
     assert tl.refresh() == len(run.states) - seen
     assert tl.finished
     assert same(tl.state(tl.last_step), run.states[-1])
+
+
+def test_a_view_that_fails_leaves_the_timeline_usable(demo: tuple[Recorded, Path],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """view() moves the working state on in place; a step that cannot be applied must not
+    leave a half-applied state behind."""
+    import replays.timeline as timeline_module
+    from replays.state import Inconsistent
+
+    run, path = demo
+    tl = Timeline(TraceReader(path), keyframe_interval=8)
+    tl.state(30)
+
+    def broken(state: State, *args: object) -> None:
+        state.requests.clear()  # half-way through, then it gives up
+        raise Inconsistent("broken")
+
+    monkeypatch.setattr(timeline_module, "apply_with_view", broken)
+    with pytest.raises(Inconsistent):
+        tl.view(31)
+    monkeypatch.undo()
+    assert same(tl.state(30), run.states[30])
+    assert same(tl.state(31), run.states[31])
+    tl.view(32)
+    assert same(tl.state(32), run.states[32])

@@ -24,21 +24,48 @@ def user_errors(fn: F) -> F:
         from engine.sim.workload import WorkloadError
         from recorder.errors import RecordingError, TraceError
         from replays.resim import ResimError
+        from tui.demo import DemoError
+        from tui.launch import NoTerminal
 
         try:
             return fn(*args, **kwargs)
-        except (WorkloadError, TraceError, RecordingError, ResimError) as e:
+        except (WorkloadError, TraceError, RecordingError, ResimError, NoTerminal) as e:
             click.echo(f"schedtop: error: {e}", err=True)
             sys.exit(2)
+        except DemoError as e:
+            click.echo(f"schedtop: error: {e}", err=True)
+            sys.exit(1)
 
     return wrapper  # type: ignore[return-value]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]},
+             invoke_without_command=True)
 @click.version_option(package_name="schedtop")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """An LLM serving engine that schedules like vLLM V1, with a flight recorder and a
-    terminal debugger for what it records."""
+    terminal debugger for what it records.
+
+    Without a command: show the newest trace being written in the trace directory
+    ($SCHEDTOP_TRACE_DIR, else ~/.cache/schedtop/traces), live."""
+    if ctx.invoked_subcommand is None:
+        _attach()
+
+
+@user_errors
+def _attach() -> None:
+    from recorder.paths import trace_dir
+    from tui.launch import choose, nothing_to_attach, open_session, run_app
+
+    choice = choose()
+    if choice is None:
+        click.echo(nothing_to_attach(trace_dir()), err=True)
+        sys.exit(1)
+    if not choice.live:
+        click.echo(f"schedtop: no trace is being written; replaying the newest, "
+                   f"{choice.path}", err=True)
+    run_app(open_session(choice.path, live=choice.live))
 
 
 @main.command()
@@ -54,12 +81,16 @@ def main() -> None:
 @click.option("--no-trace", is_flag=True, help="Do not record a trace.")
 @click.option("--redact-prompts", is_flag=True,
               help="Record prompts and sampled tokens only as lengths and block hashes.")
+@click.option("--pace", type=click.FloatRange(min=0), default=0, metavar="STEPS_PER_S",
+              help="Run at most this many steps per second, to watch the trace live "
+                   "(`schedtop live TRACE`). Default: as fast as it goes.")
 @user_errors
 def sim(workload: str | None, settings: tuple[str, ...], decisions: str | None,
-        trace_path: str | None, no_trace: bool, redact_prompts: bool) -> None:
+        trace_path: str | None, no_trace: bool, redact_prompts: bool, pace: float) -> None:
     """Run a workload through the real scheduler with a simulated model.
 
     Without WORKLOAD, runs the built-in demo workload."""
+    from engine.events import NULL_SINK
     from engine.sim.api import load, run_sim
     from engine.sim.summary import format_summary
 
@@ -68,7 +99,8 @@ def sim(workload: str | None, settings: tuple[str, ...], decisions: str | None,
     w = load(workload, settings)
     recording = _Recording(None if no_trace else trace_path, "sim", redact_prompts,
                            enabled=not no_trace)
-    summary = run_sim(w, decisions, on_engine=recording.attach)
+    sink = _Pace(pace) if pace else NULL_SINK
+    summary = run_sim(w, decisions, sink=sink, on_engine=recording.attach)
     click.echo(f"workload: {w.source}" + (f" - {w.description}" if w.description else ""))
     click.echo(format_summary(summary))
     recording.report()
@@ -96,6 +128,89 @@ class _Recording:
             if rec.error:
                 click.echo(f"schedtop: warning: recording stopped early: {rec.error}",
                            err=True)
+
+
+class _Pace:
+    """An engine event sink that sleeps between steps: the simulated model runs thousands
+    of steps a second, too fast to watch. The recorder writes each step before it."""
+
+    def __init__(self, steps_per_s: float) -> None:
+        self.interval = 1.0 / steps_per_s
+        self.due: float | None = None
+
+    def on_step(self, report: Any) -> None:
+        import time
+
+        now = time.monotonic()
+        self.due = now if self.due is None else max(self.due, now - self.interval)
+        self.due += self.interval
+        time.sleep(max(0.0, self.due - now))
+
+    def close(self) -> None:
+        pass
+
+
+@main.command()
+@click.argument("trace", metavar="TRACE")
+@user_errors
+def live(trace: str) -> None:
+    """Follow a trace that an engine is writing: stay on the newest step until you step
+    back (F or end follows again). Keys: ? in the app."""
+    from tui.launch import open_session, run_app
+
+    run_app(open_session(trace, live=True))
+
+
+@main.command()
+@click.argument("trace", metavar="TRACE")
+@click.option("--break", "breaks", multiple=True, metavar="PRED",
+              help="A breakpoint (n / N go to the next / previous hit): preempt, "
+                   "preempt:ID, admit:ID, first-token:ID, finish:ID, free<N, slow>MS, "
+                   "wait>STEPS, util<PERCENT. Repeatable.")
+@user_errors
+def replay(trace: str, breaks: tuple[str, ...]) -> None:
+    """Step through a recorded trace like a debugger, from step 0: forwards, backwards,
+    to any step or time, to the next breakpoint hit. Keys: ? in the app."""
+    from replays.breakpoints import parse
+    from tui.launch import open_session, run_app
+
+    try:
+        predicates = tuple(parse(b) for b in breaks)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--break") from None
+    run_app(open_session(trace, live=False, breakpoints=predicates))
+
+
+@main.command()
+@click.option("--headless", is_flag=True,
+              help="Print progress lines instead of showing the app (the default when "
+                   "stdout is not a terminal).")
+@click.option("--sim", "use_sim", is_flag=True,
+              help="Run the simulated model instead of the default model.")
+@click.option("--pace", type=click.FloatRange(min=0), default=None, metavar="STEPS_PER_S",
+              help="--sim: steps per second (0: as fast as it goes). Default: 25, or as "
+                   "fast as it goes when headless.")
+@user_errors
+def demo(headless: bool, use_sim: bool, pace: float | None) -> None:
+    """Run the engine on the built-in workload in a background process, recording a new
+    trace in the trace directory, and show it live."""
+    from tui.demo import DEFAULT_PACE, Engine, follow_headless
+    from tui.launch import open_session, run_app
+
+    headless = headless or not sys.stdout.isatty()
+    engine = Engine(use_sim, (0 if headless else DEFAULT_PACE) if pace is None else pace)
+    try:
+        engine.wait_for_trace()
+        click.echo(f"engine: {'simulated model' if use_sim else 'default model'}, "
+                   f"pid {engine.proc.pid}, output in {engine.log}")
+        if headless:
+            follow_headless(engine, click.echo)
+            click.echo(engine.output().rstrip())  # the engine's own summary
+        else:
+            run_app(open_session(engine.path, live=True))
+    finally:
+        engine.stop()
+    click.echo(f"trace: {engine.path}  (replay it: schedtop replay {engine.path})")
 
 
 @main.command()

@@ -1,0 +1,369 @@
+"""What the TUI costs, headless (issue 6):
+
+1. render: one frame with 4096 KV blocks and 1000 requests, built by the reader
+   thread's session (the view-model) and drawn by the app (panes updated, layout, the
+   whole screen composed and turned into the terminal's bytes) — target < 30 ms;
+2. live: the rate of appended steps that live mode keeps up with, with no growing lag:
+   another process appends a recorded trace's steps at R steps/s (a byte pump, so that the
+   writer is never the limit) while the app follows; the lag is the steps written but not
+   yet on screen — target >= 500 steps/s;
+3. go to: a random step of a 1,000,000-step trace with 256 running requests, frame built
+   and drawn — target < 100 ms.
+
+    .venv/bin/python bench/tui_bench.py [--trace BIG.trace] [--rates 500,1000,2000,4000]
+
+For 3 it takes --trace, else /tmp/schedtop-bench/1m-256.trace when it exists (the lead's
+bench/replay_bench.py writes it), else it records a smaller trace of the same kind (256
+requests decoding) and says so: the cost of a jump depends on the snapshot interval and
+the state's size, not on the trace's length (the index is read from the footer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rich.console import Console  # noqa: E402
+
+from engine.sim.driver import make_engine, run_steps  # noqa: E402
+from engine.sim.workload import SimWorkload, parse_workload  # noqa: E402
+from recorder.reader import TraceReader  # noqa: E402
+from recorder.recorder import Recorder  # noqa: E402
+from recorder.writer import TraceWriter  # noqa: E402
+from tui.app import SchedtopApp  # noqa: E402
+from tui.commands import Goto  # noqa: E402
+from tui.launch import open_session  # noqa: E402
+from tui.session import Session  # noqa: E402
+from tui.viewmodel import Frame  # noqa: E402
+
+BIG_TRACE = Path("/tmp/schedtop-bench/1m-256.trace")
+FALLBACK = Path("/tmp/schedtop-bench/tui-256.trace")  # cached between runs
+FALLBACK_STEPS = 20_000
+SIZE = (160, 50)  # a full-screen terminal
+VOCAB = 49152
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f}"
+
+
+def record(w: SimWorkload, path: Path, steps: int | None = None) -> None:
+    """Simulate `w` into a trace file (the first `steps` steps only, when given)."""
+    engine = make_engine(w)
+    recorder = Recorder(engine, TraceWriter(path, live=False))
+    for i, _ in enumerate(run_steps(w, engine)):
+        if steps is not None and i + 1 >= steps:
+            break
+    recorder.close()
+
+
+# -- 1. one frame with 4096 blocks and 1000 requests ---------------------------------------------
+
+
+def heavy_workload() -> SimWorkload:
+    """1000 requests at once on a 4096-block pool: a few hundred run, the rest wait, the
+    pool is full, requests preempt each other."""
+    rng = random.Random(1)
+    system = [rng.randrange(VOCAB) for _ in range(32)]
+    requests = [dict(id=f"req-{i:04d}", arrival_step=i // 50,
+                     prompt_token_ids=system + [rng.randrange(VOCAB) for _ in range(24 + i % 40)],
+                     output_token_ids=[rng.randrange(VOCAB) for _ in range(400)],
+                     max_tokens=400) for i in range(1000)]
+    config = dict(block_size=16, num_blocks=4097, max_num_batched_tokens=4096,
+                  max_num_seqs=512, max_model_len=2048, enable_prefix_caching=True)
+    return parse_workload({"config": config, "requests": requests}, source="heavy")
+
+
+def render_cost(app: SchedtopApp, frame: Frame) -> tuple[float, float]:
+    """(wall, CPU) seconds to show `frame`: the panes take their parts, the layout is
+    refreshed, and the whole screen is composed and encoded as a terminal would receive
+    it. The reader thread is stopped, so the process's CPU time is this work alone (on a
+    shared machine, wall time also counts waiting for a CPU)."""
+    console = Console(file=io.StringIO(), width=SIZE[0], height=SIZE[1], force_terminal=True,
+                      color_system="truecolor", legacy_windows=False)
+    t0, c0 = time.perf_counter(), time.process_time()
+    app.frame = frame
+    screen = app.screen
+    screen._refresh_layout()
+    update = screen._compositor.render_update(full=True)
+    update.render_segments(console)
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+async def bench_render(trace: Path, steps: list[int]) -> dict[str, list[float]]:
+    builder = open_session(trace, live=False)
+    app = SchedtopApp(open_session(trace, live=False))
+    out: dict[str, list[float]] = {"build": [], "build CPU": [], "draw": [], "draw CPU": []}
+    async with app.run_test(size=SIZE) as pilot:
+        while app.frame is None:
+            await pilot.pause(0.05)
+        app.source.stop()  # the bench feeds the app its frames from here on
+        await pilot.pause(0.1)
+        for step in steps * 5:
+            t0, c0 = time.perf_counter(), time.process_time()
+            builder.handle(Goto(step))
+            frame = builder.frame()
+            out["build"].append(time.perf_counter() - t0)
+            out["build CPU"].append(time.process_time() - c0)
+            wall, cpu = render_cost(app, frame)
+            out["draw"].append(wall)
+            out["draw CPU"].append(cpu)
+            await pilot.pause(0)
+    return out
+
+
+# -- 2. live mode against a fast writer ----------------------------------------------------------
+
+
+LIVE_SOURCE = Path("/tmp/schedtop-bench/tui-live.trace")  # cached between runs
+
+
+def live_workload(steps: int) -> SimWorkload:
+    """About 32 requests running; one arrives and one finishes every few steps."""
+    rng = random.Random(2)
+    n = steps // 6 + 32
+    requests = [dict(id=f"r{i}", arrival_step=i * 6,
+                     prompt_token_ids=[rng.randrange(VOCAB) for _ in range(48)],
+                     output_token_ids=[7] * 190, max_tokens=190) for i in range(n)]
+    config = dict(block_size=16, num_blocks=2048, max_num_batched_tokens=2048,
+                  max_num_seqs=64, max_model_len=1024)
+    return parse_workload({"config": config, "requests": requests}, source="live")
+
+
+def pump(source: Path, dest: Path, rate: float, log: Path) -> None:
+    """Append `source`'s records to `dest` as a writer at `rate` steps per second would
+    (whole records, every 2 ms), logging "wall_ns steps_written" as it goes. Copying bytes
+    costs next to nothing, so the pace is the reader's problem alone."""
+    with TraceReader(source) as reader:
+        offsets = list(reader.index().step_offsets)
+    data = source.read_bytes()
+    with open(dest, "wb", buffering=0) as out, open(log, "w") as progress:
+        out.write(data[:offsets[0]])  # preamble and header
+        t0 = time.monotonic()
+        written = 0
+        while written < len(offsets) - 1:
+            due = min(len(offsets) - 1, int((time.monotonic() - t0) * rate))
+            if due > written:
+                out.write(data[offsets[written]:offsets[due]])
+                written = due
+                progress.write(f"{time.time_ns()} {written}\n")
+            time.sleep(0.002)
+        out.write(data[offsets[-1]:])
+
+
+async def follow(app: SchedtopApp, seconds: float) -> list[tuple[int, int]]:
+    """(wall ns, step on screen) every 20 ms for `seconds`, once the first step is shown."""
+    samples = []
+    async with app.run_test(size=SIZE):
+        # Plain sleeps: Pilot.pause() also forces screen updates, which is not what a
+        # terminal does between frames.
+        while app.frame is None or app.frame.header.step < 0:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(1.0)  # the backlog written while the app started
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            samples.append((time.time_ns(), app.frame.header.step))  # type: ignore[union-attr]
+            await asyncio.sleep(0.02)
+    return samples
+
+
+def bench_live(rate: int, seconds: float, tmp: Path) -> dict[str, float]:
+    dest, log = tmp / f"live-{rate}.trace", tmp / f"live-{rate}.log"
+    writer = subprocess.Popen([sys.executable, __file__, "--pump", str(LIVE_SOURCE), str(dest),
+                               str(rate), str(log)])
+    try:
+        TraceReader.wait_for(dest, 30).close()
+        app = SchedtopApp(open_session(dest, live=True))
+        samples = asyncio.run(follow(app, seconds))
+    finally:
+        writer.kill()
+        writer.wait()
+    progress = [tuple(map(int, line.split())) for line in log.read_text().splitlines()]
+    lags = []
+    for t, shown in samples:
+        written = max((n for w, n in progress if w <= t), default=0)  # steps 0..written-1
+        lags.append(max(0, written - 1 - shown))
+    first, last = lags[: len(lags) // 3], lags[-len(lags) // 3:]
+    span = [(w, n) for w, n in progress if samples[0][0] <= w <= samples[-1][0]]
+    achieved = (span[-1][1] - span[0][1]) / ((span[-1][0] - span[0][0]) / 1e9)
+    return {"rate": achieved, "median": statistics.median(lags), "p95": _pct(lags, 95),
+            "max": max(lags), "first": statistics.mean(first), "last": statistics.mean(last)}
+
+
+def _pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(len(s) * p / 100))]
+
+
+def live_source(steps: int) -> None:
+    if LIVE_SOURCE.exists():
+        with TraceReader(LIVE_SOURCE) as reader:
+            if reader.index().last_step + 1 >= steps:
+                return
+    LIVE_SOURCE.parent.mkdir(parents=True, exist_ok=True)
+    print(f"(recording {steps:,} steps for the writer to replay: {LIVE_SOURCE}, kept)",
+          flush=True)
+    tmp = LIVE_SOURCE.with_suffix(".tmp")
+    record(live_workload(steps), tmp, steps)
+    os.replace(tmp, LIVE_SOURCE)
+
+
+# -- 3. go to a random step of a long trace -------------------------------------------------
+
+
+def long_trace(requested: Path | None) -> tuple[Path, str]:
+    if requested is not None:
+        return requested, "given with --trace"
+    if BIG_TRACE.exists():
+        return BIG_TRACE, "the 1M-step trace of bench/replay_bench.py"
+    if not FALLBACK.exists():
+        FALLBACK.parent.mkdir(parents=True, exist_ok=True)
+        print(f"NOTE: {BIG_TRACE} is missing; recording a {FALLBACK_STEPS:,}-step trace with "
+              f"256 running requests instead ({FALLBACK}, kept for later runs; about a "
+              "minute)", flush=True)
+        tmp = FALLBACK.with_suffix(".tmp")
+        record(decode_workload(FALLBACK_STEPS), tmp, FALLBACK_STEPS)
+        os.replace(tmp, FALLBACK)
+    return FALLBACK, (f"NOT the 1M-step trace ({BIG_TRACE} is missing): a "
+                      f"{FALLBACK_STEPS:,}-step one of the same kind")
+
+
+def decode_workload(steps: int) -> SimWorkload:
+    """256 requests running at every step: each shares a 64-token system prompt, decodes
+    500 tokens and finishes, and a new one arrives in its place (a long-running server)."""
+    rng = random.Random(0)
+    system = [rng.randrange(VOCAB) for _ in range(64)]
+    out, running = 500, 256
+    later = steps * running // out
+    requests = [dict(id=f"req-{i:05d}",
+                     arrival_step=0 if i < running else (i - running) * out // running,
+                     prompt_token_ids=system + [rng.randrange(VOCAB) for _ in range(64)],
+                     output_token_ids=[7] * out, max_tokens=out)
+                for i in range(running + later)]
+    config = dict(block_size=16, num_blocks=running * ((128 + out) // 16 + 3) + 64,
+                  max_num_batched_tokens=8192, max_num_seqs=running, max_model_len=1024)
+    return parse_workload({"config": config, "requests": requests}, source="decode-256")
+
+
+async def bench_goto(trace: Path, jumps: int) -> dict[str, list[float]]:
+    builder: Session = open_session(trace, live=False)
+    last = builder.tl.last_step
+    rng = random.Random(3)
+    app = SchedtopApp(open_session(trace, live=False))
+    seeker = open_session(trace, live=False).tl  # the Timeline alone, for comparison
+    out: dict[str, list[float]] = {"seek": [], "build": [], "draw": [], "total": [],
+                                   "total CPU": []}
+    async with app.run_test(size=SIZE) as pilot:
+        while app.frame is None:
+            await pilot.pause(0.05)
+        app.source.stop()
+        await pilot.pause(0.1)
+        for _ in range(jumps):
+            step = rng.randrange(last + 1)
+            t0 = time.perf_counter()
+            seeker.state(step)
+            out["seek"].append(time.perf_counter() - t0)
+            t0, c0 = time.perf_counter(), time.process_time()
+            builder.handle(Goto(step))
+            frame = builder.frame()
+            t1, c1 = time.perf_counter(), time.process_time()
+            draw, draw_cpu = render_cost(app, frame)
+            out["build"].append(t1 - t0)
+            out["draw"].append(draw)
+            out["total"].append(t1 - t0 + draw)
+            out["total CPU"].append(c1 - c0 + draw_cpu)
+            await pilot.pause(0)
+    return out
+
+
+# -- the report ------------------------------------------------------------------------------------
+
+
+def row(name: str, values: list[float], target: str) -> str:
+    return (f"| {name} | {ms(statistics.median(values))} | {ms(_pct(values, 95))} | "
+            f"{ms(max(values))} | {target} |")
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--pump"]:
+        source, dest, rate, log = sys.argv[2:6]
+        pump(Path(source), Path(dest), float(rate), Path(log))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", type=Path, help="a long trace for the go-to benchmark")
+    parser.add_argument("--rates", default="500,1000,2000,5000,10000",
+                        help="live: writer rates to try, in steps/s")
+    parser.add_argument("--seconds", type=float, default=4.0, help="live: seconds per rate")
+    parser.add_argument("--jumps", type=int, default=30, help="go to: random jumps")
+    args = parser.parse_args()
+    print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python "
+          f"{platform.python_version()}; terminal {SIZE[0]}x{SIZE[1]} (headless)\n")
+
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        heavy = tmp / "heavy.trace"
+        record(heavy_workload(), heavy, 120)
+        probe = open_session(heavy, live=False).tl
+        best = max(range(probe.first_step, probe.last_step + 1),
+                   key=lambda s: (len(probe.state(s).requests), -len(probe.state(s).free)))
+        state = probe.state(best)
+        print(f"1. render: step {best} of a trace with {state.num_blocks - 1} usable blocks "
+              f"({state.num_blocks - 1 - len(state.free)} in use), {len(state.requests)} "
+              f"requests ({len(state.running)} running, {len(state.waiting)} waiting)")
+        render = asyncio.run(bench_render(heavy, [best, best - 1, best - 2, best - 3]))
+        print("| cost | median ms | p95 ms | max ms | target |")
+        print("| --- | ---: | ---: | ---: | --- |")
+        print(row("build the frame (reader thread), wall", render["build"], ""))
+        print(row("build the frame, CPU", render["build CPU"], ""))
+        print(row("draw it (UI thread), wall", render["draw"], "< 30 ms"))
+        print(row("draw it, CPU", render["draw CPU"], "< 30 ms"))
+        print()
+
+        rates = [int(r) for r in args.rates.split(",")]
+        live_source(int(max(rates) * (args.seconds + 4)))
+        print(f"2. live: another process appends a recorded trace's steps at R steps/s, the "
+              f"app follows ({args.seconds:g} s per rate); lag = steps written but not yet "
+              "on screen")
+        print("| writer rate (steps/s) | achieved | lag median | lag p95 | lag max | "
+              "mean lag, first third -> last third | keeps up |")
+        print("| ---: | ---: | ---: | ---: | ---: | --- | --- |")
+        for rate in rates:
+            r = bench_live(rate, args.seconds, tmp)
+            # Keeping up: the lag stays under a quarter second's worth of steps and
+            # does not grow from the first third of the run to the last.
+            steady = r["median"] <= 0.25 * r["rate"] and r["last"] <= max(
+                1.5 * r["first"], 0.1 * r["rate"])
+            print(f"| {rate} | {r['rate']:.0f} | {r['median']:.0f} "
+                  f"({r['median'] / r['rate'] * 1e3:.0f} ms) | {r['p95']:.0f} | "
+                  f"{r['max']:.0f} | {r['first']:.0f} -> {r['last']:.0f} | "
+                  f"{'yes' if steady else 'NO'} |")
+        print()
+
+    trace, what = long_trace(args.trace)
+    with TraceReader(trace) as reader:
+        steps = reader.index().last_step + 1
+    print(f"3. go to a random step: {trace} ({what}), {steps:,} steps, {args.jumps} jumps")
+    goto = asyncio.run(bench_goto(trace, args.jumps))
+    print("| cost | median ms | p95 ms | max ms | target |")
+    print("| --- | ---: | ---: | ---: | --- |")
+    print(row("for comparison: Timeline.state(step) alone, wall", goto["seek"], ""))
+    print(row("build the frame (reader thread), wall", goto["build"], ""))
+    print(row("draw it (UI thread), wall", goto["draw"], ""))
+    print(row("go to, total, wall", goto["total"], "< 100 ms"))
+    print(row("go to, total, CPU", goto["total CPU"], "< 100 ms"))
+
+
+if __name__ == "__main__":
+    main()

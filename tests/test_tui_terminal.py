@@ -1,0 +1,84 @@
+"""schedtop replay in a real terminal: tmux runs it in a 120x40 window, keys are sent as
+a person would type them, and the captured screen is read back."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from recorder.reader import TraceReader
+from replays.breakpoints import find, parse
+from replays.timeline import Timeline
+
+CASE = Path(__file__).parent / "data" / "fidelity" / "c_kv_pressure_prefix.workload.json"
+TIMEOUT_S = 20.0
+
+
+class Tmux:
+    """One tmux server of our own (its own socket), so that nothing else is touched."""
+
+    def __init__(self, name: str) -> None:
+        self.socket = name
+
+    def __call__(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.socket, *args], check=True,
+                              capture_output=True, text=True).stdout
+
+    def screen(self) -> str:
+        return self("capture-pane", "-p", "-t", "app")
+
+    def wait_for(self, check: Callable[[str], bool], what: str) -> str:
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            screen = self.screen()
+            if check(screen):
+                return screen
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {what} on the screen:\n{screen}")
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def tmux() -> Iterator[Tmux]:
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (.ci/run installs it)")
+    t = Tmux(f"schedtop-test-{os.getpid()}")
+    yield t
+    subprocess.run(["tmux", "-L", t.socket, "kill-server"], capture_output=True)
+
+
+def test_replay_in_a_real_terminal(tmux: Tmux, tmp_path: Path) -> None:
+    trace = tmp_path / "kv.trace"
+    subprocess.run([sys.executable, "-m", "tui.cli", "sim", str(CASE), "--trace", str(trace)],
+                   check=True, capture_output=True)
+    tl = Timeline(TraceReader(trace))
+    preempted = find(tl, [parse("preempt")], -1)
+    assert preempted is not None
+    victim = tl.state(preempted - 1).requests[tl.record(preempted).preemptions[0].victim]
+    # COLUMNS and LINES from the test's environment would override the window's size.
+    command = f"env -u COLUMNS -u LINES {sys.executable} -m tui.cli replay {trace}"
+    env = {"TERM": "xterm-256color", "COLORTERM": "truecolor"}
+    tmux("new-session", "-d", "-s", "app", "-x", "120", "-y", "40",
+         *[arg for k, v in env.items() for arg in ("-e", f"{k}={v}")], command)
+    last = tl.last_step
+    screen = tmux.wait_for(lambda s: f"step 0 / {last}" in s, "step 0")
+    assert "PAUSED" in screen and "kv.trace" in screen
+    tmux("send-keys", "-t", "app", "Right")
+    tmux.wait_for(lambda s: f"step 1 / {last}" in s, "step 1")
+    tmux("send-keys", "-t", "app", "S-Right")
+    tmux.wait_for(lambda s: f"step 11 / {last}" in s, "step 11")
+    tmux("send-keys", "-t", "app", "b")
+    tmux.wait_for(lambda s: "● preempt" in s, "the breakpoint")
+    tmux("send-keys", "-t", "app", "Home", "n")
+    screen = tmux.wait_for(lambda s: f"step {preempted} / {last}" in s, "the preemption")
+    assert f"PREEMPT {victim.request_id} preempted" in screen
+    assert f"breakpoint hit at step {preempted}: preempt" in screen
+    tmux("send-keys", "-t", "app", "q")
+    tmux.wait_for(lambda s: "PAUSED" not in s, "the app gone")

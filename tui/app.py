@@ -1,0 +1,405 @@
+"""The schedtop app: the main screen, its keys, and the wiring between the panes and the
+reader thread.
+
+Data flows one way. The reader thread (tui.worker) owns the Session and the Timeline and
+posts FrameReady; the app takes the frame (immutable) and hands each pane its part as
+attributes. The panes report what the user picks as messages; keys become commands sent
+to the reader thread. Nothing here reads the trace or the clock.
+"""
+
+from __future__ import annotations
+
+import gc
+from contextlib import suppress
+from pathlib import Path
+from typing import TypeVar
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
+from textual.message import Message
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widget import Widget
+from textual.widgets import Footer, Input
+
+from replays.breakpoints import Predicate, parse
+from tui.commands import (
+    Cancel,
+    Command,
+    FindBreak,
+    FindRequest,
+    FollowRequest,
+    Goto,
+    GotoEdge,
+    GotoTime,
+    Move,
+    SetBreakpoints,
+    Speed,
+    ToggleBreakpoint,
+    TogglePlay,
+)
+from tui.screens.help import HelpScreen
+from tui.screens.prompt import breakpoints_screen, goto_screen
+from tui.session import Session
+from tui.viewmodel import SORT_KEYS, Frame, table_rows
+from tui.widgets.batch import BatchBar
+from tui.widgets.blockmap import ZOOMS, BlockMap
+from tui.widgets.detail import BlockDetail
+from tui.widgets.events import EventLog
+from tui.widgets.header import StepHeader
+from tui.widgets.lines import StepClicked
+from tui.widgets.requests import RequestTable
+from tui.widgets.sparks import Sparklines
+from tui.worker import FrameSource
+
+PREEMPT = parse("preempt")
+GC_THRESHOLD = 20_000  # allocations between young-generation collections (default 700)
+W = TypeVar("W", bound=Widget)
+
+
+class FrameReady(Message):
+    """The reader thread has a new frame."""
+
+
+class Notice(Message):
+    """The reader thread has something to say."""
+
+    def __init__(self, severity: str, text: str) -> None:
+        super().__init__()
+        self.severity = severity
+        self.text = text
+
+
+class SchedtopApp(App[None]):
+    """Live view and replay debugger of one trace."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "schedtop"
+    ENABLE_COMMAND_PALETTE = False
+
+    BINDINGS = [
+        Binding("space", "play", "play/pause"),
+        Binding("right", "move(1)", "step"),
+        Binding("left", "move(-1)", "back", show=False),
+        Binding("shift+right", "move(10)", "10 steps", show=False),
+        Binding("shift+left", "move(-10)", "10 back", show=False),
+        Binding("home", "edge(False)", "first step", show=False),
+        Binding("end,F", "edge(True)", "last/follow", show=False),
+        Binding("plus,equals_sign", "speed(True)", "faster", show=False),
+        Binding("minus", "speed(False)", "slower", show=False),
+        Binding("g", "goto", "go to"),
+        Binding("n", "find(False)", "next break"),
+        Binding("N", "find(True)", "prev break", show=False),
+        Binding("b", "toggle_preempt", "break on preempt"),
+        Binding("B", "breakpoints", "breakpoints", show=False),
+        Binding("f", "follow", "follow req"),
+        Binding("right_square_bracket", "request_event(False)", "its next event", show=False),
+        Binding("left_square_bracket", "request_event(True)", "its prev event", show=False),
+        Binding("slash", "filter", "filter"),
+        Binding("s", "sort", "sort"),
+        Binding("S", "sort_reverse", "reverse sort", show=False),
+        Binding("z", "zoom", "zoom"),
+        Binding("escape", "escape", "stop", show=False),
+        Binding("question_mark", "help", "help"),
+        Binding("q", "quit", "quit"),
+    ]
+
+    frame: reactive[Frame | None] = reactive(None)  # the frame on screen
+    selected_request: reactive[str | None] = reactive(None)  # by id: stable across steps
+    selected_block: reactive[int | None] = reactive(None)
+    query_text: reactive[str] = reactive("")  # the request filter
+    sort_key: reactive[str] = reactive("arrival")
+    sort_reverse: reactive[bool] = reactive(False)
+
+    def __init__(self, session: Session) -> None:
+        super().__init__()
+        self.source = FrameSource(session, self._frame_ready, self._notice)
+        self.notices: list[tuple[str, str]] = []  # every notice shown (tests read them)
+        self._main: Screen[object] | None = None  # the screen with the panes, once mounted
+        self._trace = Path(session.name).name
+        self._gc_threshold = gc.get_threshold()
+
+    # -- layout -----------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield StepHeader(id="header")
+        with Vertical(id="requests-pane", classes="pane"):
+            yield RequestTable(id="requests")
+            yield Input(placeholder="filter: words in the id, state, kind or reason "
+                                    "(enter: done, esc: clear)", id="filter")
+        with Horizontal(id="middle"):
+            with Vertical(id="blocks-pane", classes="pane"):
+                yield BlockMap(id="blocks")
+                yield BlockDetail(id="block-detail")
+            with Vertical(id="side"):
+                with Vertical(id="sparks-pane", classes="pane"):
+                    yield Sparklines(id="sparks")
+                with Vertical(id="batch-pane", classes="pane"):
+                    yield BatchBar(id="batch")
+        with Vertical(id="events-pane", classes="pane"):
+            yield EventLog(id="events")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        # The panes live on the main screen; dialogs go on top of it, so panes are found
+        # there, never on whatever screen is current.
+        self._main = self.screen
+        self.title = f"schedtop {self._trace}"
+        self._pane(Widget, "#events-pane").border_title = "events"
+        self._pane(Widget, "#sparks-pane").border_title = "history"
+        self._pane(Widget, "#batch-pane").border_title = "batch"
+        self._pane(RequestTable).focus()
+        # Each frame allocates tens of thousands of short-lived objects (rows, segments,
+        # strips): collect the young generation less often, and keep what exists now (the
+        # app, the trace's first state) out of full collections, which otherwise stall a
+        # frame now and then.
+        self._gc_threshold = gc.get_threshold()
+        gc.set_threshold(GC_THRESHOLD, *self._gc_threshold[1:])
+        gc.freeze()
+        self.run_worker(self.source.run, thread=True, name="reader", exit_on_error=False)
+
+    def on_unmount(self) -> None:
+        self._main = None
+        self.source.stop()
+        gc.unfreeze()
+        gc.set_threshold(*self._gc_threshold)
+
+    # -- the reader thread ----------------------------------------------------------------------
+
+    def _frame_ready(self) -> None:
+        self.post_message(FrameReady())  # from the reader thread: post_message is safe
+
+    def _notice(self, severity: str, text: str) -> None:
+        self.post_message(Notice(severity, text))
+
+    def on_frame_ready(self, _: FrameReady) -> None:
+        frame = self.source.take()
+        if frame is None or self._main is None:
+            return
+        with suppress(NoMatches):  # the app is closing: its panes are gone already
+            self.frame = frame
+
+    def on_notice(self, message: Notice) -> None:
+        self.notices.append((message.severity, message.text))
+        severity = message.severity if message.severity in ("warning", "error") \
+            else "information"
+        self.notify(message.text, severity=severity,  # type: ignore[arg-type]
+                    timeout=10 if severity != "information" else 4, markup=False)
+
+    def _pane(self, kind: type[W], selector: str | None = None) -> W:
+        """A widget of the main screen (dialogs may be on top of it)."""
+        assert self._main is not None
+        if selector is None:
+            return self._main.query_one(kind)
+        return self._main.query_one(selector, kind)
+
+    def send(self, cmd: Command) -> None:
+        self.source.send(cmd)
+
+    # -- frames down to the panes ----------------------------------------------------------------
+
+    def watch_frame(self, frame: Frame | None) -> None:
+        if frame is None:
+            return
+        self._pane(StepHeader).vm = frame.header
+        self._update_table()
+        blocks = self._pane(BlockMap)
+        blocks.vm = frame.blocks
+        blocks.highlight = self._selected_ref()
+        self._pane(BlockDetail).frame = frame
+        self._pane(Sparklines).vm = frame.sparks
+        self._pane(BatchBar).vm = frame.batch
+        log = self._pane(EventLog)
+        log.events = frame.events
+        log.step = frame.header.step
+        log.followed = frame.header.followed
+        self._titles()
+
+    def _update_table(self) -> None:
+        frame = self.frame
+        if frame is None:
+            return
+        table = self._pane(RequestTable)
+        table.sort = (self.sort_key, self.sort_reverse)
+        table.rows = table_rows(frame.requests, self.query_text, self.sort_key,
+                                self.sort_reverse)
+        table.selected = self.selected_request
+        table.followed = frame.header.followed
+        if frame.header.followed is not None and frame.header.followed == \
+                self.selected_request:
+            i = table.index_of(self.selected_request)
+            if i >= 0:
+                table.scroll_to_row(i)
+
+    def _titles(self) -> None:
+        frame = self.frame
+        if frame is None:
+            return
+        shown = len(self._pane(RequestTable).rows)
+        total = len(frame.requests)
+        order = f"{self.sort_key}{' ▼' if self.sort_reverse else ''}"
+        count = f"{shown} of {total}" if self.query_text else str(total)
+        vm, batch, sparks = frame.blocks, frame.batch, frame.sparks
+        used = sum(e.tokens for e in batch.entries)
+        n = len(sparks.series[0].values) if sparks.series else 0
+        titles = {
+            "#requests-pane": (f"requests {count} · sorted by {order}",
+                               f"filter: {self.query_text}" if self.query_text else ""),
+            "#blocks-pane": (f"KV blocks {vm.num_blocks - 1} × {vm.block_size} tokens · "
+                             f"{self._pane(BlockMap).title}", ""),
+            "#batch-pane": (f"batch: {len(batch.entries)} requests, {used}/{batch.budget} "
+                            "tokens", ""),
+            "#sparks-pane": (f"history: steps {sparks.first}–{sparks.first + n - 1}"
+                             if n else "history", ""),
+        }
+        for selector, (title, subtitle) in titles.items():
+            pane = self._pane(Widget, selector)
+            # Setting a title repaints the pane: only when it changes.
+            if pane.border_title != title:
+                pane.border_title = title
+            if (pane.border_subtitle or "") != subtitle:
+                pane.border_subtitle = subtitle
+
+    def _selected_ref(self) -> int | None:
+        frame, rid = self.frame, self.selected_request
+        if frame is None or rid is None:
+            return None
+        return next((r.ref for r in frame.requests if r.request_id == rid), None)
+
+    def watch_selected_request(self) -> None:
+        self._pane(RequestTable).selected = self.selected_request
+        self._pane(BlockMap).highlight = self._selected_ref()
+
+    def watch_selected_block(self, block: int | None) -> None:
+        self._pane(BlockMap).selected = block
+        detail = self._pane(BlockDetail)
+        detail.block = block
+        detail.per_cell = self._pane(BlockMap).geometry.per_cell
+
+    def watch_query_text(self) -> None:
+        self._update_table()
+        self._titles()
+
+    def watch_sort_key(self) -> None:
+        self._update_table()
+        self._titles()
+
+    def watch_sort_reverse(self) -> None:
+        self._update_table()
+        self._titles()
+
+    # -- messages up from the panes ----------------------------------------------------------
+
+    def on_request_table_selected(self, message: RequestTable.Selected) -> None:
+        self.selected_request = message.request_id
+
+    def on_request_table_sort_clicked(self, message: RequestTable.SortClicked) -> None:
+        if message.key == self.sort_key:
+            self.sort_reverse = not self.sort_reverse
+        else:
+            self.sort_key, self.sort_reverse = message.key, False
+
+    def on_step_clicked(self, message: StepClicked) -> None:
+        self.send(Goto(message.step))
+
+    def on_block_map_selected(self, message: BlockMap.Selected) -> None:
+        self.selected_block = message.block
+        self._pane(BlockMap)._scroll_to_selected()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "filter":
+            self.query_text = event.value
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "filter":
+            self._pane(RequestTable).focus()
+            if not event.value:
+                event.input.display = False
+
+    # -- actions --------------------------------------------------------------------------------
+
+    def action_play(self) -> None:
+        self.send(TogglePlay())
+
+    def action_move(self, delta: int) -> None:
+        self.send(Move(delta))
+
+    def action_edge(self, end: bool) -> None:
+        self.send(GotoEdge(end))
+
+    def action_speed(self, faster: bool) -> None:
+        self.send(Speed(faster))
+
+    def action_find(self, backward: bool) -> None:
+        self.send(FindBreak(backward))
+
+    def action_toggle_preempt(self) -> None:
+        self.send(ToggleBreakpoint(PREEMPT))
+
+    def action_goto(self) -> None:
+        def go(result: tuple[str, int] | None) -> None:
+            if result is None:
+                return
+            kind, n = result
+            self.send(Goto(n) if kind == "step" else Move(n) if kind == "move"
+                      else GotoTime(n))
+
+        self.push_screen(goto_screen(), go)
+
+    def action_breakpoints(self) -> None:
+        def done(result: tuple[Predicate, ...] | None) -> None:
+            if result is not None:
+                self.send(SetBreakpoints(result))
+
+        current = self.frame.header.breakpoints if self.frame is not None else ()
+        self.push_screen(breakpoints_screen(current), done)
+
+    def action_follow(self) -> None:
+        followed = self.frame.header.followed if self.frame is not None else None
+        rid = self.selected_request
+        if rid is None and followed is None:
+            self.notify("select a request to follow first (↑/↓ or a click)")
+        elif rid is None or rid == followed:
+            self.send(FollowRequest(None))
+        else:
+            self.send(FollowRequest(rid))
+
+    def action_request_event(self, backward: bool) -> None:
+        followed = self.frame.header.followed if self.frame is not None else None
+        rid = followed or self.selected_request
+        if rid is None:
+            self.notify("select a request first (↑/↓ or a click), or follow one with f")
+            return
+        self.send(FindRequest(rid, backward))
+
+    def action_filter(self) -> None:
+        box = self._pane(Input, "#filter")
+        box.display = True
+        box.focus()
+
+    def action_sort(self) -> None:
+        i = SORT_KEYS.index(self.sort_key)
+        self.sort_key = SORT_KEYS[(i + 1) % len(SORT_KEYS)]
+
+    def action_sort_reverse(self) -> None:
+        self.sort_reverse = not self.sort_reverse
+
+    def action_zoom(self) -> None:
+        blocks = self._pane(BlockMap)
+        blocks.zoom = ZOOMS[(ZOOMS.index(blocks.geometry.zoom) + 1) % len(ZOOMS)]
+        self._pane(BlockDetail).per_cell = blocks.geometry.per_cell
+        self._titles()
+
+    def action_escape(self) -> None:
+        box = self._pane(Input, "#filter")
+        if box.has_focus or self.query_text:
+            box.value = ""
+            box.display = False
+            self._pane(RequestTable).focus()
+            return
+        self.send(Cancel())
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())

@@ -1,0 +1,220 @@
+"""Per-step digests: the few numbers and events the sparklines and the event log need,
+kept for a bounded number of recent steps.
+
+A digest needs the state before its step (to name the requests the step mentions) and
+after it (queue lengths), so digests are made by walking the Timeline step by step; the
+walk is the same work as stepping, and a window of them is cached so that moving the
+cursor by one step makes one new digest. `History` is bounded: memory stays flat however
+long a trace is or however fast a live engine writes it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from recorder.schema import Status, Step
+from replays.state import State
+from replays.timeline import Timeline
+
+_FINISH_WORDS: dict[int, str] = {
+    Status.FINISHED_STOPPED: "stopped", Status.FINISHED_LENGTH_CAPPED: "length",
+    Status.FINISHED_ABORTED: "aborted", Status.FINISHED_ERROR: "error"}
+_LISTED = 4  # events of one kind in one step listed one by one; more are summarised
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One line of the event log."""
+
+    step: int  # the step it happened in
+    kind: str  # arrive, admit, preempt, finish, break or note
+    text: str  # what happened, in words
+    requests: tuple[str, ...] = ()  # the ids of the requests it is about
+
+
+@dataclass(frozen=True, slots=True)
+class Digest:
+    """One step, reduced to what the sparklines and the event log show."""
+
+    step: int  # the step
+    time_ns: int  # when it ended, ns since recording started
+    step_ns: int  # how long it took: since the previous step ended (0 for the first)
+    running: int  # running requests after it
+    waiting: int  # waiting requests after it
+    free_blocks: int  # free KV blocks after it
+    preemptions: int  # preemptions in it
+    scheduled_tokens: int  # tokens scheduled in it
+    events: tuple[Event, ...]  # what happened in it
+
+
+def digest(rec: Step, names: Mapping[int, str], after: State,
+           prev_time_ns: int | None) -> Digest:
+    """The digest of step `rec`: `names` gives the ids of the requests it mentions that
+    were there before it (arrivals name themselves), `after` is the state after it."""
+    arrived = {a.ref: a.request_id for a in rec.arrivals}
+
+    def name(ref: int) -> str:
+        return names.get(ref) or arrived.get(ref, f"#{ref}")
+
+    step_ns = 0 if prev_time_ns is None else max(0, rec.time_ns - prev_time_ns)
+    return Digest(rec.step, rec.time_ns, step_ns, len(after.running), len(after.waiting),
+                  rec.free_blocks, len(rec.preemptions), rec.num_scheduled_tokens,
+                  tuple(step_events(rec, name)))
+
+
+def step_events(rec: Step, name: Callable[[int], str]) -> Iterable[Event]:
+    """The event lines of one step: arrivals, admissions, preemptions, finishes."""
+    s = rec.step
+    arrivals = [(a.request_id, f"{a.request_id} arrived: {a.num_prompt_tokens} prompt tokens"
+                 + (f", priority {a.priority}" if a.priority else ""))
+                for a in rec.arrivals]
+    yield from _listed(s, "arrive", arrivals, "arrived")
+    admits = []
+    for a in rec.admissions:
+        rid = name(a.ref)
+        verb = "resumed" if a.resumed else "admitted"
+        admits.append((rid, f"{rid} {verb}" + (f", {a.cached_tokens} tokens cached"
+                                              if a.cached_tokens else "")))
+    yield from _listed(s, "admit", admits, "admitted")
+    for p in rec.preemptions:
+        victim, cause = name(p.victim), name(p.for_request)
+        why = ("no KV room for itself" if p.victim == p.for_request
+               else f"for {cause}, which needed KV blocks")
+        yield Event(s, "preempt", f"{victim} preempted {why}: {p.tokens_lost} tokens lost",
+                    (victim,) if p.victim == p.for_request else (victim, cause))
+    finishes = []
+    for f in rec.finishes:
+        rid = name(f.ref)
+        how = _FINISH_WORDS.get(f.status, "finished")
+        finishes.append((rid, f"{rid} finished: {how}" + (f" ({f.message})" if f.message
+                                                          else "")))
+    yield from _listed(s, "finish", finishes, "finished")
+
+
+def _listed(step: int, kind: str, items: list[tuple[str, str]], verb: str) -> Iterable[Event]:
+    """One event per item, or, for many, the first few and one summary line."""
+    if len(items) <= _LISTED + 1:
+        for rid, text in items:
+            yield Event(step, kind, text, (rid,))
+        return
+    for rid, text in items[:_LISTED]:
+        yield Event(step, kind, text, (rid,))
+    rest = [rid for rid, _ in items[_LISTED:]]
+    shown = ", ".join(rest[:3]) + (", ..." if len(rest) > 3 else "")
+    yield Event(step, kind, f"{len(rest)} more {verb}: {shown}", tuple(rest))
+
+
+class History:
+    """The digests of recently visited steps, at most `capacity` of them (least recently
+    used go first)."""
+
+    def __init__(self, capacity: int = 8192) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        self.capacity = capacity
+        self._digests: OrderedDict[int, Digest] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._digests)
+
+    def get(self, step: int) -> Digest | None:
+        return self._digests.get(step)
+
+    def missing(self, lo: int, hi: int) -> int:
+        """How many of steps lo..hi have no digest."""
+        got = self._digests
+        return sum(1 for s in range(lo, hi + 1) if s not in got)
+
+    def window(self, lo: int, hi: int) -> tuple[Digest, ...]:
+        """The cached digests of steps lo..hi, in order (fill() them first)."""
+        got = self._digests
+        out: list[Digest] = []
+        for s in range(lo, hi + 1):
+            d = got.get(s)
+            if d is not None:
+                got.move_to_end(s)
+                out.append(d)
+        return tuple(out)
+
+    def recent(self, step: int, limit: int) -> tuple[Digest, ...]:
+        """Up to `limit` cached digests of consecutive steps ending at `step`, in order."""
+        out: list[Digest] = []
+        s = step
+        while len(out) < limit and (d := self._digests.get(s)) is not None:
+            out.append(d)
+            s -= 1
+        return tuple(reversed(out))
+
+    def fill(self, timeline: Timeline, lo: int, hi: int) -> int:
+        """Make the missing digests of steps lo..hi (clamped to the trace), walking the
+        timeline. Returns how many it made. Moves the timeline's working state."""
+        lo, hi = max(lo, timeline.first_step), min(hi, timeline.last_step)
+        if hi - lo + 1 > self.capacity:
+            lo = hi - self.capacity + 1
+        made = 0
+        s = lo
+        while s <= hi:
+            if s in self._digests:
+                s += 1
+                continue
+            made += self._walk(timeline, s, hi)
+            s += 1
+            while s <= hi and s not in self._digests:
+                s += 1
+        return made
+
+    def _walk(self, timeline: Timeline, start: int, hi: int) -> int:
+        """Digest the run of missing steps that starts at `start`."""
+        made = 0
+        prev = self._digests.get(start - 1)
+        # The first step's time counts from the start of the recording.
+        prev_time = (prev.time_ns if prev is not None
+                     else timeline.time_ns(start - 1) if start > timeline.first_step else 0)
+        s = start
+        while s <= hi and s not in self._digests:
+            before = timeline.state(s - 1)
+            rec = timeline.record(s)
+            names = names_before(rec, before)  # now: state(s) moves this object on to s
+            after = timeline.state(s)
+            d = digest(rec, names, after, prev_time)
+            self._put(d)
+            prev_time = d.time_ns
+            made += 1
+            s += 1
+        return made
+
+    def add_step(self, timeline: Timeline, step: int, names: Mapping[int, str]) -> None:
+        """Digest `step` from the state after it (the timeline's working state there) and
+        the names taken before it (names_before), if it is not digested yet."""
+        if step in self._digests:
+            return
+        prev = self._digests.get(step - 1)
+        prev_time = (prev.time_ns if prev is not None else timeline.time_ns(step - 1)
+                     if step > timeline.first_step else 0)
+        self._put(digest(timeline.record(step), names, timeline.state(step), prev_time))
+
+    def _put(self, d: Digest) -> None:
+        self._digests[d.step] = d
+        self._digests.move_to_end(d.step)
+        while len(self._digests) > self.capacity:
+            self._digests.popitem(last=False)
+
+
+def names_before(rec: Step, before: State) -> dict[int, str]:
+    """The ids of the requests step `rec` mentions, from the state before it (take them
+    before the Timeline moves that state on)."""
+    reqs = before.requests
+    return {ref: reqs[ref].request_id for ref in _mentioned(rec) if ref in reqs}
+
+
+def _mentioned(rec: Step) -> Iterable[int]:
+    for a in rec.admissions:
+        yield a.ref
+    for p in rec.preemptions:
+        yield p.victim
+        yield p.for_request
+    for f in rec.finishes:
+        yield f.ref
+

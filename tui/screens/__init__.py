@@ -1,0 +1,1 @@
+"""The dialogs over the main screen: help, go to, breakpoints."""

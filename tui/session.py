@@ -1,0 +1,402 @@
+"""The session: one trace's Timeline, the cursor and what moves it, and frame building.
+
+It is plain synchronous code, driven by the worker thread (tui.worker) and by tests and
+benchmarks directly: `handle(command)` changes the cursor or the settings, `tick()` does
+the time-driven work (following a growing file, playing, one slice of a long search),
+and `frame()` builds the frame for the cursor with the pure reducer in tui.viewmodel.
+Only the thread that owns a Session may call it: the Timeline it holds is not shared.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from recorder.schema import Step
+from replays.breakpoints import Predicate, find, parse
+from replays.timeline import Timeline
+from tui.commands import (
+    Cancel,
+    Command,
+    FindBreak,
+    FindRequest,
+    FollowRequest,
+    Goto,
+    GotoEdge,
+    GotoTime,
+    Move,
+    SetBreakpoints,
+    Speed,
+    ToggleBreakpoint,
+    TogglePlay,
+)
+from tui.history import Event, History, names_before
+from tui.viewmodel import Context, Frame, StepInput, build_frame
+
+SPEEDS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)  # steps per second
+DEFAULT_SPEED = 10
+WINDOW = 160  # steps of sparkline history around the cursor
+CATCHUP = 2048  # live: new steps digested one by one (for the log); more: skip ahead
+LOG_STEPS = 1024  # steps of events the log looks back over
+SLICE = 1024  # steps one slice of a breakpoint search covers before looking at commands
+POLL_S = 0.05  # live: how often to look for new records
+IDLE_S = 3.0  # live: after this long without a new step, the header says so
+MAX_FPS = 30  # playing: frames per second at most
+INLINE_FILL = 48  # missing history steps made before a frame; more are made after it
+AHEAD = 32  # history steps made past the window's end at a time (stepping forwards)
+RATE_STEPS = 16  # tokens per second are averaged over this many steps
+
+_REQUEST_KINDS = ("admit", "preempt", "first-token", "finish")
+_KIND_WORDS = {"admit": "admitted", "preempt": "preempted", "first-token": "first token",
+               "finish": "finished"}
+
+
+@dataclass(slots=True)
+class _Search:
+    """A breakpoint search in progress: it runs a slice per tick."""
+
+    predicates: tuple[Predicate, ...]  # what to stop at
+    backward: bool  # towards step 0
+    at: int  # searched from here on (exclusive)
+    request: str | None  # a followed request's events, rather than the breakpoints
+
+
+class Session:
+    """One trace being viewed: its Timeline, the cursor, the settings, the history."""
+
+    def __init__(self, timeline: Timeline, *, name: str, live: bool = False,
+                 breakpoints: tuple[Predicate, ...] = (),
+                 clock: Callable[[], float] = time.monotonic,
+                 history: History | None = None) -> None:
+        self.tl = timeline
+        self.name = name
+        self.live = live
+        self.following = live  # live: the cursor stays on the newest step
+        self.playing = False
+        self.speed: float = DEFAULT_SPEED
+        self.breakpoints: list[Predicate] = list(breakpoints)
+        self.followed: str | None = None
+        self.search: _Search | None = None
+        self.history = history if history is not None else History()
+        self.notes: deque[Event] = deque(maxlen=64)  # breakpoint hits and the like
+        self.notices: list[tuple[str, str]] = []  # (severity, text) for the UI, once each
+        self.dirty = True  # the cursor or a setting changed since the last frame
+        self.seq = 0
+        self.cursor = timeline.last_step if live else timeline.first_step
+        if self.cursor < timeline.first_step:
+            self.cursor = timeline.first_step - 1  # no steps yet
+        self._clock = clock
+        self._grew_at = clock()
+        self._idle_shown = 0
+        self._played_at = 0.0
+        self._carry = 0.0
+        self._ended = timeline.finished
+        self._backfill: tuple[int, int] | None = None  # history to make after a jump
+        self._step: tuple[int, StepInput] | None = None  # the cursor's step, spelled out
+        self._followed_to: int | None = None  # live: the step of the last frame following
+        self._before_names: dict[int, str] = {}  # the cursor step's requests, named
+        cut = timeline.cut
+        if cut is not None:
+            self.notices.append(("warning", f"the trace is cut at byte {cut.offset:,} "
+                                            f"({cut.reason}): it ends at step "
+                                            f"{timeline.last_step}"))
+
+    # -- commands ----------------------------------------------------------------------------
+
+    def handle(self, cmd: Command) -> None:
+        """Apply one command from the UI."""
+        if isinstance(cmd, Move | Goto | GotoTime | GotoEdge):
+            self._navigate(cmd)
+        elif isinstance(cmd, TogglePlay):
+            self._toggle_play()
+        elif isinstance(cmd, Speed):
+            self.speed = _next_speed(self.speed, cmd.faster)
+        elif isinstance(cmd, FindBreak):
+            self._start_search(tuple(self.breakpoints), cmd.backward, None)
+        elif isinstance(cmd, FindRequest):
+            preds = tuple(parse(f"{k}:{cmd.request_id}") for k in _REQUEST_KINDS)
+            self._start_search(preds, cmd.backward, cmd.request_id)
+        elif isinstance(cmd, SetBreakpoints):
+            self.breakpoints = list(dict.fromkeys(cmd.predicates))
+        elif isinstance(cmd, ToggleBreakpoint):
+            if cmd.predicate in self.breakpoints:
+                self.breakpoints.remove(cmd.predicate)
+            else:
+                self.breakpoints.append(cmd.predicate)
+        elif isinstance(cmd, FollowRequest):
+            self.followed = cmd.request_id
+        elif isinstance(cmd, Cancel):
+            self.search = None
+            self.playing = False
+        else:
+            return
+        self.dirty = True
+
+    def _navigate(self, cmd: Move | Goto | GotoTime | GotoEdge) -> None:
+        tl = self.tl
+        self.search = None
+        self.playing = False
+        self.following = False
+        if tl.num_steps == 0:
+            return
+        if isinstance(cmd, Move):
+            target = self.cursor + cmd.delta
+        elif isinstance(cmd, Goto):
+            target = cmd.step
+        elif isinstance(cmd, GotoTime):
+            target = tl.step_at_time(cmd.time_ns)
+        else:
+            target = tl.last_step if cmd.end else tl.first_step
+            self.following = cmd.end and self.live
+        self.cursor = min(max(target, tl.first_step), tl.last_step)
+
+    def _toggle_play(self) -> None:
+        self.search = None
+        if self.following:
+            self.following = False  # pause a live view where it is
+        elif self.playing:
+            self.playing = False
+        elif self.cursor < self.tl.last_step or self.live:
+            self.playing = True
+            self._played_at = self._clock()
+            self._carry = 0.0
+        else:
+            self.notices.append(("information", "at the last step: nothing to play"))
+
+    # -- time-driven work --------------------------------------------------------------------
+
+    def timeout(self) -> float | None:
+        """How long the worker may wait for a command before calling tick() (None: until
+        a command comes)."""
+        if self.search is not None or self._backfill is not None:
+            return 0.0
+        if self.playing:
+            return max(1.0 / self.speed, 1.0 / MAX_FPS)
+        if self.live and not self.tl.finished:
+            return POLL_S
+        return None
+
+    def tick(self) -> None:
+        """Follow the growing file, play, or search one slice."""
+        now = self._clock()
+        if self.live:
+            self._grow(now)
+        if self._backfill is not None:
+            lo, hi = self._backfill
+            self._backfill = None
+            self._fill(lo, hi)
+            self.dirty = True
+        if self.search is not None:
+            self._search_slice()
+        elif self.playing:
+            self._play(now)
+
+    def _grow(self, now: float) -> None:
+        tl = self.tl
+        if tl.refresh():
+            self._grew_at = now
+            self._idle_shown = 0
+            if self.following:
+                self.cursor = tl.last_step
+            self.dirty = True
+        if tl.finished != self._ended:
+            self._ended = tl.finished
+            self.dirty = True
+        idle = int(now - self._grew_at)
+        if idle >= IDLE_S and idle != self._idle_shown and not tl.finished:
+            self._idle_shown = idle
+            self.dirty = True
+
+    def _play(self, now: float) -> None:
+        tl = self.tl
+        due = (now - self._played_at) * self.speed + self._carry
+        steps = int(due)
+        if steps < 1:
+            return
+        steps = min(steps, max(1, int(self.speed)))  # a stalled worker does not leap
+        self._carry = due - int(due)
+        self._played_at = now
+        target = min(self.cursor + steps, tl.last_step)
+        hit = find(tl, self.breakpoints, self.cursor, limit=target) if self.breakpoints \
+            else None
+        if hit is not None:
+            self.playing = False
+            self._land(hit, tuple(self.breakpoints), None)
+            return
+        self.cursor = target
+        self.dirty = True
+        if target >= tl.last_step:
+            self.playing = False
+            self.following = self.live
+
+    def _start_search(self, preds: tuple[Predicate, ...], backward: bool,
+                      request: str | None) -> None:
+        self.playing = False
+        if not preds:
+            self.notices.append(("warning", "no breakpoints: press b to break on "
+                                            "preemptions, B for others"))
+            return
+        self.following = False
+        self.search = _Search(preds, backward, self.cursor, request)
+        self._search_slice()  # a short trace is done at once
+
+    def _search_slice(self) -> None:
+        search, tl = self.search, self.tl
+        assert search is not None
+        if search.backward:
+            limit = max(search.at - SLICE, tl.first_step)
+            hit = find(tl, search.predicates, search.at, backward=True, limit=limit)
+            done = limit <= tl.first_step
+        else:
+            limit = min(search.at + SLICE, tl.last_step)
+            hit = find(tl, search.predicates, search.at, limit=limit)
+            done = limit >= tl.last_step
+        self.dirty = True
+        if hit is not None:
+            self.search = None
+            self._land(hit, search.predicates, search.request)
+        elif done:
+            self.search = None
+            what = (f"no {'earlier' if search.backward else 'later'} event of "
+                    f"{search.request}" if search.request else
+                    f"no breakpoint hit {'before' if search.backward else 'after'} step "
+                    f"{self.cursor}")
+            self.notices.append(("information", what))
+        else:
+            search.at = limit
+
+    def _land(self, step: int, preds: tuple[Predicate, ...], request: str | None) -> None:
+        """Stop at a search's hit, and say which predicates hold there."""
+        self.cursor = step
+        self.following = False
+        self.dirty = True
+        held = [p for p in preds if find(self.tl, [p], step - 1, limit=step) == step]
+        if request is not None:
+            words = ", ".join(_KIND_WORDS[p.kind] for p in held) or "an event"
+            self.notes.append(Event(step, "break", f"{request}: {words} (step {step})",
+                                    (request,)))
+        else:
+            names = ", ".join(str(p) for p in held or preds)
+            self.notes.append(Event(step, "break", f"breakpoint hit at step {step}: {names}"))
+
+    # -- frames ----------------------------------------------------------------------------------
+
+    @property
+    def mode(self) -> str:
+        if self.search is not None:
+            return "SEARCHING"
+        if self.playing:
+            return "PLAYING"
+        return "LIVE" if self.following else "PAUSED"
+
+    def window(self, step: int) -> tuple[int, int]:
+        """The steps of sparkline history shown around `step`: before it when following a
+        live trace, centred on it otherwise."""
+        tl = self.tl
+        if self.following:
+            return step - WINDOW + 1, step
+        lo = step - WINDOW // 2
+        hi = lo + WINDOW - 1
+        if hi > tl.last_step:
+            lo -= hi - tl.last_step
+            hi = tl.last_step
+        if lo < tl.first_step:
+            hi = min(hi + tl.first_step - lo, tl.last_step)
+            lo = tl.first_step
+        return lo, hi
+
+    def frame(self) -> Frame:
+        """The frame for the cursor (raises TraceError when the trace cannot be read
+        there; the cursor then stays where it was asked to go).
+
+        The sparklines' window is filled here when that takes a few steps (the cursor
+        moved a little, or a live trace grew a little); after a jump it is left to the
+        next tick(), so that the frame for the new step comes first and its history a
+        frame later."""
+        tl, i = self.tl, self.cursor
+        lo, hi = self.window(i)
+        if i >= tl.first_step and self.following and self._followed_to is not None:
+            # Every step since the last frame (up to CATCHUP of them), for the log. The
+            # working state is at that frame's step: walking on costs one apply a step,
+            # and the last step is digested from its view, never by stepping back.
+            first = max(min(lo, self._followed_to + 1), i - CATCHUP + 1, tl.first_step)
+            skipped = first - self._followed_to - 1
+            if skipped > 0:
+                self.notes.append(Event(first, "note", f"{skipped:,} steps not read: the "
+                                                       "engine writes faster than this view "
+                                                       "reads"))
+            self.history.fill(tl, first, i - 1)
+            step = self._step_input(i)
+            self.history.add_step(tl, i, self._before_names)
+        else:
+            if i >= tl.first_step:
+                first = max(lo, tl.first_step)
+                if self.history.missing(first, min(hi, tl.last_step)) <= INLINE_FILL:
+                    self._fill(first, hi)
+                else:
+                    self._backfill = (first, hi)
+            step = self._step_input(i)
+        self._followed_to = i if self.following else None
+        state = tl.state(i)
+        self.seq += 1
+        self.dirty = False
+        step_ns, rate = self._rates(i)
+        ctx = Context(
+            seq=self.seq, trace=self.name, first_step=tl.first_step, last_step=tl.last_step,
+            max_num_seqs=_int(tl.header.config.get("max_num_seqs")), mode=self.mode,
+            speed=self.speed, breakpoints=tuple(str(p) for p in self.breakpoints),
+            followed=self.followed, live=self.live, ended=tl.finished,
+            idle_s=self._idle_shown or None,
+            search_at=None if self.search is None else self.search.at,
+            step_ns=step_ns, tokens_per_s=rate)
+        return build_frame(state, step, self.history.window(lo, hi),
+                           self.history.recent(i, LOG_STEPS), tuple(self.notes), ctx)
+
+    def _fill(self, lo: int, hi: int) -> None:
+        """Digest steps lo..hi, and the next AHEAD too when hi is past what is known
+        (stepping forwards then finds them made)."""
+        ahead = AHEAD if self.history.get(hi) is None and not self.following else 0
+        self.history.fill(self.tl, lo, hi + ahead)
+
+    def _step_input(self, i: int) -> StepInput | None:
+        """Step i spelled out (kept while the cursor stays there)."""
+        tl = self.tl
+        if i < tl.first_step:
+            return None
+        if self._step is not None and self._step[0] == i:
+            return self._step[1]
+        rec: Step = tl.record(i)
+        before = tl.state(i - 1)
+        reqs = before.requests
+        gone = tuple(reqs[f.ref].copy() for f in rec.finishes if f.ref in reqs)
+        self._before_names = names_before(rec, before)
+        step = StepInput(tl.view(i), gone)
+        self._step = (i, step)
+        return step
+
+    def _rates(self, i: int) -> tuple[int, float | None]:
+        """How long step i took, and scheduled tokens per second over the RATE_STEPS
+        steps up to it: from the step records alone."""
+        tl = self.tl
+        if i < tl.first_step:
+            return 0, None
+        end = tl.record(i).time_ns
+        step_ns = end - (tl.record(i - 1).time_ns if i > tl.first_step else 0)
+        lo = max(tl.first_step, i - RATE_STEPS)
+        if lo == i:
+            return max(0, step_ns), None
+        tokens = sum(tl.record(s).num_scheduled_tokens for s in range(lo + 1, i + 1))
+        elapsed = end - tl.record(lo).time_ns
+        return max(0, step_ns), (tokens / (elapsed / 1e9) if elapsed > 0 and tokens else None)
+
+
+def _next_speed(speed: float, faster: bool) -> float:
+    if faster:
+        return float(next((s for s in SPEEDS if s > speed), SPEEDS[-1]))
+    return float(next((s for s in reversed(SPEEDS) if s < speed), SPEEDS[0]))
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

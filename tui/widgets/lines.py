@@ -1,0 +1,61 @@
+"""A pane drawn as lines of Rich Text through Textual's line API.
+
+Textual turns a `render()` result into its own Content and lays it out, which costs a few
+milliseconds per pane per frame; these panes know their lines already, so each line goes
+straight to segments (and is cached until the pane's attributes change)."""
+
+from __future__ import annotations
+
+from rich.segment import Segment
+from rich.text import Text
+from textual.geometry import Region
+from textual.message import Message
+from textual.strip import Strip
+from textual.widget import Widget
+
+
+class StepClicked(Message):
+    """The user clicked something that stands for a step (a sparkline column, an event)."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.step = step
+
+
+class TextLines(Widget):
+    """A widget whose content is `lines(width, height)`: one Text per line, no wrapping."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._cache: tuple[int, int, list[Strip]] | None = None  # width, height, strips
+
+    def lines(self, width: int, height: int) -> list[Text]:
+        raise NotImplementedError
+
+    def refresh(self, *args: object, **kwargs: object) -> TextLines:
+        self._cache = None
+        super().refresh(*args, **kwargs)  # type: ignore[arg-type]
+        return self
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # The size once per pass: it is computed afresh each time it is asked for.
+        width, height = self.size
+        cache = self._cache
+        if cache is None or cache[:2] != (width, height):
+            self._cache = (width, height,
+                           [self._strip(t, width) for t in self.lines(width, height)])
+        return super().render_lines(crop)
+
+    def render_line(self, y: int) -> Strip:
+        assert self._cache is not None
+        width, _, strips = self._cache
+        return strips[y] if y < len(strips) else Strip.blank(width, self.rich_style)
+
+    def _strip(self, text: Text, width: int) -> Strip:
+        base = self.rich_style
+        text.no_wrap = True
+        text.overflow = "ellipsis"
+        text.truncate(width, pad=True)
+        segments = [Segment(s.text, base + s.style if s.style else base)
+                    for s in text.render(self.app.console)]
+        return Strip(segments, width)

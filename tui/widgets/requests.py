@@ -1,0 +1,218 @@
+"""The request table: one line per request, drawn line by line (only the visible lines
+are rendered, so a thousand requests cost what a screenful does)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+from rich.cells import cell_len, set_cell_size
+from rich.segment import Segment
+from rich.style import Style
+from textual import events
+from textual.binding import Binding
+from textual.geometry import Region, Size
+from textual.message import Message
+from textual.reactive import reactive
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from tui.viewmodel import RequestRow
+from tui.widgets import palette
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One column of the table."""
+
+    sort: str  # the sort key a click on its title picks ("": not sortable)
+    title: str  # its title
+    width: int  # its width in cells (0: whatever is left)
+    right: bool  # right-aligned
+
+
+COLUMNS = (
+    Column("id", "request", 12, False),
+    Column("state", "state", 9, False),
+    Column("tokens", "computed/all", 12, True),
+    Column("", "out/max", 8, True),
+    Column("blocks", "blocks", 6, True),
+    Column("preempted", "pre", 4, True),
+    Column("priority", "prio", 5, True),
+    Column("queued", "queued", 7, True),
+    Column("ttft", "ttft", 5, True),
+    Column("step", "this step", 12, False),
+    Column("", "why not scheduled", 0, False),
+)
+_GUTTER = 3  # the followed marker, the colour swatch, a space
+_HEADER = palette.style("#abb2bf", "#2c313a", bold=True)
+_CURSOR_BG = "#3e4451"
+
+
+def cells(row: RequestRow) -> tuple[str, ...]:
+    """A row's text, column by column."""
+    queued = "—" if row.queued is None else f"{row.queued}+" if row.still_queued \
+        else str(row.queued)
+    return (
+        row.request_id, row.state, f"{row.computed}/{row.total}",
+        f"{row.output}/{row.max_tokens}", str(row.blocks), str(row.preemptions),
+        str(row.priority), queued, "—" if row.ttft is None else str(row.ttft),
+        f"+{row.scheduled} {row.kind}" if row.scheduled else "", row.why)
+
+
+@cache
+def layout(width: int) -> tuple[tuple[Column, int, int], ...]:
+    """(column, x, width) for a table `width` cells wide; columns that do not fit are
+    left out, the last one takes what is left."""
+    out = []
+    x = _GUTTER
+    for col in COLUMNS:
+        w = col.width or max(0, width - x)
+        if x + min(w, 4) > width:
+            break
+        w = min(w, width - x)
+        out.append((col, x, w))
+        x += w + 1
+    return tuple(out)
+
+
+def _fit(text: str, width: int, right: bool) -> str:
+    """`text` in exactly `width` cells: cut with an ellipsis, or padded."""
+    if not text.isascii():  # wide characters: measure cells, not characters
+        return set_cell_size(text, width) if cell_len(text) > width or not right \
+            else " " * (width - cell_len(text)) + text
+    if len(text) > width:
+        return text[: max(0, width - 1)] + "…" if width > 1 else text[:width]
+    return text.rjust(width) if right else text.ljust(width)
+
+
+def _strip(segments: list[Segment], used: int, width: int, style: Style) -> Strip:
+    """A line of exactly `width` cells from segments `used` cells wide (telling Strip the
+    length spares it measuring every segment)."""
+    if used < width:
+        segments.append(Segment(" " * (width - used), style))
+        return Strip(segments, width)
+    return Strip(segments, used).crop(0, width) if used > width else Strip(segments, width)
+
+
+class RequestTable(ScrollView, can_focus=True, inherit_bindings=False):
+    """Requests, sorted and filtered by the app; click or arrow to select one."""
+
+    DEFAULT_CSS = """
+    RequestTable { height: 1fr; scrollbar-size-vertical: 1; overflow-x: hidden; }
+    """
+
+    # Not the scrolling keys of ScrollView: ← → home end move through the steps.
+    BINDINGS = [
+        Binding("up,k", "cursor(-1)", "up", show=False),
+        Binding("down,j", "cursor(1)", "down", show=False),
+        Binding("pageup", "cursor(-10)", "page up", show=False),
+        Binding("pagedown", "cursor(10)", "page down", show=False),
+    ]
+
+    rows: reactive[tuple[RequestRow, ...]] = reactive((), always_update=True)
+    selected: reactive[str | None] = reactive(None)  # the selected request's id
+    followed: reactive[str | None] = reactive(None)  # the followed request's id
+    sort: reactive[tuple[str, bool]] = reactive(("arrival", False))  # key, descending
+
+    class Selected(Message):
+        """The user picked a request."""
+
+        def __init__(self, request_id: str) -> None:
+            super().__init__()
+            self.request_id = request_id
+
+    class SortClicked(Message):
+        """The user clicked a column title."""
+
+        def __init__(self, key: str) -> None:
+            super().__init__()
+            self.key = key
+
+    _width = _top = 0  # the width and the scroll offset of the pass being rendered
+
+    def watch_rows(self) -> None:
+        self.virtual_size = Size(self.size.width, len(self.rows) + 1)
+        self.refresh()
+
+    def on_resize(self) -> None:
+        self.watch_rows()
+
+    def index_of(self, request_id: str | None) -> int:
+        return next((i for i, r in enumerate(self.rows) if r.request_id == request_id), -1)
+
+    def action_cursor(self, delta: int) -> None:
+        if not self.rows:
+            return
+        i = self.index_of(self.selected)
+        i = 0 if i < 0 else min(max(i + delta, 0), len(self.rows) - 1)
+        self.post_message(self.Selected(self.rows[i].request_id))
+        self.scroll_to_row(i)
+
+    def scroll_to_row(self, i: int) -> None:
+        # Line 0 is the title line, which never scrolls: row i is content line i + 1.
+        self.scroll_to_region(Region(0, i, 1, 2), animate=False)
+
+    def on_click(self, event: events.Click) -> None:
+        at = event.get_content_offset(self)
+        if at is None:
+            return
+        if at.y == 0:
+            for col, x, w in layout(self.size.width):
+                if x <= at.x < x + w and col.sort:
+                    self.post_message(self.SortClicked(col.sort))
+            return
+        i = self.scroll_offset.y + at.y - 1
+        if 0 <= i < len(self.rows):
+            self.post_message(self.Selected(self.rows[i].request_id))
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # Once per pass: these are computed afresh each time they are read.
+        self._width, self._top = self.size.width, self.scroll_offset.y
+        return super().render_lines(crop)
+
+    def render_line(self, y: int) -> Strip:
+        width = self._width
+        if y == 0:
+            return self._title(width)
+        i = self._top + y - 1
+        if i >= len(self.rows):
+            return Strip.blank(width)
+        return self._row(self.rows[i], width)
+
+    def _title(self, width: int) -> Strip:
+        key, descending = self.sort
+        segments = [Segment(" " * _GUTTER, _HEADER)]
+        used = _GUTTER
+        for col, _, w in layout(width):
+            title = col.title + ((" ▼" if descending else " ▲") if col.sort == key else "")
+            segments.append(Segment(_fit(title, w, col.right) + " ", _HEADER))
+            used += w + 1
+        return _strip(segments, used, width, _HEADER)
+
+    def _row(self, row: RequestRow, width: int) -> Strip:
+        selected = row.request_id == self.selected
+        followed = row.request_id == self.followed
+        bg = _CURSOR_BG if selected else None
+        base = palette.style("#dcdfe4" if selected else "#abb2bf", bg, bold=followed)
+        segments = [Segment("▶" if followed else " ", palette.style("#ffffff", bg, bold=True)),
+                    Segment("■", palette.style(palette.owner(row.ref), bg)),
+                    Segment(" ", base)]
+        used = _GUTTER
+        for (col, _, w), text in zip(layout(width), cells(row)):
+            segments.append(Segment(_fit(text, w, col.right) + " ",
+                                    self._style(col, row, base, bg)))
+            used += w + 1
+        return _strip(segments, used, width, base)
+
+    @staticmethod
+    def _style(col: Column, row: RequestRow, base: Style, bg: str | None) -> Style:
+        if col.sort == "state":
+            return palette.style(palette.STATES.get(row.state, "#abb2bf"), bg)
+        if col.sort == "step" and row.kind:
+            return palette.style(palette.KINDS.get(row.kind, "#abb2bf"), bg)
+        if not col.sort and col.width == 0 and row.why:
+            return palette.style("#d19a66", bg)
+        if col.sort == "preempted" and row.preemptions:
+            return palette.style("#e06c75", bg, bold=True)
+        return base
