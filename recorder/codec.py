@@ -22,7 +22,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Callable, Sequence
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Generic, TypeVar
 
 import msgpack
@@ -273,9 +273,10 @@ class _Hashes(Codec[tuple[bytes, ...]]):
         if size == 0 or (len(v) - 1) % size:
             raise Bad(f"hash list of {len(v) - 1} bytes does not divide into {size}-byte hashes")
         # One C-level pass: the hashes are fixed-size fields of a struct.
-        return tuple(h for (h,) in struct.iter_unpack(f"{size}s", memoryview(v)[1:]))
+        return tuple(map(_FIRST, struct.iter_unpack(f"{size}s", memoryview(v)[1:])))
 
 
+_FIRST = itemgetter(0)
 INTS, OFFSETS, HASHES = _Ints(), _Offsets(), _Hashes()
 
 

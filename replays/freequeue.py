@@ -58,6 +58,19 @@ class FreeQueue:
             node = nxt[node]
         return out
 
+    def popleft_if(self, block: int) -> bool:
+        """Remove the head if it is `block` (the one-block allocation, the common case);
+        False, and nothing changed, if the head is another block."""
+        nxt = self.next
+        if nxt[self.head] != block or block == self.tail:
+            return False
+        after = nxt[block]
+        nxt[self.head] = after
+        self.prev[after] = self.head
+        self.prev[block] = nxt[block] = _NONE
+        self.size -= 1
+        return True
+
     def popleft_n(self, n: int) -> list[int]:
         """Remove and return the first n blocks (fewer if the queue is shorter)."""
         out = self.first(n)

@@ -273,17 +273,44 @@ class _Apply:
     # -- the block map ----------------------------------------------------------------------
 
     def _kv_events(self) -> None:
-        """Walk the event columns directly: tens of events a step make this hot."""
+        """Walk the event columns directly: tens of events a step make this hot, and most
+        move one block (a decode filling a block: evict, allocate, cache), so that case is
+        handled inline."""
         s, kv = self.s, self.rec.kv_events
         reqs, refs, all_blocks, all_hashes = s.requests, kv.refs, kv.block_ids, kv.hashes
+        free, ref_cnts, block_hashes, view = s.free, s.ref_cnts, s.block_hashes, self.view
         at = owner = hashed = hit = 0
         for kind, size in zip(kv.kinds, kv.sizes):
+            if size == 1 and not view and kind != _FREED:
+                b = all_blocks[at]
+                at += 1
+                if kind == _EVICTED:
+                    del block_hashes[b]
+                    continue
+                r = reqs[refs[owner]]
+                owner += 1
+                if kind == _ALLOCATED:
+                    if not free.popleft_if(b):
+                        raise Inconsistent(f"block {b} allocated to request {r.ref} is not "
+                                           "at the head of the free queue")
+                    ref_cnts[b] = 1
+                    r.block_ids.append(b)
+                elif kind == _CACHED:
+                    if b in block_hashes or not 0 < b < s.num_blocks:
+                        raise Inconsistent(f"block {b} cannot be cached (outside the pool or "
+                                           "cached)")
+                    block_hashes[b] = all_hashes[hashed]
+                    hashed += 1
+                else:
+                    self._hit(r, (b,))
+                    hit += 1
+                continue
             blocks = all_blocks[at:at + size]
             at += size
             hashes: tuple[bytes, ...] = ()
             num_tokens = 0
             if kind == _EVICTED:
-                hashes = tuple(s.block_hashes.pop(b) for b in blocks)
+                hashes = tuple(block_hashes.pop(b) for b in blocks)
                 ref = None
             else:
                 ref = refs[owner]
@@ -301,7 +328,7 @@ class _Apply:
                     num_tokens = kv.hit_tokens[hit]
                     hit += 1
                     self._hit(r, blocks)
-            if self.view:
+            if view:
                 self.kv_view.append(KVEvent(kind, ref, blocks, hashes, num_tokens))
 
     def _allocate(self, r: ReqState, blocks: tuple[int, ...]) -> None:

@@ -140,9 +140,10 @@ class Timeline:
             self._check(step)
         if self._cur is not None and self._cur_step == step:
             return self._cur
-        # Walking backwards, the steps just before this one come next: keep keyframes all
-        # the way from the start point, so that each further step back is short.
-        backward = self._cur_step > step
+        # Walking backwards (a short move back), the steps just before this one come next:
+        # keep keyframes all the way from the start point, so each further step back is
+        # short. A long jump back is a jump like any other.
+        backward = 0 < self._cur_step - step <= _NEAR
         state, at = self._start_for(step)
         self._advance(state, at, step, keep_all=backward)
         self._cur, self._cur_step = state, step
