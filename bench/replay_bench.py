@@ -108,12 +108,13 @@ def steps(engine: EngineCore, wl: Workload, n: int) -> Iterator[None]:
         yield
 
 
-def generate(path: Path, n: int) -> None:
+def generate(path: Path, n: int, snapshot_interval: int = 256) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".partial")
     runner = SimRunner(_Scripts())
     engine = EngineCore(config(), runner)
-    recorder = Recorder(engine, TraceWriter(tmp, live=False))
+    recorder = Recorder(engine, TraceWriter(tmp, live=False),
+                        snapshot_interval=snapshot_interval)
     wl = Workload(engine, runner)
     t0 = time.perf_counter()
     for i, _ in enumerate(steps(engine, wl, n)):
@@ -154,10 +155,12 @@ def main() -> None:
     ap.add_argument("--seeks", type=int, default=200)
     ap.add_argument("--resim-steps", type=int, default=20_000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--snapshot-interval", type=int, default=256,
+                    help="steps between snapshots when generating: the seek-cost lever")
     args = ap.parse_args()
     if not args.trace.exists():
         print(f"generating {args.steps:,} steps into {args.trace} ...", flush=True)
-        generate(args.trace, args.steps)
+        generate(args.trace, args.steps, args.snapshot_interval)
     size = args.trace.stat().st_size
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
