@@ -1,3 +1,4 @@
+# mypy: disable-error-code="no-untyped-def"
 """Paged attention as Triton kernels: the CUDA path.
 
 Two kernels per layer. The first stores this step's K/V into their cache slots. The
@@ -8,14 +9,11 @@ group, padded to a power of two and masked, so a group of 3 runs as 4), and it w
 request's block table one paged block at a time with an online softmax, masking keys
 after each query's own position (causal) and past the sequence's end.
 
-The kernels are built on first use, so that `TRITON_INTERPRET=1` (Triton's CPU
-interpreter, used by the tests) can be set after this module is imported."""
+Under `TRITON_INTERPRET=1` the same kernels run on CPU tensors in Triton's interpreter
+(the tests do this). The variable must be set before triton is first imported: Triton's
+own library functions (tl.zeros, tl.max, ...) are wrapped for the interpreter then."""
 
 from __future__ import annotations
-
-import functools
-import os
-from typing import Any
 
 import torch
 import triton
@@ -26,7 +24,8 @@ from engine.model.attention.metadata import AttentionMetadata
 MIN_DOT = 16  # tl.dot needs at least 16 rows, columns and depth on a GPU
 
 
-def _store_kv(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,  # type: ignore[no-untyped-def]
+@triton.jit  # type: ignore[untyped-decorator]
+def _store_kv(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
               stride_kt, stride_kh, stride_vt, stride_vh,
               stride_cb, stride_cs, stride_ch, block_size,
               HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
@@ -46,7 +45,8 @@ def _store_kv(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,  # type: ignore[
         tl.store(v_cache_ptr + dst, v, mask=dmask)
 
 
-def _paged_attention(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,  # type: ignore[no-untyped-def]
+@triton.jit  # type: ignore[untyped-decorator]
+def _paged_attention(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
                      block_table_ptr, query_start_loc_ptr, seq_lens_ptr, scale,
                      stride_qt, stride_qh, stride_ot, stride_oh,
                      stride_cb, stride_cs, stride_ch, stride_bt,
@@ -77,7 +77,7 @@ def _paged_attention(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,  # type: ignore[n
         l_i = tl.zeros([BLOCK_M * GROUP_PAD], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M * GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
         offs = tl.arange(0, BLOCK_SIZE)
-        for j in range(0, tl.cdiv(keys_needed, BLOCK_SIZE)):
+        for j in range(0, (keys_needed + BLOCK_SIZE - 1) // BLOCK_SIZE):
             blk = tl.load(block_table_ptr + r * stride_bt + j).to(tl.int64)
             kv_off = blk * stride_cb + offs[:, None] * stride_cs + kvh * stride_ch + d[None, :]
             k = tl.load(k_cache_ptr + kv_off, mask=dmask[None, :], other=0.0)
@@ -97,17 +97,6 @@ def _paged_attention(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,  # type: ignore[n
         o_off = (q_start + m)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
         tl.store(out_ptr + o_off, acc.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & dmask[None, :])
-
-
-@functools.cache
-def _kernels(interpret: bool) -> tuple[Any, Any]:
-    # triton.jit reads TRITON_INTERPRET when it wraps a function: wrap per mode.
-    del interpret  # the cache key
-    return triton.jit(_store_kv), triton.jit(_paged_attention)
-
-
-def kernels() -> tuple[Any, Any]:
-    return _kernels(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
 
 
 def next_pow2(n: int) -> int:
@@ -138,11 +127,10 @@ class TritonAttention:
                 k_cache: torch.Tensor, v_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D]; caches [num_blocks, block_size, Hkv, D]."""
-        store, attend = kernels()
         num_tokens = q.shape[0]
         block_size = k_cache.shape[1]
         if num_tokens:
-            store[(num_tokens, self.num_kv_heads)](
+            _store_kv[(num_tokens, self.num_kv_heads)](
                 k, v, k_cache, v_cache, meta.slot_mapping,
                 k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                 k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_size,
@@ -151,7 +139,7 @@ class TritonAttention:
         block_m = block_m_for(meta.max_query_len, self.group_pad)
         grid = (meta.num_reqs, triton.cdiv(meta.max_query_len, block_m), self.num_kv_heads)
         table = meta.block_table
-        attend[grid](
+        _paged_attention[grid](
             q, k_cache, v_cache, out, table, meta.query_start_loc, meta.seq_lens, self.scale,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), table.stride(0),
