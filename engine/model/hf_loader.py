@@ -51,8 +51,11 @@ def spec_from_config(cfg: Any, name: str) -> ModelSpec:
     if model_type not in MODEL_TYPES:
         raise ModelError(f"{name}: model_type {model_type!r} is not supported (supported: "
                          f"{', '.join(MODEL_TYPES)})")
-    if cfg.get("rope_scaling"):
-        raise ModelError(f"{name}: rope_scaling={cfg['rope_scaling']!r} is not supported")
+    # Older configs: rope_theta + rope_scaling; newer ones: rope_parameters.
+    rope: dict[str, Any] = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if not isinstance(rope, dict) or rope.get("rope_type", rope.get("type", "default")) \
+            != "default":
+        raise ModelError(f"{name}: RoPE scaling {rope!r} is not supported")
     if cfg.get("mlp_bias"):
         raise ModelError(f"{name}: mlp_bias is not supported")
     window = cfg.get("sliding_window")
@@ -69,7 +72,7 @@ def spec_from_config(cfg: Any, name: str) -> ModelSpec:
         num_heads=heads,
         num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=int(cfg.get("head_dim") or hidden // heads),
-        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        rope_theta=float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         max_position=_int(cfg, "max_position_embeddings", name),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),

@@ -73,6 +73,7 @@ class LLMEngine:
         self.core = EngineCore(self.config, self.runner, sink, clock)
         self._hasher = BlockHasher(self.config.block_size)
         self._outputs: dict[str, RequestOutput] = {}
+        self._live: dict[str, Request] = {}  # queued or running
         self._ids = itertools.count()
         self.last_step: StepResult | None = None  # the latest step's report, for callers
 
@@ -118,6 +119,8 @@ class LLMEngine:
         if request.is_finished:  # refused by the scheduler: its output is final already
             self.core.finished.pop(rid, None)
             self._update(request, self.clock())
+        else:
+            self._live[rid] = request
         return rid
 
     def _with_model_stops(self, params: SamplingParams) -> SamplingParams:
@@ -129,7 +132,13 @@ class LLMEngine:
             (*params.stop_token_ids, *extra))))
 
     def abort(self, request_id: str) -> bool:
-        return self.core.abort(request_id)
+        """Finish a queued or running request with finish_reason "abort"."""
+        if not self.core.abort(request_id):
+            return False
+        self.runner.drop(request_id)
+        self._live.pop(request_id, None)
+        self._update(self.core.finished.pop(request_id), self.clock())
+        return True
 
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()
@@ -145,7 +154,16 @@ class LLMEngine:
         touched: dict[str, Request] = {r.request_id: r for r in result.updated}
         for r in self.core.take_finished():
             touched[r.request_id] = r
-        return [self._update(r, now) for r in touched.values()]
+        # schedule() can also finish a request (one that grew too big for the KV pool);
+        # StepResult.updated does not list those, the report's finishes do.
+        for f in result.report.finishes:
+            if f.request_id in self._live:
+                touched[f.request_id] = self._live[f.request_id]
+        for rid, r in touched.items():
+            if r.is_finished:
+                self.runner.drop(rid)
+                self._live.pop(rid, None)
+        return [_snapshot(self._update(r, now)) for r in touched.values()]
 
     def _update(self, req: Request, now: float) -> RequestOutput:
         out = self._outputs[req.request_id]
@@ -166,7 +184,8 @@ class LLMEngine:
         return out
 
     def output(self, request_id: str) -> RequestOutput:
-        return self._outputs[request_id]
+        """The request's state now (a copy: later steps do not change it)."""
+        return _snapshot(self._outputs[request_id])
 
     # -- offline ---------------------------------------------------------------------------
 
@@ -180,16 +199,16 @@ class LLMEngine:
         pending = {i for i in ids if not self._outputs[i].finished}
         idle = 0
         while pending:
-            outs = self.step()
+            outs = self.step() if self.core.has_unfinished() else []
             idle = 0 if outs else idle + 1
             if idle > STALL_STEPS:
                 raise RuntimeError(f"no progress in {STALL_STEPS} steps with "
                                    f"{len(pending)} requests unfinished")
             for out in outs:
                 if out.request_id in pending:
-                    if out.finished:
-                        pending.discard(out.request_id)
                     yield out
+            # Aborted between two yields: finished without a step reporting it.
+            pending = {i for i in pending if not self._outputs[i].finished}
 
     def generate(self, prompts: Iterable[Prompt],
                  params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -198,7 +217,7 @@ class LLMEngine:
         ids = self._add_all(prompts, params)
         for _ in self._run_until_finished(ids):
             pass
-        return [self._outputs[i] for i in ids]
+        return [_snapshot(self._outputs[i]) for i in ids]
 
     def _add_all(self, prompts: Iterable[Prompt],
                  params: SamplingParams | Sequence[SamplingParams] | None) -> list[str]:
@@ -213,3 +232,8 @@ class LLMEngine:
 
     def close(self) -> None:
         self.core.close()
+
+
+def _snapshot(out: RequestOutput) -> RequestOutput:
+    return replace(out, output_token_ids=list(out.output_token_ids),
+                   token_times=list(out.token_times))

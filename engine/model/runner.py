@@ -61,11 +61,16 @@ class ModelRunner:
             timer.mark("prepared")
             hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.meta,
                                         self.kv.layers)
-            logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
-            timer.mark("forwarded")
-            batch = SamplingBatch.from_params(inputs.sample_params,
-                                              inputs.output_positions.tolist(), self.device)
-            tokens = self.sampler(logits, batch).cpu().numpy()
+            if len(inputs.sample_rows):
+                logits = self.model.compute_logits(
+                    hidden.index_select(0, inputs.logits_indices))
+                timer.mark("forwarded")
+                batch = SamplingBatch.from_params(inputs.sample_params,
+                                                  inputs.output_positions.tolist(), self.device)
+                tokens = self.sampler(logits, batch).cpu().numpy()
+            else:  # every request is mid-prefill: nothing to sample
+                timer.mark("forwarded")
+                tokens = np.zeros(0, dtype=np.int64)
             timer.mark("sampled")
         self.batch.append_sampled(inputs.sample_rows, tokens)
         kernels = kernel_stats(prof, self.device.type == "cuda") if prof is not None else ()
@@ -74,6 +79,12 @@ class ModelRunner:
             sampled[i] = [tok]
         return ModelRunnerOutput(inputs.req_ids, sampled,
                                  timings=timer.end(out.step, kernels))
+
+    def drop(self, req_id: str) -> None:
+        """Forget a finished request now. EngineCore skips the runner on a step with
+        nothing scheduled, so a finish announced only in such a step's SchedulerOutput
+        would never reach execute(); the engine tells the runner directly."""
+        self.batch.remove(req_id)
 
     def flush_timings(self) -> list[RunnerTimings]:
         """Timings not yet reported (CUDA reads them one step late)."""
