@@ -11,6 +11,7 @@ import torch
 
 from engine.model.kv_cache import blocks_for_memory, bytes_per_block, parse_size
 from engine.model.options import RunnerOptions
+from engine.model.threads import REPROBE_S, ThreadTuner
 from engine.request import SamplingParams
 from tests.model_support import needs_cuda, tiny_engine, tiny_model, tiny_spec
 
@@ -150,3 +151,19 @@ def test_cuda_engine_gives_the_cpu_engines_tokens() -> None:
     assert [o.output_token_ids for o in outs] == cpu
     timings = cuda.runner.flush_timings()
     assert all(t.forward_s >= 0 for t in timings)
+
+
+def test_thread_tuner_keeps_the_faster_thread_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = torch.get_num_threads()
+    try:
+        tuner = ThreadTuner(max_threads=2)
+        speeds = {2: 0.05, 1: 0.01}  # a busy machine: one thread wins
+        monkeypatch.setattr(tuner, "_time", lambda n: speeds[n])
+        assert tuner.maybe_probe(now=100.0) == 1 and torch.get_num_threads() == 1
+        speeds.update({2: 0.01})  # quiet again, but too soon to measure
+        assert tuner.maybe_probe(now=100.0 + REPROBE_S / 2) == 1
+        assert tuner.maybe_probe(now=100.0 + REPROBE_S) == 2
+        assert torch.get_num_threads() == 2
+        assert ThreadTuner(max_threads=1).probe() == 1
+    finally:
+        torch.set_num_threads(original)

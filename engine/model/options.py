@@ -22,7 +22,7 @@ class RunnerOptions:
     num_gpu_blocks_override: int | None = None  # KV blocks, ignoring the memory budget
     profile_every: int = 0  # every Nth step carries a torch.profiler breakdown (0 = off)
     seed: int = 0  # the generator of unseeded sampling requests
-    num_threads: int | None = None  # torch CPU threads (None: torch's default)
+    num_threads: int | None = None  # torch CPU threads (None: measured, 1 or all cores)
 
     def __post_init__(self) -> None:
         _one_of("device", self.device, DEVICES)

@@ -28,6 +28,7 @@ from engine.model.loader import LoadedModel
 from engine.model.options import RunnerOptions
 from engine.model.sampler import Sampler, SamplingBatch
 from engine.model.spec import ModelSpec
+from engine.model.threads import ThreadTuner
 from engine.model.timing import StepTimer, TimedAttention, kernel_stats
 from engine.outputs import ModelRunnerOutput, RunnerTimings, SchedulerOutput
 
@@ -36,7 +37,8 @@ class ModelRunner:
     """Runs a LlamaModel for the scheduler, one SchedulerOutput at a time."""
 
     def __init__(self, model: LlamaModel, kv: KVCache, config: EngineConfig,
-                 options: RunnerOptions, timer: StepTimer) -> None:
+                 options: RunnerOptions, timer: StepTimer,
+                 threads: ThreadTuner | None = None) -> None:
         self.model = model
         self.kv = kv
         self.config = config
@@ -46,12 +48,15 @@ class ModelRunner:
         self.batch = InputBatch(config.max_num_seqs, config.max_model_len, config.block_size,
                                 config.max_num_batched_tokens, self.device)
         self.sampler = Sampler(self.device, options.seed)
+        self.threads = threads  # CPU only, when num_threads is not fixed
 
     @property
     def spec(self) -> ModelSpec:
         return self.model.spec
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        if self.threads is not None:
+            self.threads.maybe_probe()
         timer = self.timer
         timer.begin(out.step)
         every = self.options.profile_every
@@ -178,8 +183,11 @@ def build_runner(loaded: LoadedModel, config: EngineConfig,
         torch.set_num_threads(options.num_threads)
     device = resolve_device(options)
     dtype = resolve_dtype(options, device)
+    threads = None
     if device.type == "cpu":
         keep_freed_memory()
+        if options.num_threads is None:
+            threads = shared_thread_tuner()
     timer = StepTimer(device)
     attention = TimedAttention(make_attention(options, loaded.spec, device), timer)
     model = LlamaModel(loaded.spec, loaded.weights, attention, device, dtype)
@@ -189,4 +197,16 @@ def build_runner(loaded: LoadedModel, config: EngineConfig,
     except ValueError as e:
         raise ModelError(f"KV cache: {e}") from None
     kv = KVCache(loaded.spec, num_blocks, config.block_size, dtype, device)
-    return ModelRunner(model, kv, config, options, timer), config
+    return ModelRunner(model, kv, config, options, timer, threads), config
+
+
+_TUNER: ThreadTuner | None = None
+
+
+def shared_thread_tuner() -> ThreadTuner:
+    """One tuner per process: torch's thread count is process-wide, and a second engine
+    must not take the first one's choice for the machine's default."""
+    global _TUNER
+    if _TUNER is None:
+        _TUNER = ThreadTuner()
+    return _TUNER
