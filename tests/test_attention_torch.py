@@ -3,10 +3,11 @@ naive token-by-token computation, and its K/V writes against the slot mapping.""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from engine.model.attention.torch_backend import TorchAttention, write_kv
+from engine.model.attention.torch_backend import TorchAttention, decode_groups, write_kv
 from tests.attention_cases import SHAPES, make_case, naive_attention, relative_error
 
 
@@ -43,3 +44,23 @@ def test_the_plan_is_built_once_per_step_and_shared_by_layers() -> None:
     second = backend.forward(case.q, case.k, case.v, k_cache, v_cache, meta)
     assert meta.plan["torch"] is plan
     assert torch.equal(first, second)
+
+
+def test_many_decodes_of_mixed_lengths_are_grouped_and_still_exact() -> None:
+    lengths = [3, 300, 17, 250, 40, 9, 128, 290, 64, 1, 200, 33]
+    case = make_case([1] * len(lengths), lengths, 1, 3, 16, 16, seed=2)
+    meta = case.metadata()
+    k_cache, v_cache = case.caches()
+    got = TorchAttention(3, 1, 16).forward(case.q, case.k, case.v, k_cache, v_cache, meta)
+    assert len(meta.plan["torch"].decodes) > 1
+    assert relative_error(got, naive_attention(case)) < 1e-5
+
+
+def test_decode_groups_cover_every_request_once_and_save_padding() -> None:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 800, 40)
+    groups = decode_groups(lengths, 16)
+    assert sorted(np.concatenate(groups).tolist()) == list(range(40))
+    assert 1 < len(groups) <= 4
+    assert all(lengths[g].max() <= lengths[h].min() for g, h in zip(groups, groups[1:]))
+    assert len(decode_groups(np.array([100, 101, 102]), 16)) == 1

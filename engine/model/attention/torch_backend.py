@@ -2,9 +2,9 @@
 
 New K/V go into their cache slots first; then every request attends to its whole sequence
 (cached context plus this step's tokens) through its block table, causally. Decodes (one
-query token) are batched together; prefill chunks run one request at a time, since a
-step holds few of them. The per-step plan (indices, masks) is built once and reused by
-every layer."""
+query token) are batched, in a few groups of similar length to limit padding; prefill
+chunks run one request at a time, since a step holds few of them. The per-step plan
+(indices, masks) is built once and reused by every layer."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from engine.model.attention.metadata import AttentionMetadata
 
 @dataclass
 class _Decodes:
-    """Requests with one query token, attended to as one padded batch."""
+    """Requests with one query token and similar lengths, attended to as one padded batch."""
 
     token_idx: torch.Tensor  # [B] rows of q that are decode tokens
     rows: torch.Tensor  # [B * Hkv * L] rows of the cache viewed as [slots * Hkv, D]
@@ -40,8 +40,29 @@ class _Prefill:
 
 @dataclass
 class _Plan:
-    decodes: _Decodes | None
+    decodes: list[_Decodes]  # groups of decodes, each padded to its longest
     prefills: list[_Prefill]
+
+
+# Splitting decodes into groups of similar length saves padded keys but costs a few more
+# operator calls per layer; a group costs about as much as this many padded keys.
+GROUP_COST_TOKENS = 512
+MAX_DECODE_GROUPS = 4
+
+
+def decode_groups(lengths: np.ndarray, block_size: int) -> list[np.ndarray]:
+    """Split decode requests (by index) into at most MAX_DECODE_GROUPS groups of similar
+    length, choosing the count that minimises padded keys plus a per-group cost."""
+    order = np.argsort(lengths, kind="stable")
+    padded = -(-lengths[order] // block_size) * block_size
+    best: list[np.ndarray] = [order]
+    best_cost = None
+    for k in range(1, min(MAX_DECODE_GROUPS, len(order)) + 1):
+        parts = np.array_split(np.arange(len(order)), k)
+        cost = sum(len(p) * int(padded[p[-1]]) for p in parts) + k * GROUP_COST_TOKENS
+        if best_cost is None or cost < best_cost:
+            best, best_cost = [order[p] for p in parts], cost
+    return best
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -73,8 +94,8 @@ class TorchAttention:
         if plan is None:
             plan = meta.plan["torch"] = self._plan(meta, k_cache.shape[1], q.device)
         out = torch.empty_like(q)
-        if plan.decodes is not None:
-            out[plan.decodes.token_idx] = self._decode(q, k_cache, v_cache, plan.decodes)
+        for group in plan.decodes:
+            out[group.token_idx] = self._decode(q, k_cache, v_cache, group)
         for p in plan.prefills:
             out[p.start:p.end] = self._prefill(q, k, v, k_cache, v_cache, p)
         return out
@@ -87,9 +108,11 @@ class TorchAttention:
         if table is None:
             table = meta.block_table.cpu().numpy()
         decode_rows = np.flatnonzero(q_lens == 1)
-        decodes = None
+        decodes = []
         if len(decode_rows):
-            decodes = self._plan_decodes(qsl, seq_lens, table, decode_rows, block_size, device)
+            for group in decode_groups(seq_lens[decode_rows].astype(np.int64), block_size):
+                decodes.append(self._plan_decodes(qsl, seq_lens, table, decode_rows[group],
+                                                  block_size, device))
         prefills = []
         for r in np.flatnonzero(q_lens > 1):
             start, end = int(qsl[r]), int(qsl[r + 1])
