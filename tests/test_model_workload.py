@@ -78,6 +78,8 @@ def test_options_merge_defaults_workload_and_command_line() -> None:
     config = engine_config(merged, max_position=1024)
     assert (config.max_num_seqs, config.block_size, config.policy) == (4, 32, "priority")
     assert config.max_model_len == 1024 and config.max_num_batched_tokens == 512
+    assert engine_config(merge_options(parse_run_workload(workload([])), None), 1024) \
+        .max_num_seqs == 32
     with pytest.raises(WorkloadError, match="max_num_batched_tokens"):
         engine_config({"max_num_seqs": 64, "max_num_batched_tokens": 8}, 1024)
 

@@ -82,7 +82,10 @@ class LLMEngine:
                    options: RunnerOptions | None = None,
                    sink: EventSink = NULL_SINK) -> LLMEngine:
         """Load `model` (None: the default SmolLM2) and build an engine for it."""
-        return cls(load_model(model), config, options, sink)
+        loaded = load_model(model)
+        engine = cls(loaded, config, options, sink)
+        loaded.weights.clear()  # the model holds its own (fused, on-device) copies
+        return engine
 
     # -- requests --------------------------------------------------------------------------
 
