@@ -24,6 +24,7 @@ from tests.model_support import default_model, hf_oracle, needs_default_model
 pytestmark = [pytest.mark.slow, pytest.mark.model, needs_default_model]
 
 NEW_TOKENS = 64
+PAD = 2  # SmolLM2's padding token (its EOS)
 SYSTEM = ("You are a careful assistant who writes in plain English. Keep answers well "
           "organised, explain any technical term the first time you use it, prefer concrete "
           "examples over abstractions, and never invent facts: if you are unsure, say so. "
@@ -52,25 +53,24 @@ def prompts() -> list[list[int]]:
 
 @functools.cache
 def hf_greedy() -> list[list[int]]:
-    """Greedy continuations by transformers' own model and KV cache, no EOS stop."""
+    """transformers' own greedy generate() on the eight prompts (one left-padded batch,
+    its own KV cache), without stopping at EOS."""
     model = hf_oracle()
-    outs = []
-    with torch.inference_mode():
-        for ids in prompts():
-            out = model(torch.tensor([ids]), use_cache=True)
-            tokens = [int(out.logits[0, -1].argmax())]
-            for _ in range(NEW_TOKENS - 1):
-                out = model(torch.tensor([[tokens[-1]]]), use_cache=True, **_cache_kwarg(out))
-                tokens.append(int(out.logits[0, -1].argmax()))
-            outs.append(tokens)
-    return outs
-
-
-def _cache_kwarg(out: Any) -> dict[str, Any]:
-    """transformers 5 calls the KV cache `cache`; earlier versions `past_key_values`."""
-    if "cache" in out:
-        return {"cache": out["cache"]}
-    return {"past_key_values": out["past_key_values"]}
+    width = max(len(p) for p in prompts())
+    ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts()])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts()])
+    config = model.generation_config
+    saved = (config.eos_token_id, config.pad_token_id)
+    # No EOS: run all 64 tokens, as ignore_eos does on our side. (A generation_config
+    # passed to generate() is merged with this one, and None would not override it.)
+    config.eos_token_id, config.pad_token_id = None, PAD
+    try:
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                                 max_new_tokens=NEW_TOKENS)
+    finally:
+        config.eos_token_id, config.pad_token_id = saved
+    return [row[width:] for row in out.tolist()]
 
 
 def engine(options: RunnerOptions | None = None, **config: Any) -> LLMEngine:
