@@ -56,6 +56,7 @@ class CheckingRunner:
             assert seq_len == sched.requests[rid].num_computed_tokens
             need = -(-seq_len // bs)
             assert meta.block_table[i, :need].tolist() == table[:need]
+            assert not meta.block_table[i, len(table):].any(), "padding is the null block"
         assert inputs.sample_mask.tolist() == sampled
         tokens = np.array([self.rng.randrange(1000) for _ in range(int(sum(sampled)))])
         self.batch.append_sampled(inputs.sample_rows, tokens)

@@ -67,6 +67,8 @@ class InputBatch:
         row = self.row_of.pop(req_id, None)
         if row is not None:
             self.params[row] = None
+            self.block_table[row, :self.num_blocks[row]] = 0  # pad with the null block
+            self.num_blocks[row] = 0
             self.free_rows.append(row)
 
     def add(self, nr: NewRequestData) -> None:
