@@ -68,7 +68,8 @@ def make_workload(n: int, seed: int, gap_s: float, vocab: int) -> RunWorkload:
 def run_ours(w: RunWorkload, loaded: Any, options: dict[str, Any]) -> Result:
     engine = build_engine(w, overrides=options, loaded=loaded)
     s = run_workload(w, engine=engine)
-    return Result("schedtop", options["num_threads"], s.output_tokens, s.elapsed_s, s.ttft_s,
+    name = f"schedtop {options['max_num_seqs']}/{options['max_num_batched_tokens']}"
+    return Result(name, options["num_threads"], s.output_tokens, s.elapsed_s, s.ttft_s,
                   s.tpot_s)
 
 
@@ -153,8 +154,9 @@ def main() -> None:
     ap.add_argument("--gap", type=float, default=0.15, help="mean seconds between arrivals")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, help="torch threads for both engines")
-    ap.add_argument("--max-num-seqs", type=int, default=32)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    ap.add_argument("--ours", action="append", metavar="SEQS/TOKENS",
+                    help="our max_num_seqs/max_num_batched_tokens; repeatable, each runs in "
+                         "every pair (default: 32/512, the CPU defaults)")
     ap.add_argument("--kv-cache-memory", default="2GiB", help="our KV pool")
     ap.add_argument("--skip-transformers", action="store_true")
     args = ap.parse_args()
@@ -162,37 +164,45 @@ def main() -> None:
     loaded = load_model()
     w = make_workload(n, args.seed, args.gap, loaded.spec.vocab_size)
     hf = None if args.skip_transformers else load_transformers()
-    options = {"max_num_seqs": args.max_num_seqs,
-               "max_num_batched_tokens": args.max_num_batched_tokens,
-               "kv_cache_memory": args.kv_cache_memory}
-    results: list[tuple[Result, Result | None]] = []
+    configs = [tuple(int(x) for x in c.split("/")) for c in (args.ours or ["32/512"])]
+    results: list[tuple[list[Result], Result | None]] = []
     for _ in range(args.repeats):
-        options["num_threads"] = pick_threads(args.threads)
-        ours = run_ours(w, loaded, options)
-        print(row(ours), flush=True)
+        threads = pick_threads(args.threads)
+        ours = []
+        for seqs, budget in configs:
+            ours.append(run_ours(w, loaded, {
+                "max_num_seqs": seqs, "max_num_batched_tokens": budget,
+                "kv_cache_memory": args.kv_cache_memory, "num_threads": threads}))
+            print(row(ours[-1]), flush=True)
         theirs = run_transformers(w, hf) if hf is not None else None
         if theirs is not None:
             print(row(theirs), flush=True)
         results.append((ours, theirs))
     print(f"\n{n} requests, prompts 32-512, outputs 16-256 (EOS ignored), mean arrival gap "
-          f"{args.gap} s, ours with "
-          f"max_num_seqs={args.max_num_seqs} max_num_batched_tokens="
-          f"{args.max_num_batched_tokens} kv_cache_memory={args.kv_cache_memory}\n")
+          f"{args.gap} s; ours as max_num_seqs/max_num_batched_tokens, KV "
+          f"{args.kv_cache_memory}\n")
     print("| engine | threads | output tok/s | total s | TTFT p50 ms | TTFT p99 ms | "
           "TPOT p50 ms | TPOT p99 ms |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for ours, theirs in results:
-        print(row(ours))
+        for r in ours:
+            print(row(r))
         if theirs is not None:
             print(row(theirs))
-    pairs = [(o, t) for o, t in results if t is not None]
-    if pairs:
+    for i, (seqs, budget) in enumerate(configs):
+        pairs = [(o[i], t) for o, t in results if t is not None]
+        if not pairs:
+            continue
         tput = [o.tok_s / t.tok_s for o, t in pairs]
         tpot = [(percentile(t.tpot, 99) or 0) / (percentile(o.tpot, 99) or 1) for o, t in pairs]
-        print(f"\nthroughput ratio (ours / transformers), per pair: "
-              f"{', '.join(f'{x:.2f}x' for x in tput)}; median {statistics.median(tput):.2f}x")
-        print(f"TPOT p99 ratio (transformers / ours), per pair: "
+        ttft = [(percentile(t.ttft, 50) or 0) / (percentile(o.ttft, 50) or 1) for o, t in pairs]
+        print(f"\nschedtop {seqs}/{budget} vs transformers, per pair and median:")
+        print(f"  throughput ours/theirs: {', '.join(f'{x:.2f}x' for x in tput)}; "
+              f"median {statistics.median(tput):.2f}x")
+        print(f"  TPOT p99 theirs/ours (>1: ours lower): "
               f"{', '.join(f'{x:.2f}x' for x in tpot)}; median {statistics.median(tpot):.2f}x")
+        print(f"  TTFT p50 theirs/ours (>1: ours lower): "
+              f"{', '.join(f'{x:.2f}x' for x in ttft)}; median {statistics.median(ttft):.2f}x")
 
 
 if __name__ == "__main__":

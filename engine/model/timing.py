@@ -16,7 +16,6 @@ import torch
 from engine.model.attention.metadata import AttentionMetadata
 from engine.outputs import KernelStat, RunnerTimings
 
-PHASES = ("start", "prepared", "forwarded", "sampled")
 MAX_KERNELS = 30  # kernels kept per profiled step, by total time
 
 
@@ -35,12 +34,12 @@ class StepTimer:
     """Marks phase boundaries of one step at a time and yields RunnerTimings."""
 
     device: torch.device  # CUDA: events; anything else: host clock
-    clock: Callable[[], float] = time.perf_counter
-    _marks: dict[str, float] = field(default_factory=dict)
-    _attention_s: float = 0.0
-    _attention_start: float = 0.0
-    _pending: list[_Pending] = field(default_factory=list)
-    _current: _Pending | None = None
+    clock: Callable[[], float] = time.perf_counter  # the host clock
+    _marks: dict[str, float] = field(default_factory=dict)  # phase -> host time (CPU)
+    _attention_s: float = 0.0  # attention time so far this step (CPU)
+    _attention_start: float = 0.0  # when the current attention call began (CPU)
+    _pending: list[_Pending] = field(default_factory=list)  # CUDA steps not yet read
+    _current: _Pending | None = None  # the CUDA step being recorded
 
     @property
     def cuda(self) -> bool:

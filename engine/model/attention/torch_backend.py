@@ -40,8 +40,10 @@ class _Prefill:
 
 @dataclass
 class _Plan:
+    """One step's attention work, shared by every layer."""
+
     decodes: list[_Decodes]  # groups of decodes, each padded to its longest
-    prefills: list[_Prefill]
+    prefills: list[_Prefill]  # requests with several query tokens, one by one
 
 
 # Splitting decodes into groups of similar length saves padded keys but costs a few more
