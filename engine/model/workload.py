@@ -1,0 +1,185 @@
+"""The real engine's workload format, parsed and validated (plain Python: no torch).
+
+    {"description": "...",
+     "config": {engine and runner options, vLLM's names, e.g. "max_num_seqs": 32},
+     "requests": [{"id": "r1", "messages": [{"role": "user", "content": "Hi"}],
+                   "arrival_time": 0.5, "sampling": {"max_tokens": 64, "temperature": 0}}]}
+
+A request gives exactly one of `prompt` (text), `messages` (chat, through the model's
+template) or `prompt_token_ids`. A malformed file is a WorkloadError; a well-formed
+request the engine cannot serve (empty prompt, max_tokens < 1, too long) is refused at
+run time and reported with finish_reason "error", and the others go on."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.sim.workload import WorkloadError
+
+# Workload/CLI names that differ from EngineConfig's field names.
+ENGINE_ALIASES = {"scheduling_policy": "policy"}
+ENGINE_KEYS = {f for f in EngineConfig().to_dict() if f != "num_blocks"} | set(ENGINE_ALIASES)
+RUNNER_KEYS = {"device", "dtype", "attention_backend", "kv_cache_memory",
+               "gpu_memory_utilization", "num_gpu_blocks_override", "profile_every", "seed",
+               "num_threads"}
+OTHER_KEYS = {"model"}
+SAMPLING_KEYS = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int,
+                 "seed": int, "ignore_eos": bool, "stop_token_ids": list, "priority": int}
+
+
+@dataclass(frozen=True)
+class WorkloadRequest:
+    """One request of a real-engine workload."""
+
+    id: str  # request id
+    prompt: str | None = None  # text prompt
+    messages: list[dict[str, str]] | None = None  # chat messages
+    prompt_token_ids: list[int] | None = None  # pre-tokenized prompt
+    arrival_time: float = 0.0  # seconds after the start of the run
+    sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams fields
+    priority: int = 0  # lower runs first under the priority policy
+
+    @property
+    def prompt_input(self) -> Any:
+        """Whichever prompt form the request gave."""
+        if self.messages is not None:
+            return self.messages
+        if self.prompt_token_ids is not None:
+            return self.prompt_token_ids
+        return self.prompt
+
+
+@dataclass(frozen=True)
+class RunWorkload:
+    """A parsed workload: options as given (validated when the engine is built) and
+    requests in arrival order."""
+
+    description: str  # free text
+    options: dict[str, Any]  # engine and runner options, vLLM's names
+    requests: list[WorkloadRequest]  # sorted by arrival_time (stable)
+    source: str = "workload"  # where it came from, for messages
+
+
+def load_run_workload(path: str | Path) -> RunWorkload:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise WorkloadError(f"{path}: no such file") from None
+    except OSError as e:
+        raise WorkloadError(f"{path}: cannot read: {e.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise WorkloadError(f"{path}: not valid JSON: {e}") from None
+    return parse_run_workload(data, str(path))
+
+
+def parse_run_workload(data: Any, source: str = "workload") -> RunWorkload:
+    if not isinstance(data, dict):
+        raise WorkloadError(f"{source}: expected a JSON object at the top level")
+    options = data.get("config", {})
+    if not isinstance(options, dict):
+        raise WorkloadError(f"{source}: 'config' must be an object")
+    check_option_names(options, f"{source}: config")
+    reqs = data.get("requests")
+    if not isinstance(reqs, list):
+        raise WorkloadError(f"{source}: 'requests' must be a list")
+    parsed = [_request(r, i, source) for i, r in enumerate(reqs)]
+    seen: set[str] = set()
+    for r in parsed:
+        if r.id in seen:
+            raise WorkloadError(f"{source}: duplicate request id {r.id!r}")
+        seen.add(r.id)
+    parsed.sort(key=lambda r: r.arrival_time)
+    return RunWorkload(str(data.get("description", "")), dict(options), parsed, source)
+
+
+def check_option_names(options: dict[str, Any], where: str) -> None:
+    known = ENGINE_KEYS | RUNNER_KEYS | OTHER_KEYS
+    for key in options:
+        if key not in known:
+            raise WorkloadError(f"{where}: unknown option {key!r}; known: "
+                                + ", ".join(sorted(known)))
+
+
+def _request(r: Any, index: int, source: str) -> WorkloadRequest:
+    where = f"{source}: requests[{index}]"
+    if not isinstance(r, dict):
+        raise WorkloadError(f"{where}: expected an object")
+    if "id" not in r:
+        raise WorkloadError(f"{where}: missing 'id'")
+    rid = str(r["id"])
+    where = f"{source}: request {rid!r}"
+    unknown = set(r) - {"id", "prompt", "messages", "prompt_token_ids", "arrival_time",
+                        "sampling"}
+    if unknown:
+        raise WorkloadError(f"{where}: unknown field {sorted(unknown)[0]!r}")
+    given = [k for k in ("prompt", "messages", "prompt_token_ids") if k in r]
+    if len(given) != 1:
+        raise WorkloadError(f"{where}: give exactly one of 'prompt', 'messages', "
+                            "'prompt_token_ids'")
+    arrival = r.get("arrival_time", 0.0)
+    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or arrival < 0:
+        raise WorkloadError(f"{where}: arrival_time={arrival!r}: expected seconds >= 0")
+    sampling = _sampling(r.get("sampling", {}), where)
+    priority = sampling.pop("priority", 0)
+    return WorkloadRequest(rid, prompt=_prompt(r, where), messages=_messages(r, where),
+                           prompt_token_ids=_token_ids(r, where), arrival_time=float(arrival),
+                           sampling=sampling, priority=priority)
+
+
+def _prompt(r: dict[str, Any], where: str) -> str | None:
+    value = r.get("prompt")
+    if value is not None and not isinstance(value, str):
+        raise WorkloadError(f"{where}: 'prompt' must be a string")
+    return value
+
+
+def _messages(r: dict[str, Any], where: str) -> list[dict[str, str]] | None:
+    value = r.get("messages")
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str) for m in value):
+        raise WorkloadError(f"{where}: 'messages' must be a list of {{role, content}} "
+                            "objects with string values")
+    return value
+
+
+def _token_ids(r: dict[str, Any], where: str) -> list[int] | None:
+    value = r.get("prompt_token_ids")
+    if value is None:
+        return None
+    if not isinstance(value, list) or any(isinstance(t, bool) or not isinstance(t, int)
+                                          for t in value):
+        raise WorkloadError(f"{where}: 'prompt_token_ids' must be a list of integers")
+    return value
+
+
+def _sampling(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise WorkloadError(f"{where}: 'sampling' must be an object")
+    out: dict[str, Any] = {}
+    for key, raw in value.items():
+        want = SAMPLING_KEYS.get(key)
+        if want is None:
+            raise WorkloadError(f"{where}: sampling: unknown key {key!r}; known: "
+                                + ", ".join(SAMPLING_KEYS))
+        if want is float and isinstance(raw, int) and not isinstance(raw, bool):
+            raw = float(raw)
+        if key == "seed" and raw is None:
+            out[key] = None
+            continue
+        ok = isinstance(raw, want) and not (want is not bool and isinstance(raw, bool))
+        if not ok:
+            raise WorkloadError(f"{where}: sampling.{key}={raw!r}: expected {want.__name__}")
+        if key == "stop_token_ids":
+            if any(isinstance(t, bool) or not isinstance(t, int) for t in raw):
+                raise WorkloadError(f"{where}: sampling.stop_token_ids must be integers")
+            raw = tuple(raw)
+        out[key] = raw
+    return out
