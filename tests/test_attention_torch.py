@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from engine.model.attention.torch_backend import TorchAttention, decode_groups, write_kv
+from engine.model.attention.torch_backend import (
+    MAX_GROUP_REQUESTS,
+    TorchAttention,
+    decode_groups,
+    write_kv,
+)
 from tests.attention_cases import SHAPES, make_case, naive_attention, relative_error
 
 
@@ -61,6 +66,7 @@ def test_decode_groups_cover_every_request_once_and_save_padding() -> None:
     lengths = rng.integers(1, 800, 40)
     groups = decode_groups(lengths, 16)
     assert sorted(np.concatenate(groups).tolist()) == list(range(40))
-    assert 1 < len(groups) <= 4
+    assert 5 <= len(groups) <= 8 and all(len(g) <= MAX_GROUP_REQUESTS for g in groups)
     assert all(lengths[g].max() <= lengths[h].min() for g, h in zip(groups, groups[1:]))
     assert len(decode_groups(np.array([100, 101, 102]), 16)) == 1
+    assert len(decode_groups(np.full(8, 300), 16)) == 1  # equal lengths: no reason to split

@@ -18,6 +18,7 @@ from engine.model.workload import parse_run_workload
 from recorder.reader import TraceReader
 from recorder.recorder import open_recording
 from recorder.schema import Step
+from replays.diff import diff_traces, format_diff
 from replays.resim import resimulate
 from replays.stats import trace_stats
 from tests.model_support import (
@@ -163,3 +164,9 @@ def test_a_real_model_trace_with_preemptions_and_prefix_hits_resimulates(
     result = resimulate(path)
     assert result.mode == "faithful" and result.reproduced, result.divergence
     assert result.num_steps == len(recorded)
+
+    what_if = resimulate(path, {"max_num_batched_tokens": 64}, tmp_path / "64.trace")
+    assert what_if.divergence is not None
+    d = diff_traces(path, tmp_path / "64.trace")
+    assert d.first_step == what_if.divergence.step
+    assert f"first difference at step {d.first_step}" in format_diff(d)

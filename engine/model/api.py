@@ -7,7 +7,6 @@ observe every step of a real run exactly as it observes a simulated one."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from engine.model.workload import (
     load_run_workload,
 )
 from engine.request import SamplingParams
-from engine.sim.workload import WorkloadError
+from engine.sim.workload import WorkloadError, atomic_output
 
 if TYPE_CHECKING:  # keep torch out of this module's import
     from engine.model.llm_engine import LLMEngine, RequestOutput
@@ -250,18 +249,9 @@ def output_record(out: RequestOutput) -> dict[str, Any]:
 
 
 def _write_outputs(path: str | Path, outputs: list[RequestOutput]) -> None:
-    final = Path(path)
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            for out in outputs:
-                f.write(json.dumps(output_record(out)) + "\n")
-        os.replace(tmp, final)
-    except OSError as e:
-        raise WorkloadError(f"{final}: cannot write: {e.strerror}") from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_output(path) as f:
+        for out in outputs:
+            f.write(json.dumps(output_record(out)) + "\n")
 
 
 def format_summary(s: RunSummary) -> str:

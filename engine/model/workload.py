@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.sim.workload import WorkloadError
+from engine.sim.workload import WorkloadError, parse_requests
 
 # Workload/CLI names that differ from EngineConfig's field names.
 ENGINE_ALIASES = {"scheduling_policy": "policy"}
@@ -84,15 +84,7 @@ def parse_run_workload(data: Any, source: str = "workload") -> RunWorkload:
     if not isinstance(options, dict):
         raise WorkloadError(f"{source}: 'config' must be an object")
     check_option_names(options, f"{source}: config")
-    reqs = data.get("requests")
-    if not isinstance(reqs, list):
-        raise WorkloadError(f"{source}: 'requests' must be a list")
-    parsed = [_request(r, i, source) for i, r in enumerate(reqs)]
-    seen: set[str] = set()
-    for r in parsed:
-        if r.id in seen:
-            raise WorkloadError(f"{source}: duplicate request id {r.id!r}")
-        seen.add(r.id)
+    parsed = parse_requests(data, source, _request)
     parsed.sort(key=lambda r: r.arrival_time)
     return RunWorkload(str(data.get("description", "")), dict(options), parsed, source)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterable
 from importlib import resources
 from pathlib import Path
@@ -14,7 +13,7 @@ from engine.core import EngineCore, StepResult
 from engine.events import NULL_SINK, EventSink
 from engine.sim.decisions import decision_record
 from engine.sim.driver import SimSummary, simulate
-from engine.sim.workload import SimWorkload, WorkloadError, load_workload
+from engine.sim.workload import SimWorkload, WorkloadError, atomic_output, load_workload
 
 
 def demo_workload_path() -> Path:
@@ -44,17 +43,7 @@ def run_sim(workload: SimWorkload, decisions_path: str | Path | None = None,
     `on_engine` gets the engine before its first step (a recorder attaches there)."""
     if decisions_path is None:
         return simulate(workload, sink, on_engine=on_engine)
-    final = Path(decisions_path)
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            def write(result: StepResult, engine: EngineCore) -> None:
-                f.write(json.dumps(decision_record(result, engine)) + "\n")
-            summary = simulate(workload, sink, on_step=write, on_engine=on_engine)
-        os.replace(tmp, final)
-    except OSError as e:
-        raise WorkloadError(f"{final}: cannot write: {e.strerror}") from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return summary
+    with atomic_output(decisions_path) as f:
+        def write(result: StepResult, engine: EngineCore) -> None:
+            f.write(json.dumps(decision_record(result, engine)) + "\n")
+        return simulate(workload, sink, on_step=write, on_engine=on_engine)

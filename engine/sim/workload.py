@@ -8,9 +8,12 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TextIO, TypeVar
 
 from engine.config import EngineConfig
 
@@ -75,18 +78,51 @@ def parse_workload(data: Any, overrides: dict[str, Any] | None = None,
     except (ValueError, TypeError) as e:
         raise WorkloadError(f"{source}: config: {e}") from None
     max_steps = _int(raw_cfg.get("max_steps", 100_000), f"{source}: config.max_steps", 1)
+    parsed = parse_requests(data, source, _request)
+    order = sorted(range(len(parsed)), key=lambda i: (parsed[i].arrival_step, i))
+    return SimWorkload(str(data.get("description", "")), config, max_steps,
+                       [parsed[i] for i in order], source)
+
+
+class _HasId(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+R = TypeVar("R", bound=_HasId)
+
+
+def parse_requests(data: dict[str, Any], source: str,
+                   parse: Callable[[Any, int, str], R]) -> list[R]:
+    """A workload's `requests` list, each entry parsed by `parse(entry, index, source)`;
+    ids must be unique (both workload formats share this rule)."""
     reqs = data.get("requests")
     if not isinstance(reqs, list):
         raise WorkloadError(f"{source}: 'requests' must be a list")
-    parsed = [_request(r, i, source) for i, r in enumerate(reqs)]
+    parsed = [parse(r, i, source) for i, r in enumerate(reqs)]
     seen: set[str] = set()
     for r in parsed:
         if r.id in seen:
             raise WorkloadError(f"{source}: duplicate request id {r.id!r}")
         seen.add(r.id)
-    order = sorted(range(len(parsed)), key=lambda i: (parsed[i].arrival_step, i))
-    return SimWorkload(str(data.get("description", "")), config, max_steps,
-                       [parsed[i] for i in order], source)
+    return parsed
+
+
+@contextmanager
+def atomic_output(path: str | Path) -> Iterator[TextIO]:
+    """A text file that appears at `path` only when the block completes: a failed run
+    leaves no half-written output (and no temporary file) behind."""
+    final = Path(path)
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            yield f
+        os.replace(tmp, final)
+    except OSError as e:
+        raise WorkloadError(f"{final}: cannot write: {e.strerror}") from None
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def _request(r: Any, index: int, source: str) -> SimRequest:
