@@ -37,32 +37,61 @@ from bench._sched_workloads import CASES, Case  # noqa: E402
 def tiny_model_dir() -> str:
     d = Path(tempfile.gettempdir()) / "schedtop_bench_tiny_llama"
     d.mkdir(exist_ok=True)
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-           "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
-           "num_hidden_layers": 1, "vocab_size": 32000, "max_position_embeddings": 65536,
-           "rms_norm_eps": 1e-6, "torch_dtype": "float16"}
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 1,
+        "vocab_size": 32000,
+        "max_position_embeddings": 65536,
+        "rms_norm_eps": 1e-6,
+        "torch_dtype": "float16",
+    }
     (d / "config.json").write_text(json.dumps(cfg))
     return str(d)
 
 
 def build(case: Case) -> Scheduler:
-    model = ModelConfig(model=tiny_model_dir(), dtype="float16", seed=0,
-                        skip_tokenizer_init=True, max_model_len=65536)
-    sched_cfg = SchedulerConfig(max_num_seqs=case.max_num_seqs,
-                                max_num_batched_tokens=case.budget, max_model_len=65536,
-                                is_encoder_decoder=False,
-                                long_prefill_token_threshold=case.threshold)
-    cache = CacheConfig(block_size=case.block_size, cache_dtype="auto",
-                        enable_prefix_caching=True)
-    config = VllmConfig(scheduler_config=sched_cfg, model_config=model, cache_config=cache,
-                        device_config=DeviceConfig(device="cpu"))
-    spec = FullAttentionSpec(block_size=case.block_size, num_kv_heads=1, head_size=1,
-                             dtype=torch.float32)
-    kv = KVCacheConfig(num_blocks=case.num_blocks, kv_cache_tensors=[],
-                       kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+    model = ModelConfig(
+        model=tiny_model_dir(),
+        dtype="float16",
+        seed=0,
+        skip_tokenizer_init=True,
+        max_model_len=65536,
+    )
+    sched_cfg = SchedulerConfig(
+        max_num_seqs=case.max_num_seqs,
+        max_num_batched_tokens=case.budget,
+        max_model_len=65536,
+        is_encoder_decoder=False,
+        long_prefill_token_threshold=case.threshold,
+    )
+    cache = CacheConfig(block_size=case.block_size, cache_dtype="auto", enable_prefix_caching=True)
+    config = VllmConfig(
+        scheduler_config=sched_cfg,
+        model_config=model,
+        cache_config=cache,
+        device_config=DeviceConfig(device="cpu"),
+    )
+    spec = FullAttentionSpec(
+        block_size=case.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+    )
+    kv = KVCacheConfig(
+        num_blocks=case.num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
+    )
     cache.num_gpu_blocks = case.num_blocks
-    return Scheduler(vllm_config=config, kv_cache_config=kv, block_size=case.block_size,
-                     log_stats=False, structured_output_manager=StructuredOutputManager(config))
+    return Scheduler(
+        vllm_config=config,
+        kv_cache_config=kv,
+        block_size=case.block_size,
+        log_stats=False,
+        structured_output_manager=StructuredOutputManager(config),
+    )
 
 
 def run(case: Case) -> float:
@@ -73,10 +102,16 @@ def run(case: Case) -> float:
 
     def add(length: int, max_tokens: int) -> None:
         nonlocal rank
-        sched.add_request(Request(request_id=f"r{rank}", prompt_token_ids=case.prompt(rank, length),
-                                  sampling_params=SamplingParams(max_tokens=max_tokens),
-                                  pooling_params=None, arrival_time=float(rank),
-                                  block_hasher=hasher))
+        sched.add_request(
+            Request(
+                request_id=f"r{rank}",
+                prompt_token_ids=case.prompt(rank, length),
+                sampling_params=SamplingParams(max_tokens=max_tokens),
+                pooling_params=None,
+                arrival_time=float(rank),
+                block_hasher=hasher,
+            )
+        )
         rank += 1
 
     for _ in range(case.num_decodes):
@@ -90,8 +125,9 @@ def run(case: Case) -> float:
         t1 = time.perf_counter()
         ids = list(out.num_scheduled_tokens)
         toks = [[] if sched.requests[r].is_prefill_chunk else [5] for r in ids]
-        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                sampled_token_ids=toks)
+        mro = ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=toks
+        )
         t2 = time.perf_counter()
         sched.update_from_output(out, mro)
         return (t1 - t0) + (time.perf_counter() - t2)

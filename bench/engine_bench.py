@@ -57,10 +57,18 @@ def make_workload(n: int, seed: int, gap_s: float, vocab: int) -> RunWorkload:
     reqs, t = [], 0.0
     for i in range(n):
         prompt = [rng.randrange(17, vocab) for _ in range(rng.randint(32, 512))]
-        reqs.append(WorkloadRequest(
-            f"r{i:02d}", prompt_token_ids=prompt, arrival_time=round(t, 3),
-            sampling={"max_tokens": rng.randint(16, 256), "temperature": 0.0,
-                      "ignore_eos": True}))
+        reqs.append(
+            WorkloadRequest(
+                f"r{i:02d}",
+                prompt_token_ids=prompt,
+                arrival_time=round(t, 3),
+                sampling={
+                    "max_tokens": rng.randint(16, 256),
+                    "temperature": 0.0,
+                    "ignore_eos": True,
+                },
+            )
+        )
         t += rng.expovariate(1.0 / gap_s)
     return RunWorkload("engine bench", {}, reqs, "bench")
 
@@ -69,8 +77,7 @@ def run_ours(w: RunWorkload, loaded: Any, options: dict[str, Any]) -> Result:
     engine = build_engine(w, overrides=options, loaded=loaded)
     s = run_workload(w, engine=engine)
     name = f"schedtop {options['max_num_seqs']}/{options['max_num_batched_tokens']}"
-    return Result(name, options["num_threads"], s.output_tokens, s.elapsed_s, s.ttft_s,
-                  s.tpot_s)
+    return Result(name, options["num_threads"], s.output_tokens, s.elapsed_s, s.ttft_s, s.tpot_s)
 
 
 def pick_threads(fixed: int | None) -> int:
@@ -103,7 +110,7 @@ def run_transformers(w: RunWorkload, model: Any) -> Result:
     free_at = t0
     last = t0
     for b in range(0, len(w.requests), HF_BATCH):
-        batch = w.requests[b:b + HF_BATCH]
+        batch = w.requests[b : b + HF_BATCH]
         start = max(free_at, t0 + batch[-1].arrival_time)
         time.sleep(max(0.0, start - time.perf_counter()))
         ids = [r.prompt_token_ids or [] for r in batch]
@@ -113,9 +120,13 @@ def run_transformers(w: RunWorkload, model: Any) -> Result:
         wants = [int(r.sampling["max_tokens"]) for r in batch]
         clock = _StepClock()
         with torch.inference_mode():
-            model.generate(input_ids=input_ids, attention_mask=mask, do_sample=False,
-                           max_new_tokens=max(wants),
-                           logits_processor=LogitsProcessorList([clock]))
+            model.generate(
+                input_ids=input_ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=max(wants),
+                logits_processor=LogitsProcessorList([clock]),
+            )
         for r, n in zip(batch, wants):
             res.output_tokens += n
             res.ttft.append(clock.times[0] - (t0 + r.arrival_time))
@@ -133,8 +144,9 @@ def load_transformers() -> Any:
     logging.set_verbosity_error()
     logging.disable_progress_bar()
     path = default_model_path()
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    ).eval()
 
 
 def row(r: Result) -> str:
@@ -142,8 +154,10 @@ def row(r: Result) -> str:
         v = percentile(values, q)
         return "-" if v is None else f"{v * 1000:.0f}"
 
-    return (f"| {r.engine} | {r.threads} | {r.tok_s:.1f} | {r.total_s:.1f} | {ms(r.ttft, 50)} | "
-            f"{ms(r.ttft, 99)} | {ms(r.tpot, 50)} | {ms(r.tpot, 99)} |")
+    return (
+        f"| {r.engine} | {r.threads} | {r.tok_s:.1f} | {r.total_s:.1f} | {ms(r.ttft, 50)} | "
+        f"{ms(r.ttft, 99)} | {ms(r.tpot, 50)} | {ms(r.tpot, 99)} |"
+    )
 
 
 def main() -> None:
@@ -154,9 +168,13 @@ def main() -> None:
     ap.add_argument("--gap", type=float, default=0.15, help="mean seconds between arrivals")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, help="torch threads for both engines")
-    ap.add_argument("--ours", action="append", metavar="SEQS/TOKENS",
-                    help="our max_num_seqs/max_num_batched_tokens; repeatable, each runs in "
-                         "every pair (default: 32/512, the CPU defaults)")
+    ap.add_argument(
+        "--ours",
+        action="append",
+        metavar="SEQS/TOKENS",
+        help="our max_num_seqs/max_num_batched_tokens; repeatable, each runs in "
+        "every pair (default: 32/512, the CPU defaults)",
+    )
     ap.add_argument("--kv-cache-memory", default="2GiB", help="our KV pool")
     ap.add_argument("--skip-transformers", action="store_true")
     args = ap.parse_args()
@@ -170,19 +188,32 @@ def main() -> None:
         threads = pick_threads(args.threads)
         ours = []
         for seqs, budget in configs:
-            ours.append(run_ours(w, loaded, {
-                "max_num_seqs": seqs, "max_num_batched_tokens": budget,
-                "kv_cache_memory": args.kv_cache_memory, "num_threads": threads}))
+            ours.append(
+                run_ours(
+                    w,
+                    loaded,
+                    {
+                        "max_num_seqs": seqs,
+                        "max_num_batched_tokens": budget,
+                        "kv_cache_memory": args.kv_cache_memory,
+                        "num_threads": threads,
+                    },
+                )
+            )
             print(row(ours[-1]), flush=True)
         theirs = run_transformers(w, hf) if hf is not None else None
         if theirs is not None:
             print(row(theirs), flush=True)
         results.append((ours, theirs))
-    print(f"\n{n} requests, prompts 32-512, outputs 16-256 (EOS ignored), mean arrival gap "
-          f"{args.gap} s; ours as max_num_seqs/max_num_batched_tokens, KV "
-          f"{args.kv_cache_memory}\n")
-    print("| engine | threads | output tok/s | total s | TTFT p50 ms | TTFT p99 ms | "
-          "TPOT p50 ms | TPOT p99 ms |")
+    print(
+        f"\n{n} requests, prompts 32-512, outputs 16-256 (EOS ignored), mean arrival gap "
+        f"{args.gap} s; ours as max_num_seqs/max_num_batched_tokens, KV "
+        f"{args.kv_cache_memory}\n"
+    )
+    print(
+        "| engine | threads | output tok/s | total s | TTFT p50 ms | TTFT p99 ms | "
+        "TPOT p50 ms | TPOT p99 ms |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for ours, theirs in results:
         for r in ours:
@@ -197,12 +228,18 @@ def main() -> None:
         tpot = [(percentile(t.tpot, 99) or 0) / (percentile(o.tpot, 99) or 1) for o, t in pairs]
         ttft = [(percentile(t.ttft, 50) or 0) / (percentile(o.ttft, 50) or 1) for o, t in pairs]
         print(f"\nschedtop {seqs}/{budget} vs transformers, per pair and median:")
-        print(f"  throughput ours/theirs: {', '.join(f'{x:.2f}x' for x in tput)}; "
-              f"median {statistics.median(tput):.2f}x")
-        print(f"  TPOT p99 theirs/ours (>1: ours lower): "
-              f"{', '.join(f'{x:.2f}x' for x in tpot)}; median {statistics.median(tpot):.2f}x")
-        print(f"  TTFT p50 theirs/ours (>1: ours lower): "
-              f"{', '.join(f'{x:.2f}x' for x in ttft)}; median {statistics.median(ttft):.2f}x")
+        print(
+            f"  throughput ours/theirs: {', '.join(f'{x:.2f}x' for x in tput)}; "
+            f"median {statistics.median(tput):.2f}x"
+        )
+        print(
+            f"  TPOT p99 theirs/ours (>1: ours lower): "
+            f"{', '.join(f'{x:.2f}x' for x in tpot)}; median {statistics.median(tpot):.2f}x"
+        )
+        print(
+            f"  TTFT p50 theirs/ours (>1: ours lower): "
+            f"{', '.join(f'{x:.2f}x' for x in ttft)}; median {statistics.median(ttft):.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -20,16 +20,33 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", type=int, default=100,
-                        help="examples per test, as a multiple of the CI run (default 100)")
+    parser.add_argument(
+        "--scale",
+        type=int,
+        default=100,
+        help="examples per test, as a multiple of the CI run (default 100)",
+    )
     args = parser.parse_args()
     env = {**os.environ, "SCHEDTOP_FUZZ_SCALE": str(args.scale)}
     start = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "tests/test_trace_fuzz.py", "--hypothesis-show-statistics"], cwd=ROOT, env=env)
-    print(f"fuzz_trace: scale {args.scale} (about {2100 * args.scale:,} examples) in "
-          f"{time.monotonic() - start:.0f} s: {'ok' if result.returncode == 0 else 'FAILED'}")
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_trace_fuzz.py",
+            "--hypothesis-show-statistics",
+        ],
+        cwd=ROOT,
+        env=env,
+    )
+    print(
+        f"fuzz_trace: scale {args.scale} (about {2100 * args.scale:,} examples) in "
+        f"{time.monotonic() - start:.0f} s: {'ok' if result.returncode == 0 else 'FAILED'}"
+    )
     return result.returncode
 
 

@@ -44,8 +44,7 @@ def cuda_time(fn, iters: int) -> float:  # type: ignore[no-untyped-def]
     return statistics.median(times)
 
 
-def bench_shape(name: str, reqs: int, q_len: int, ctx: int, dtype: torch.dtype,
-                iters: int) -> str:
+def bench_shape(name: str, reqs: int, q_len: int, ctx: int, dtype: torch.dtype, iters: int) -> str:
     from engine.model.attention.metadata import build_metadata
     from engine.model.attention.triton_backend import TritonAttention
 
@@ -73,12 +72,17 @@ def bench_shape(name: str, reqs: int, q_len: int, ctx: int, dtype: torch.dtype,
     if q_len > 1 and ctx > 0:
         rows = ctx + torch.arange(q_len, device=dev)
         mask = torch.arange(seq, device=dev)[None, :] <= rows[:, None]
-    sdpa_s = cuda_time(lambda: F.scaled_dot_product_attention(
-        qd, kd, vd, attn_mask=mask, is_causal=causal, enable_gqa=True), iters)
+    sdpa_s = cuda_time(
+        lambda: F.scaled_dot_product_attention(
+            qd, kd, vd, attn_mask=mask, is_causal=causal, enable_gqa=True
+        ),
+        iters,
+    )
     kv_bytes = 2 * reqs * seq * KV_HEADS * HEAD_DIM * k_cache.element_size()
     bw = f"{kv_bytes / triton_s / 1e9:.0f}" if q_len == 1 else "-"
-    return (f"| {name} | {triton_s * 1e6:.0f} | {sdpa_s * 1e6:.0f} | "
-            f"{sdpa_s / triton_s:.2f}x | {bw} |")
+    return (
+        f"| {name} | {triton_s * 1e6:.0f} | {sdpa_s * 1e6:.0f} | {sdpa_s / triton_s:.2f}x | {bw} |"
+    )
 
 
 def main() -> int:
@@ -87,12 +91,16 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=50)
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        print("kernel_bench: needs a CUDA GPU (the Triton kernel's fast path); nothing to "
-              "measure on this machine.")
+        print(
+            "kernel_bench: needs a CUDA GPU (the Triton kernel's fast path); nothing to "
+            "measure on this machine."
+        )
         return 0
     dtype = getattr(torch, args.dtype)
-    print(f"{torch.cuda.get_device_name()}, {args.dtype}, {HEADS} query heads, {KV_HEADS} KV "
-          f"heads, head_dim {HEAD_DIM}, block {BLOCK}\n")
+    print(
+        f"{torch.cuda.get_device_name()}, {args.dtype}, {HEADS} query heads, {KV_HEADS} KV "
+        f"heads, head_dim {HEAD_DIM}, block {BLOCK}\n"
+    )
     print("| shape | Triton paged µs | SDPA dense µs | SDPA / Triton | decode KV GB/s |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for shape in SHAPES:

@@ -66,9 +66,13 @@ class _Scripts(dict[str, _Script]):
 
 def config() -> EngineConfig:
     per_request = (192 + 600) // 16 + 2
-    return EngineConfig(block_size=16, num_blocks=RUNNING * per_request * 5 // 4,
-                        max_num_batched_tokens=8192, max_num_seqs=RUNNING,
-                        max_model_len=2048)
+    return EngineConfig(
+        block_size=16,
+        num_blocks=RUNNING * per_request * 5 // 4,
+        max_num_batched_tokens=8192,
+        max_num_seqs=RUNNING,
+        max_model_len=2048,
+    )
 
 
 class Workload:
@@ -96,8 +100,15 @@ class Workload:
         n_out = self.rng.randint(200, 600)
         self.runner.scripts[rid] = _Script(zlib.crc32(rid.encode()), n_out)  # type: ignore[assignment]
         prompt = [(i * 7919 + j * 104729) % VOCAB for j in range(self.rng.randint(64, 192))]
-        self.engine.add_request(Request(rid, prompt, SamplingParams(max_tokens=n_out),
-                                        arrival_time=float(i), block_hasher=self.hasher))
+        self.engine.add_request(
+            Request(
+                rid,
+                prompt,
+                SamplingParams(max_tokens=n_out),
+                arrival_time=float(i),
+                block_hasher=self.hasher,
+            )
+        )
         self.live += 1
 
 
@@ -113,8 +124,7 @@ def generate(path: Path, n: int, snapshot_interval: int = 256) -> None:
     tmp = path.with_suffix(".partial")
     runner = SimRunner(_Scripts())
     engine = EngineCore(config(), runner)
-    recorder = Recorder(engine, TraceWriter(tmp, live=False),
-                        snapshot_interval=snapshot_interval)
+    recorder = Recorder(engine, TraceWriter(tmp, live=False), snapshot_interval=snapshot_interval)
     wl = Workload(engine, runner)
     t0 = time.perf_counter()
     for i, _ in enumerate(steps(engine, wl, n)):
@@ -155,8 +165,12 @@ def main() -> None:
     ap.add_argument("--seeks", type=int, default=200)
     ap.add_argument("--resim-steps", type=int, default=20_000)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--snapshot-interval", type=int, default=256,
-                    help="steps between snapshots when generating: the seek-cost lever")
+    ap.add_argument(
+        "--snapshot-interval",
+        type=int,
+        default=256,
+        help="steps between snapshots when generating: the seek-cost lever",
+    )
     args = ap.parse_args()
     if not args.trace.exists():
         print(f"generating {args.steps:,} steps into {args.trace} ...", flush=True)
@@ -194,19 +208,24 @@ def main() -> None:
     sim_rate, resim_rate = statistics.median(sims), statistics.median(resims)
 
     q = statistics.quantiles
-    print(f"trace: {args.trace} ({tl.num_steps:,} steps, {RUNNING} running, "
-          f"{size / 2**30:.2f} GiB)")
+    print(
+        f"trace: {args.trace} ({tl.num_steps:,} steps, {RUNNING} running, {size / 2**30:.2f} GiB)"
+    )
     print(f"{'measure':<34} {'result':>14} {'target':>12}")
     print(f"{'open (reader + timeline)':<34} {ms(open_s):>14} {'< 1 s':>12}")
     print(f"{'random seek p50':<34} {ms(statistics.median(seeks)):>14}")
     print(f"{'random seek p99':<34} {ms(q(seeks, n=100)[98]):>14} {'< 50 ms':>12}")
     print(f"{'step back p50':<34} {ms(statistics.median(backs)):>14}")
     print(f"{'step back p99':<34} {ms(q(backs, n=100)[98]):>14} {'< 5 ms':>12}")
-    print(f"{'peak memory (max RSS)':<34} {rss / 1024:>11.0f} MB {'< 500 MB':>12}"
-          f"   (before opening: {rss0 / 1024:.0f} MB)")
+    print(
+        f"{'peak memory (max RSS)':<34} {rss / 1024:>11.0f} MB {'< 500 MB':>12}"
+        f"   (before opening: {rss0 / 1024:.0f} MB)"
+    )
     print(f"{'simulated engine':<34} {sim_rate:>9,.0f} st/s")
-    print(f"{'re-simulation':<34} {resim_rate:>9,.0f} st/s "
-          f"{resim_rate / sim_rate:>10.0%}  (target >= 80%)")
+    print(
+        f"{'re-simulation':<34} {resim_rate:>9,.0f} st/s "
+        f"{resim_rate / sim_rate:>10.0%}  (target >= 80%)"
+    )
 
 
 if __name__ == "__main__":

@@ -32,18 +32,29 @@ HERE = Path(__file__).resolve().parent
 
 def ours(case: Case) -> float:
     """Mean µs per step over `case.steps` steady-state steps."""
-    cfg = EngineConfig(block_size=case.block_size, num_blocks=case.num_blocks,
-                       max_num_batched_tokens=case.budget, max_num_seqs=case.max_num_seqs,
-                       max_model_len=65536, long_prefill_token_threshold=case.threshold)
+    cfg = EngineConfig(
+        block_size=case.block_size,
+        num_blocks=case.num_blocks,
+        max_num_batched_tokens=case.budget,
+        max_num_seqs=case.max_num_seqs,
+        max_model_len=65536,
+        long_prefill_token_threshold=case.threshold,
+    )
     sched = Scheduler(cfg)
     hasher = BlockHasher(case.block_size)
     rank = 0
 
     def add(length: int, max_tokens: int) -> None:
         nonlocal rank
-        sched.add_request(Request(f"r{rank}", case.prompt(rank, length),
-                                  SamplingParams(max_tokens=max_tokens),
-                                  arrival_time=float(rank), block_hasher=hasher))
+        sched.add_request(
+            Request(
+                f"r{rank}",
+                case.prompt(rank, length),
+                SamplingParams(max_tokens=max_tokens),
+                arrival_time=float(rank),
+                block_hasher=hasher,
+            )
+        )
         rank += 1
 
     for _ in range(case.num_decodes):
@@ -74,8 +85,9 @@ def fake_output(sched: Scheduler, out) -> ModelRunnerOutput:  # type: ignore[no-
 
 
 def vllm(python: str, case: Case) -> float | None:
-    proc = subprocess.run([python, str(HERE / "_vllm_peer.py"), case.name],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [python, str(HERE / "_vllm_peer.py"), case.name], capture_output=True, text=True
+    )
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-2000:])
         return None
@@ -84,16 +96,19 @@ def vllm(python: str, case: Case) -> float | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--vllm-python",
-                    default=os.environ.get("VLLM_PYTHON", "/tmp/vllm-venv/bin/python"))
+    ap.add_argument(
+        "--vllm-python", default=os.environ.get("VLLM_PYTHON", "/tmp/vllm-venv/bin/python")
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", help="run only cases whose name contains this")
     args = ap.parse_args()
     have_vllm = Path(args.vllm_python).exists()
     if not have_vllm:
         print(f"(no vLLM at {args.vllm_python}: showing ours only)")
-    header = (f"{'case':<24} {'ours µs/step':>13} {'ours µs/req':>12} "
-              f"{'vLLM µs/step':>13} {'vLLM µs/req':>12} {'ours/vLLM':>10}")
+    header = (
+        f"{'case':<24} {'ours µs/step':>13} {'ours µs/req':>12} "
+        f"{'vLLM µs/step':>13} {'vLLM µs/req':>12} {'ours/vLLM':>10}"
+    )
     print(header)
     print("-" * len(header))
     for case in CASES:

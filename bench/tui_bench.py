@@ -77,12 +77,24 @@ def heavy_workload() -> SimWorkload:
     pool is full, requests preempt each other."""
     rng = random.Random(1)
     system = [rng.randrange(VOCAB) for _ in range(32)]
-    requests = [dict(id=f"req-{i:04d}", arrival_step=i // 50,
-                     prompt_token_ids=system + [rng.randrange(VOCAB) for _ in range(24 + i % 40)],
-                     output_token_ids=[rng.randrange(VOCAB) for _ in range(400)],
-                     max_tokens=400) for i in range(1000)]
-    config = dict(block_size=16, num_blocks=4097, max_num_batched_tokens=4096,
-                  max_num_seqs=512, max_model_len=2048, enable_prefix_caching=True)
+    requests = [
+        dict(
+            id=f"req-{i:04d}",
+            arrival_step=i // 50,
+            prompt_token_ids=system + [rng.randrange(VOCAB) for _ in range(24 + i % 40)],
+            output_token_ids=[rng.randrange(VOCAB) for _ in range(400)],
+            max_tokens=400,
+        )
+        for i in range(1000)
+    ]
+    config = dict(
+        block_size=16,
+        num_blocks=4097,
+        max_num_batched_tokens=4096,
+        max_num_seqs=512,
+        max_model_len=2048,
+        enable_prefix_caching=True,
+    )
     return parse_workload({"config": config, "requests": requests}, source="heavy")
 
 
@@ -91,8 +103,14 @@ def render_cost(app: SchedtopApp, frame: Frame) -> tuple[float, float]:
     refreshed, and the whole screen is composed and encoded as a terminal would receive
     it. The reader thread is stopped, so the process's CPU time is this work alone (on a
     shared machine, wall time also counts waiting for a CPU)."""
-    console = Console(file=io.StringIO(), width=SIZE[0], height=SIZE[1], force_terminal=True,
-                      color_system="truecolor", legacy_windows=False)
+    console = Console(
+        file=io.StringIO(),
+        width=SIZE[0],
+        height=SIZE[1],
+        force_terminal=True,
+        color_system="truecolor",
+        legacy_windows=False,
+    )
     t0, c0 = time.perf_counter(), time.process_time()
     app.frame = frame
     screen = app.screen
@@ -134,11 +152,23 @@ def live_workload(steps: int) -> SimWorkload:
     """About 32 requests running; one arrives and one finishes every few steps."""
     rng = random.Random(2)
     n = steps // 6 + 32
-    requests = [dict(id=f"r{i}", arrival_step=i * 6,
-                     prompt_token_ids=[rng.randrange(VOCAB) for _ in range(48)],
-                     output_token_ids=[7] * 190, max_tokens=190) for i in range(n)]
-    config = dict(block_size=16, num_blocks=2048, max_num_batched_tokens=2048,
-                  max_num_seqs=64, max_model_len=1024)
+    requests = [
+        dict(
+            id=f"r{i}",
+            arrival_step=i * 6,
+            prompt_token_ids=[rng.randrange(VOCAB) for _ in range(48)],
+            output_token_ids=[7] * 190,
+            max_tokens=190,
+        )
+        for i in range(n)
+    ]
+    config = dict(
+        block_size=16,
+        num_blocks=2048,
+        max_num_batched_tokens=2048,
+        max_num_seqs=64,
+        max_model_len=1024,
+    )
     return parse_workload({"config": config, "requests": requests}, source="live")
 
 
@@ -150,17 +180,17 @@ def pump(source: Path, dest: Path, rate: float, log: Path) -> None:
         offsets = list(reader.index().step_offsets)
     data = source.read_bytes()
     with open(dest, "wb", buffering=0) as out, open(log, "w") as progress:
-        out.write(data[:offsets[0]])  # preamble and header
+        out.write(data[: offsets[0]])  # preamble and header
         t0 = time.monotonic()
         written = 0
         while written < len(offsets) - 1:
             due = min(len(offsets) - 1, int((time.monotonic() - t0) * rate))
             if due > written:
-                out.write(data[offsets[written]:offsets[due]])
+                out.write(data[offsets[written] : offsets[due]])
                 written = due
                 progress.write(f"{time.time_ns()} {written}\n")
             time.sleep(0.002)
-        out.write(data[offsets[-1]:])
+        out.write(data[offsets[-1] :])
 
 
 async def follow(app: SchedtopApp, seconds: float) -> list[tuple[int, int]]:
@@ -181,8 +211,9 @@ async def follow(app: SchedtopApp, seconds: float) -> list[tuple[int, int]]:
 
 def bench_live(rate: int, seconds: float, tmp: Path) -> dict[str, float]:
     dest, log = tmp / f"live-{rate}.trace", tmp / f"live-{rate}.log"
-    writer = subprocess.Popen([sys.executable, __file__, "--pump", str(LIVE_SOURCE), str(dest),
-                               str(rate), str(log)])
+    writer = subprocess.Popen(
+        [sys.executable, __file__, "--pump", str(LIVE_SOURCE), str(dest), str(rate), str(log)]
+    )
     try:
         TraceReader.wait_for(dest, 30).close()
         app = SchedtopApp(open_session(dest, live=True))
@@ -195,11 +226,17 @@ def bench_live(rate: int, seconds: float, tmp: Path) -> dict[str, float]:
     for t, shown in samples:
         written = max((n for w, n in progress if w <= t), default=0)  # steps 0..written-1
         lags.append(max(0, written - 1 - shown))
-    first, last = lags[: len(lags) // 3], lags[-len(lags) // 3:]
+    first, last = lags[: len(lags) // 3], lags[-len(lags) // 3 :]
     span = [(w, n) for w, n in progress if samples[0][0] <= w <= samples[-1][0]]
     achieved = (span[-1][1] - span[0][1]) / ((span[-1][0] - span[0][0]) / 1e9)
-    return {"rate": achieved, "median": statistics.median(lags), "p95": _pct(lags, 95),
-            "max": max(lags), "first": statistics.mean(first), "last": statistics.mean(last)}
+    return {
+        "rate": achieved,
+        "median": statistics.median(lags),
+        "p95": _pct(lags, 95),
+        "max": max(lags),
+        "first": statistics.mean(first),
+        "last": statistics.mean(last),
+    }
 
 
 def _pct(values: list[float], p: float) -> float:
@@ -213,8 +250,7 @@ def live_source(steps: int) -> None:
             if reader.index().last_step + 1 >= steps:
                 return
     LIVE_SOURCE.parent.mkdir(parents=True, exist_ok=True)
-    print(f"(recording {steps:,} steps for the writer to replay: {LIVE_SOURCE}, kept)",
-          flush=True)
+    print(f"(recording {steps:,} steps for the writer to replay: {LIVE_SOURCE}, kept)", flush=True)
     tmp = LIVE_SOURCE.with_suffix(".tmp")
     record(live_workload(steps), tmp, steps)
     os.replace(tmp, LIVE_SOURCE)
@@ -230,14 +266,19 @@ def long_trace(requested: Path | None) -> tuple[Path, str]:
         return BIG_TRACE, "the 1M-step trace of bench/replay_bench.py"
     if not FALLBACK.exists():
         FALLBACK.parent.mkdir(parents=True, exist_ok=True)
-        print(f"NOTE: {BIG_TRACE} is missing; recording a {FALLBACK_STEPS:,}-step trace with "
-              f"256 running requests instead ({FALLBACK}, kept for later runs; about a "
-              "minute)", flush=True)
+        print(
+            f"NOTE: {BIG_TRACE} is missing; recording a {FALLBACK_STEPS:,}-step trace with "
+            f"256 running requests instead ({FALLBACK}, kept for later runs; about a "
+            "minute)",
+            flush=True,
+        )
         tmp = FALLBACK.with_suffix(".tmp")
         record(decode_workload(FALLBACK_STEPS), tmp, FALLBACK_STEPS)
         os.replace(tmp, FALLBACK)
-    return FALLBACK, (f"NOT the 1M-step trace ({BIG_TRACE} is missing): a "
-                      f"{FALLBACK_STEPS:,}-step one of the same kind")
+    return FALLBACK, (
+        f"NOT the 1M-step trace ({BIG_TRACE} is missing): a "
+        f"{FALLBACK_STEPS:,}-step one of the same kind"
+    )
 
 
 def decode_workload(steps: int) -> SimWorkload:
@@ -247,13 +288,23 @@ def decode_workload(steps: int) -> SimWorkload:
     system = [rng.randrange(VOCAB) for _ in range(64)]
     out, running = 500, 256
     later = steps * running // out
-    requests = [dict(id=f"req-{i:05d}",
-                     arrival_step=0 if i < running else (i - running) * out // running,
-                     prompt_token_ids=system + [rng.randrange(VOCAB) for _ in range(64)],
-                     output_token_ids=[7] * out, max_tokens=out)
-                for i in range(running + later)]
-    config = dict(block_size=16, num_blocks=running * ((128 + out) // 16 + 3) + 64,
-                  max_num_batched_tokens=8192, max_num_seqs=running, max_model_len=1024)
+    requests = [
+        dict(
+            id=f"req-{i:05d}",
+            arrival_step=0 if i < running else (i - running) * out // running,
+            prompt_token_ids=system + [rng.randrange(VOCAB) for _ in range(64)],
+            output_token_ids=[7] * out,
+            max_tokens=out,
+        )
+        for i in range(running + later)
+    ]
+    config = dict(
+        block_size=16,
+        num_blocks=running * ((128 + out) // 16 + 3) + 64,
+        max_num_batched_tokens=8192,
+        max_num_seqs=running,
+        max_model_len=1024,
+    )
     return parse_workload({"config": config, "requests": requests}, source="decode-256")
 
 
@@ -263,8 +314,13 @@ async def bench_goto(trace: Path, jumps: int) -> dict[str, list[float]]:
     rng = random.Random(3)
     app = SchedtopApp(open_session(trace, live=False))
     seeker = open_session(trace, live=False).tl  # the Timeline alone, for comparison
-    out: dict[str, list[float]] = {"seek": [], "build": [], "draw": [], "total": [],
-                                   "total CPU": []}
+    out: dict[str, list[float]] = {
+        "seek": [],
+        "build": [],
+        "draw": [],
+        "total": [],
+        "total CPU": [],
+    }
     async with app.run_test(size=SIZE) as pilot:
         while app.frame is None:
             await pilot.pause(0.05)
@@ -292,8 +348,10 @@ async def bench_goto(trace: Path, jumps: int) -> dict[str, list[float]]:
 
 
 def row(name: str, values: list[float], target: str) -> str:
-    return (f"| {name} | {ms(statistics.median(values))} | {ms(_pct(values, 95))} | "
-            f"{ms(max(values))} | {target} |")
+    return (
+        f"| {name} | {ms(statistics.median(values))} | {ms(_pct(values, 95))} | "
+        f"{ms(max(values))} | {target} |"
+    )
 
 
 def main() -> None:
@@ -303,25 +361,32 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", type=Path, help="a long trace for the go-to benchmark")
-    parser.add_argument("--rates", default="500,1000,2000,5000,10000",
-                        help="live: writer rates to try, in steps/s")
+    parser.add_argument(
+        "--rates", default="500,1000,2000,5000,10000", help="live: writer rates to try, in steps/s"
+    )
     parser.add_argument("--seconds", type=float, default=4.0, help="live: seconds per rate")
     parser.add_argument("--jumps", type=int, default=30, help="go to: random jumps")
     args = parser.parse_args()
-    print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python "
-          f"{platform.python_version()}; terminal {SIZE[0]}x{SIZE[1]} (headless)\n")
+    print(
+        f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}; terminal {SIZE[0]}x{SIZE[1]} (headless)\n"
+    )
 
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         heavy = tmp / "heavy.trace"
         record(heavy_workload(), heavy, 120)
         probe = open_session(heavy, live=False).tl
-        best = max(range(probe.first_step, probe.last_step + 1),
-                   key=lambda s: (len(probe.state(s).requests), -len(probe.state(s).free)))
+        best = max(
+            range(probe.first_step, probe.last_step + 1),
+            key=lambda s: (len(probe.state(s).requests), -len(probe.state(s).free)),
+        )
         state = probe.state(best)
-        print(f"1. render: step {best} of a trace with {state.num_blocks - 1} usable blocks "
-              f"({state.num_blocks - 1 - len(state.free)} in use), {len(state.requests)} "
-              f"requests ({len(state.running)} running, {len(state.waiting)} waiting)")
+        print(
+            f"1. render: step {best} of a trace with {state.num_blocks - 1} usable blocks "
+            f"({state.num_blocks - 1 - len(state.free)} in use), {len(state.requests)} "
+            f"requests ({len(state.running)} running, {len(state.waiting)} waiting)"
+        )
         render = asyncio.run(bench_render(heavy, [best, best - 1, best - 2, best - 3]))
         print("| cost | median ms | p95 ms | max ms | target |")
         print("| --- | ---: | ---: | ---: | --- |")
@@ -333,22 +398,29 @@ def main() -> None:
 
         rates = [int(r) for r in args.rates.split(",")]
         live_source(int(max(rates) * (args.seconds + 4)))
-        print(f"2. live: another process appends a recorded trace's steps at R steps/s, the "
-              f"app follows ({args.seconds:g} s per rate); lag = steps written but not yet "
-              "on screen")
-        print("| writer rate (steps/s) | achieved | lag median | lag p95 | lag max | "
-              "mean lag, first third -> last third | keeps up |")
+        print(
+            f"2. live: another process appends a recorded trace's steps at R steps/s, the "
+            f"app follows ({args.seconds:g} s per rate); lag = steps written but not yet "
+            "on screen"
+        )
+        print(
+            "| writer rate (steps/s) | achieved | lag median | lag p95 | lag max | "
+            "mean lag, first third -> last third | keeps up |"
+        )
         print("| ---: | ---: | ---: | ---: | ---: | --- | --- |")
         for rate in rates:
             r = bench_live(rate, args.seconds, tmp)
             # Keeping up: the lag stays under a quarter second's worth of steps and
             # does not grow from the first third of the run to the last.
             steady = r["median"] <= 0.25 * r["rate"] and r["last"] <= max(
-                1.5 * r["first"], 0.1 * r["rate"])
-            print(f"| {rate} | {r['rate']:.0f} | {r['median']:.0f} "
-                  f"({r['median'] / r['rate'] * 1e3:.0f} ms) | {r['p95']:.0f} | "
-                  f"{r['max']:.0f} | {r['first']:.0f} -> {r['last']:.0f} | "
-                  f"{'yes' if steady else 'NO'} |")
+                1.5 * r["first"], 0.1 * r["rate"]
+            )
+            print(
+                f"| {rate} | {r['rate']:.0f} | {r['median']:.0f} "
+                f"({r['median'] / r['rate'] * 1e3:.0f} ms) | {r['p95']:.0f} | "
+                f"{r['max']:.0f} | {r['first']:.0f} -> {r['last']:.0f} | "
+                f"{'yes' if steady else 'NO'} |"
+            )
         print()
 
     trace, what = long_trace(args.trace)

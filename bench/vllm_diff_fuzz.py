@@ -29,11 +29,23 @@ from engine.sim.decisions import decision_record  # noqa: E402
 from engine.sim.driver import simulate  # noqa: E402
 from engine.sim.workload import WorkloadError, parse_workload  # noqa: E402
 
-KEYS = ("scheduled", "preempted", "preemptions", "admitted", "finished", "num_free_blocks",
-        "num_free_blocks_after_schedule", "running", "waiting", "num_computed_tokens",
-        "block_tables", "arrived", "sampled")
+KEYS = (
+    "scheduled",
+    "preempted",
+    "preemptions",
+    "admitted",
+    "finished",
+    "num_free_blocks",
+    "num_free_blocks_after_schedule",
+    "running",
+    "waiting",
+    "num_computed_tokens",
+    "block_tables",
+    "arrived",
+    "sampled",
+)
 
-BATCH = '''
+BATCH = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import vllm_oracle
@@ -44,7 +56,7 @@ for line in open(sys.argv[2]):
     except SystemExit as e:
         out = {"error": str(e)}
     print(json.dumps(out), flush=True)
-'''
+"""
 
 
 def random_workload(rng: random.Random) -> dict[str, Any]:
@@ -53,11 +65,15 @@ def random_workload(rng: random.Random) -> dict[str, Any]:
     num_blocks = rng.randint(4, 300)
     max_num_seqs = rng.choice([1, 2, 3, 4, 8, 16, 32])
     cfg: dict[str, Any] = dict(
-        block_size=bs, num_blocks=num_blocks, max_model_len=max_model_len,
+        block_size=bs,
+        num_blocks=num_blocks,
+        max_model_len=max_model_len,
         max_num_batched_tokens=max(max_num_seqs, rng.choice([8, 16, 32, 64, 100, 256, 2048])),
-        max_num_seqs=max_num_seqs, policy=rng.choice(["fcfs", "priority"]),
+        max_num_seqs=max_num_seqs,
+        policy=rng.choice(["fcfs", "priority"]),
         long_prefill_token_threshold=rng.choice([0, 0, 0, 8, 16, 33, 64]),
-        enable_prefix_caching=rng.random() < 0.8)
+        enable_prefix_caching=rng.random() < 0.8,
+    )
     if cfg["long_prefill_token_threshold"] > max_model_len:
         cfg["long_prefill_token_threshold"] = 0
     if rng.random() < 0.3:
@@ -76,12 +92,15 @@ def random_workload(rng: random.Random) -> dict[str, Any]:
     for i in range(rng.randint(1, 30)):
         prefix = rng.choice(prefixes) if rng.random() < 0.6 else []
         own = [rng.randint(0, 50) for _ in range(rng.choice([1, 8, 20, 40, 100, 300]))]
-        prompt = (prefix + own)[:max(1, room)]
+        prompt = (prefix + own)[: max(1, room)]
         max_tokens = rng.randint(1, 100)
         r: dict[str, Any] = dict(
-            id=f"r{i}", arrival_step=rng.choice([0, 0, rng.randint(0, 100)]),
-            prompt_token_ids=prompt, max_tokens=max_tokens,
-            output_token_ids=[rng.randint(0, 50) for _ in range(rng.randint(0, max_tokens))])
+            id=f"r{i}",
+            arrival_step=rng.choice([0, 0, rng.randint(0, 100)]),
+            prompt_token_ids=prompt,
+            max_tokens=max_tokens,
+            output_token_ids=[rng.randint(0, 50) for _ in range(rng.randint(0, max_tokens))],
+        )
         if cfg["policy"] == "priority" or rng.random() < 0.2:
             r["priority"] = rng.randint(0, 3)
         requests.append(r)
@@ -110,8 +129,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--count", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--oracle", default=str(Path(__file__).resolve().parents[2] / "shared" /
-                                            "fidelity" / "vllm_oracle.py"))
+    ap.add_argument(
+        "--oracle",
+        default=str(Path(__file__).resolve().parents[2] / "shared" / "fidelity" / "vllm_oracle.py"),
+    )
     ap.add_argument("--vllm-python", default="/tmp/vllm-venv/bin/python")
     args = ap.parse_args()
     rng = random.Random(args.seed)
@@ -119,8 +140,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "w.jsonl"
         src.write_text("".join(json.dumps(w) + "\n" for w in workloads))
-        proc = subprocess.run([args.vllm_python, "-c", BATCH, str(Path(args.oracle).parent),
-                               str(src)], capture_output=True, text=True)
+        proc = subprocess.run(
+            [args.vllm_python, "-c", BATCH, str(Path(args.oracle).parent), str(src)],
+            capture_output=True,
+            text=True,
+        )
     if proc.returncode != 0:
         sys.exit(f"vLLM side failed:\n{proc.stderr[-3000:]}")
     same = stalls = 0
@@ -135,8 +159,10 @@ def main() -> None:
             diffs.append((i, problem))
         else:
             same += 1
-    print(f"{args.count} workloads: {same} identical, {len(diffs)} different, "
-          f"{stalls} where vLLM stalls (not compared)")
+    print(
+        f"{args.count} workloads: {same} identical, {len(diffs)} different, "
+        f"{stalls} where vLLM stalls (not compared)"
+    )
     for i, problem in diffs[:10]:
         print(f"  workload #{i} (seed {args.seed}): {problem[:300]}")
     sys.exit(1 if diffs else 0)

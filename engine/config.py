@@ -35,28 +35,49 @@ class EngineConfig:
     def __post_init__(self) -> None:
         self._check_types()
         _require(self.block_size > 0, "block_size", self.block_size, "must be > 0")
-        _require(self.num_blocks >= 2, "num_blocks", self.num_blocks,
-                 "must be >= 2 (block 0 is the null block)")
+        _require(
+            self.num_blocks >= 2,
+            "num_blocks",
+            self.num_blocks,
+            "must be >= 2 (block 0 is the null block)",
+        )
         _require(self.max_num_seqs > 0, "max_num_seqs", self.max_num_seqs, "must be > 0")
-        _require(self.max_num_batched_tokens >= self.max_num_seqs, "max_num_batched_tokens",
-                 self.max_num_batched_tokens,
-                 f"must be >= max_num_seqs ({self.max_num_seqs})")
+        _require(
+            self.max_num_batched_tokens >= self.max_num_seqs,
+            "max_num_batched_tokens",
+            self.max_num_batched_tokens,
+            f"must be >= max_num_seqs ({self.max_num_seqs})",
+        )
         if self.max_num_active_seqs is not None:
-            _require(0 < self.max_num_active_seqs <= self.max_num_seqs, "max_num_active_seqs",
-                     self.max_num_active_seqs, f"must be in [1, max_num_seqs={self.max_num_seqs}]")
+            _require(
+                0 < self.max_num_active_seqs <= self.max_num_seqs,
+                "max_num_active_seqs",
+                self.max_num_active_seqs,
+                f"must be in [1, max_num_seqs={self.max_num_seqs}]",
+            )
         _require(self.max_model_len > 1, "max_model_len", self.max_model_len, "must be > 1")
-        _require(0 <= self.long_prefill_token_threshold <= self.max_model_len,
-                 "long_prefill_token_threshold", self.long_prefill_token_threshold,
-                 f"must be in [0, max_model_len={self.max_model_len}]")
+        _require(
+            0 <= self.long_prefill_token_threshold <= self.max_model_len,
+            "long_prefill_token_threshold",
+            self.long_prefill_token_threshold,
+            f"must be in [0, max_model_len={self.max_model_len}]",
+        )
         _require(self.policy in POLICIES, "policy", self.policy, f"must be one of {POLICIES}")
         _require(0.0 <= self.watermark < 1.0, "watermark", self.watermark, "must be in [0, 1)")
-        _require(self.num_speculative_tokens >= 0, "num_speculative_tokens",
-                 self.num_speculative_tokens, "must be >= 0")
+        _require(
+            self.num_speculative_tokens >= 0,
+            "num_speculative_tokens",
+            self.num_speculative_tokens,
+            "must be >= 0",
+        )
         if not self.enable_chunked_prefill:
-            _require(self.max_num_batched_tokens >= self.max_model_len, "max_num_batched_tokens",
-                     self.max_num_batched_tokens,
-                     f"must be >= max_model_len ({self.max_model_len}) "
-                     "when enable_chunked_prefill is off")
+            _require(
+                self.max_num_batched_tokens >= self.max_model_len,
+                "max_num_batched_tokens",
+                self.max_num_batched_tokens,
+                f"must be >= max_model_len ({self.max_model_len}) "
+                "when enable_chunked_prefill is off",
+            )
 
     def _check_types(self) -> None:
         for f in dataclasses.fields(self):
@@ -84,8 +105,9 @@ class EngineConfig:
         """A validated copy with `changes` applied; unknown keys are a ValueError."""
         unknown = sorted(set(changes) - set(_FIELD_TYPES))
         if unknown:
-            raise ValueError(f"unknown config key {unknown[0]!r}; known keys: "
-                             + ", ".join(sorted(_FIELD_TYPES)))
+            raise ValueError(
+                f"unknown config key {unknown[0]!r}; known keys: " + ", ".join(sorted(_FIELD_TYPES))
+            )
         return dataclasses.replace(self, **changes)
 
     @classmethod
@@ -128,8 +150,9 @@ def parse_setting(text: str) -> tuple[str, Any]:
     if not sep or not key:
         raise ValueError(f"--set {text!r}: expected KEY=VALUE")
     if key not in _FIELD_TYPES:
-        raise ValueError(f"unknown config key {key!r}; known keys: "
-                         + ", ".join(sorted(_FIELD_TYPES)))
+        raise ValueError(
+            f"unknown config key {key!r}; known keys: " + ", ".join(sorted(_FIELD_TYPES))
+        )
     want = _FIELD_TYPES[key]
     raw = raw.strip()
     try:

@@ -35,8 +35,13 @@ class EngineCore:
 
     It knows nothing of who listens: a recorder attaches itself as the sink."""
 
-    def __init__(self, config: EngineConfig, runner: Runner, sink: EventSink = NULL_SINK,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        runner: Runner,
+        sink: EventSink = NULL_SINK,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.config = config
         self.runner = runner
         self.sink = sink

@@ -61,8 +61,13 @@ class Scheduler:
         self.max_model_len = config.max_model_len
         self.max_num_running = config.max_num_active_seqs or config.max_num_seqs
         self.num_lookahead_tokens = config.num_speculative_tokens
-        self.kv = KVCacheManager(config.block_size, config.num_blocks, config.max_model_len,
-                                 config.enable_prefix_caching, config.watermark_blocks)
+        self.kv = KVCacheManager(
+            config.block_size,
+            config.num_blocks,
+            config.max_model_len,
+            config.enable_prefix_caching,
+            config.watermark_blocks,
+        )
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
         self.waiting = make_queue(config.policy)
@@ -77,10 +82,17 @@ class Scheduler:
         """Queue a request; one that can never run finishes at once with FINISHED_ERROR."""
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
-        self._arrivals.append(Arrival(
-            request.request_id, request.prompt_token_ids, list(request.block_hashes),
-            request.sampling_params, request.priority, request.arrival_time,
-            request.eos_token_id))
+        self._arrivals.append(
+            Arrival(
+                request.request_id,
+                request.prompt_token_ids,
+                list(request.block_hashes),
+                request.sampling_params,
+                request.priority,
+                request.arrival_time,
+                request.eos_token_id,
+            )
+        )
         problem = self._never_fits(request)
         if problem:
             request.status = RequestStatus.FINISHED_ERROR
@@ -98,8 +110,10 @@ class Scheduler:
             return f"prompt of {n} tokens: must be shorter than max_model_len={self.max_model_len}"
         if not self._can_ever_fit(request):
             slots = min(n + self.num_lookahead_tokens, self.max_model_len)
-            return (f"{n} tokens need {cdiv(slots, self.config.block_size)} KV blocks; "
-                    f"the pool has {self.config.usable_blocks}")
+            return (
+                f"{n} tokens need {cdiv(slots, self.config.block_size)} KV blocks; "
+                f"the pool has {self.config.usable_blocks}"
+            )
         return ""
 
     def _can_ever_fit(self, request: Request) -> bool:
@@ -193,8 +207,11 @@ class Scheduler:
                         continue  # it preempted itself; the cursor already points at the next
                     p.running_stop = QueueStop(Reason.KV_BLOCKS, Reason.KV_BLOCKS)
                     return
-            if wanted == 1 and p.leading_decodes == p.cursor == len(running_reqs) \
-                    and req.output_token_ids:
+            if (
+                wanted == 1
+                and p.leading_decodes == p.cursor == len(running_reqs)
+                and req.output_token_ids
+            ):
                 p.leading_decodes += 1  # lets a recorder write steady decoding as one number
             p.cursor += 1
             rid = req.request_id
@@ -223,8 +240,11 @@ class Scheduler:
                 p.new_blocks.pop(victim.request_id)
                 p.spec_tokens.pop(victim.request_id, None)
                 p.shortfalls[:] = [s for s in p.shortfalls if s.request_id != victim.request_id]
-            p.preemptions.append(Preemption(victim.request_id, req.request_id,
-                                            victim.num_computed_tokens, given_back))
+            p.preemptions.append(
+                Preemption(
+                    victim.request_id, req.request_id, victim.num_computed_tokens, given_back
+                )
+            )
             self._preempt(victim)
             p.preempted.append(victim)
             if victim is req:
@@ -272,12 +292,15 @@ class Scheduler:
         """Try to move the head of `waiting` into running. False ends the waiting pass."""
         if not self._can_ever_fit(req):
             self.waiting.pop()
-            self._finish(req, RequestStatus.FINISHED_ERROR,
-                         f"{req.num_tokens} tokens can never fit in "
-                         f"{self.config.usable_blocks} KV blocks")
+            self._finish(
+                req,
+                RequestStatus.FINISHED_ERROR,
+                f"{req.num_tokens} tokens can never fit in {self.config.usable_blocks} KV blocks",
+            )
             return True
-        hits, num_hits = self.kv.get_computed_blocks(req) if req.num_computed_tokens == 0 \
-            else ([], 0)
+        hits, num_hits = (
+            self.kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else ([], 0)
+        )
         wanted = req.num_tokens - num_hits
         if 0 < p.threshold < wanted:
             n, reason = p.threshold, Reason.LONG_PREFILL_THRESHOLD
@@ -289,9 +312,14 @@ class Scheduler:
         if n > p.budget:
             n, reason = p.budget, Reason.TOKEN_BUDGET
         blocks = self.kv.allocate_slots(
-            req, n, num_hits, hits, self.num_lookahead_tokens,
+            req,
+            n,
+            num_hits,
+            hits,
+            self.num_lookahead_tokens,
             full_sequence_must_fit=self.config.scheduler_reserve_full_isl,
-            has_scheduled_reqs=bool(self.running))
+            has_scheduled_reqs=bool(self.running),
+        )
         if blocks is None:
             head = self._admission_failure(req, n, num_hits, hits)
             p.waiting_stop = QueueStop(head, Reason.HEAD_OF_LINE)
@@ -312,8 +340,9 @@ class Scheduler:
             p.shortfalls.append(Shortfall(req.request_id, wanted, n, reason))
         return True
 
-    def _admission_failure(self, req: Request, n: int, num_hits: int,
-                           hits: list[KVBlock]) -> Reason:
+    def _admission_failure(
+        self, req: Request, n: int, num_hits: int, hits: list[KVBlock]
+    ) -> Reason:
         """Which of the three admission tests failed (K3, K6, S8)."""
         free = self.kv.num_free_blocks
         slots = min(num_hits + n + self.num_lookahead_tokens, self.max_model_len)
@@ -334,35 +363,52 @@ class Scheduler:
         new_blocks = p.new_blocks
         cached = CachedRequestData(
             [r.request_id for r in running_reqs],
-            [[b.block_id for b in blocks] if (blocks := new_blocks[r.request_id]) else []
-             for r in running_reqs],
-            [r.num_computed_tokens for r in running_reqs])
+            [
+                [b.block_id for b in blocks] if (blocks := new_blocks[r.request_id]) else []
+                for r in running_reqs
+            ],
+            [r.num_computed_tokens for r in running_reqs],
+        )
         scheduled = self._advance(p)
         out = SchedulerOutput(
-            step=step, scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached,
+            step=step,
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached,
             num_scheduled_tokens=p.num_scheduled,
             total_num_scheduled_tokens=sum(p.num_scheduled.values()),
             scheduled_spec_decode_tokens=p.spec_tokens,
             finished_req_ids=self._finished_ids,
-            preempted_req_ids={r.request_id for r in p.preempted})
+            preempted_req_ids={r.request_id for r in p.preempted},
+        )
         self._finished_ids = set()
         report = StepReport(
-            step=step, arrivals=self._arrivals, scheduled=scheduled,
-            token_budget=self.config.max_num_batched_tokens, admissions=p.admissions,
-            preemptions=p.preemptions, shortfalls=p.shortfalls,
-            running_stop=p.running_stop, waiting_stop=p.waiting_stop,
+            step=step,
+            arrivals=self._arrivals,
+            scheduled=scheduled,
+            token_budget=self.config.max_num_batched_tokens,
+            admissions=p.admissions,
+            preemptions=p.preemptions,
+            shortfalls=p.shortfalls,
+            running_stop=p.running_stop,
+            waiting_stop=p.waiting_stop,
             # A preemption can shift or unschedule entries: then leave it to the reader.
             num_leading_decodes=-1 if p.preemptions else p.leading_decodes,
             finishes=self._finishes,
-            num_free_blocks_after_schedule=self.kv.num_free_blocks)
+            num_free_blocks_after_schedule=self.kv.num_free_blocks,
+        )
         self._arrivals = []
         self._finishes = []
         return out, report
 
     def _new_request_data(self, req: Request, p: _Pass) -> NewRequestData:
-        return NewRequestData(req.request_id, list(req.all_token_ids), req.num_prompt_tokens,
-                              req.sampling_params, self.kv.get_block_ids(req.request_id),
-                              req.num_computed_tokens)
+        return NewRequestData(
+            req.request_id,
+            list(req.all_token_ids),
+            req.num_prompt_tokens,
+            req.sampling_params,
+            self.kv.get_block_ids(req.request_id),
+            req.num_computed_tokens,
+        )
 
     def _advance(self, p: _Pass) -> list[Scheduled]:
         """Move every scheduled request's num_computed_tokens forward; label its tokens."""
@@ -390,8 +436,9 @@ class Scheduler:
 
     # -- update -------------------------------------------------------------------------------
 
-    def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput,
-                           report: StepReport) -> list[Request]:
+    def update_from_output(
+        self, out: SchedulerOutput, result: ModelRunnerOutput, report: StepReport
+    ) -> list[Request]:
         """Apply what the runner sampled: append tokens, roll back rejected drafts, finish
         requests that stopped. Returns the requests that got tokens or finished."""
         touched: list[Request] = []
@@ -422,8 +469,10 @@ class Scheduler:
                 elif params.stop_token_ids and tok in params.stop_token_ids:
                     req.status = RequestStatus.FINISHED_STOPPED
                     req.stop_reason = tok
-                elif (len(req.all_token_ids) >= max_model_len
-                      or len(req.output_token_ids) >= params.max_tokens):
+                elif (
+                    len(req.all_token_ids) >= max_model_len
+                    or len(req.output_token_ids) >= params.max_tokens
+                ):
                     req.status = RequestStatus.FINISHED_LENGTH_CAPPED
                 stopped = req.status != RequestStatus.RUNNING
                 flat.append(tok)

@@ -48,10 +48,19 @@ def snapshot(sched: Scheduler, ref_cnts: bool = True) -> EngineState:
     tables, and counting every block is a good part of a snapshot's cost."""
     kv = sched.kv
     requests = tuple(
-        RequestState(r.request_id, r.status, r.num_prompt_tokens, r.num_output_tokens,
-                     r.num_computed_tokens, tuple(kv.get_block_ids(r.request_id)),
-                     r.num_preemptions, r.priority, r.num_cached_tokens)
-        for r in sorted(sched.requests.values(), key=lambda r: r.request_id))
+        RequestState(
+            r.request_id,
+            r.status,
+            r.num_prompt_tokens,
+            r.num_output_tokens,
+            r.num_computed_tokens,
+            tuple(kv.get_block_ids(r.request_id)),
+            r.num_preemptions,
+            r.priority,
+            r.num_cached_tokens,
+        )
+        for r in sorted(sched.requests.values(), key=lambda r: r.request_id)
+    )
     pool = kv.pool
     return EngineState(
         step=sched.step_index - 1,
@@ -60,6 +69,7 @@ def snapshot(sched: Scheduler, ref_cnts: bool = True) -> EngineState:
         waiting=tuple(r.request_id for r in sched.waiting),
         free_queue=tuple(pool.free_queue.ids()),
         ref_cnts=tuple(map(attrgetter("ref_cnt"), pool.blocks)) if ref_cnts else (),
-        block_hashes=tuple(sorted((block_id, h) for h, entry in pool.cached.items()
-                                  for block_id in entry)),
+        block_hashes=tuple(
+            sorted((block_id, h) for h, entry in pool.cached.items() for block_id in entry)
+        ),
     )

@@ -15,8 +15,16 @@ from recorder.reader import Cut, Entry, TraceIndex, TraceReader
 if TYPE_CHECKING:
     from recorder.recorder import Recorder, open_recording
 
-__all__ = ["Cut", "Entry", "Recorder", "RecordingError", "TraceError", "TraceIndex",
-           "TraceReader", "open_recording"]
+__all__ = [
+    "Cut",
+    "Entry",
+    "Recorder",
+    "RecordingError",
+    "TraceError",
+    "TraceIndex",
+    "TraceReader",
+    "open_recording",
+]
 
 
 def __getattr__(name: str) -> Any:

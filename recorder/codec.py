@@ -62,8 +62,15 @@ MAX_STR_LEN = 1 << 20  # request ids, messages, model descriptions
 # its elements, so these bound the memory a hostile body can claim (times the unpacker's
 # nesting limit of 1024) to a few MiB.
 _LIMITS: dict[str, Any] = dict(
-    raw=False, use_list=False, strict_map_key=False, max_str_len=MAX_STR_LEN,
-    max_bin_len=MAX_RECORD_BYTES, max_array_len=64, max_map_len=256, max_ext_len=0)
+    raw=False,
+    use_list=False,
+    strict_map_key=False,
+    max_str_len=MAX_STR_LEN,
+    max_bin_len=MAX_RECORD_BYTES,
+    max_array_len=64,
+    max_map_len=256,
+    max_ext_len=0,
+)
 _DECODE_ERRORS = (ValueError, TypeError, OverflowError, msgpack.UnpackException)
 _packer = msgpack.Packer(use_bin_type=True, autoreset=True)
 _BIG_ENDIAN = sys.byteorder == "big"
@@ -112,8 +119,11 @@ class _UInt(Codec[int]):
     def dec(self, v: Any) -> int:
         if type(v) is int and v >= 0:
             return v
-        raise Bad(f"expected an unsigned integer, got {v!r}" if type(v) is int
-                  else f"expected an unsigned integer, got {_kind(v)}")
+        raise Bad(
+            f"expected an unsigned integer, got {v!r}"
+            if type(v) is int
+            else f"expected an unsigned integer, got {_kind(v)}"
+        )
 
 
 class _Int(Codec[int]):
@@ -186,7 +196,8 @@ def pack_ints(values: Sequence[int]) -> bytes:
     if n <= 64:
         top = max(values)
         widths: tuple[int, ...] = (
-            1 if top < 0x100 else 2 if top < 0x10000 else 4 if top < 1 << 32 else 8,)
+            1 if top < 0x100 else 2 if top < 0x10000 else 4 if top < 1 << 32 else 8,
+        )
     else:
         widths = (2, 4, 8)
     for width in widths:
@@ -392,11 +403,20 @@ class Items(Codec[tuple[T, ...]]):
 class Body(Generic[T]):
     """A record as a msgpack map from integer keys to fields; unknown keys are skipped."""
 
-    __slots__ = ("cls", "fields", "defaults", "_values", "_plan", "_by_key", "_required",
-                 "_by_name")
+    __slots__ = (
+        "cls",
+        "fields",
+        "defaults",
+        "_values",
+        "_plan",
+        "_by_key",
+        "_required",
+        "_by_name",
+    )
 
-    def __init__(self, cls: Callable[..., T],
-                 fields: Sequence[tuple[int, str, Codec[Any]]]) -> None:
+    def __init__(
+        self, cls: Callable[..., T], fields: Sequence[tuple[int, str, Codec[Any]]]
+    ) -> None:
         declared = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         assert declared == {name for _, name, _ in fields}, f"{cls}: fields do not match"
         self.cls = cls
@@ -405,10 +425,12 @@ class Body(Generic[T]):
         self.defaults = tuple(defaults.get(name, _MISSING) for _, name, _ in fields)
         self._values = attrgetter(*(name for _, name, _ in fields))  # all fields, one call
         self._by_key = {key: (name, codec) for key, name, codec in fields}
-        self._required = frozenset(name for (_, name, _), default in zip(fields, self.defaults)
-                                   if default is _MISSING)
-        self._plan = tuple((key, codec, default)
-                           for (key, _, codec), default in zip(fields, self.defaults))
+        self._required = frozenset(
+            name for (_, name, _), default in zip(fields, self.defaults) if default is _MISSING
+        )
+        self._plan = tuple(
+            (key, codec, default) for (key, _, codec), default in zip(fields, self.defaults)
+        )
         self._by_name = {name: plan for (_, name, _), plan in zip(fields, self._plan)}
 
     def encode_fields(self, values: dict[str, Any]) -> bytes:
@@ -425,9 +447,11 @@ class Body(Generic[T]):
 
     def encode(self, record: T) -> bytes:
         # `is not` first: most defaults are shared singletons ((), None, small ints).
-        out = {key: codec.enc(value)
-               for (key, codec, default), value in zip(self._plan, self._values(record))
-               if value is not default and value != default}
+        out = {
+            key: codec.enc(value)
+            for (key, codec, default), value in zip(self._plan, self._values(record))
+            if value is not default and value != default
+        }
         return _packer.pack(out)  # type: ignore[no-any-return]
 
     def decode(self, body: bytes) -> T:
@@ -447,8 +471,9 @@ class Body(Generic[T]):
                 e.path.append(name)
                 raise
         if not self._required.issubset(kwargs):
-            key, name = next((k, n) for k, n, _ in self.fields
-                             if n in self._required and n not in kwargs)
+            key, name = next(
+                (k, n) for k, n, _ in self.fields if n in self._required and n not in kwargs
+            )
             raise Bad(f"required field {name} (key {key}) is missing")
         return self.cls(**kwargs)  # the dataclass fills in the defaults
 
@@ -462,22 +487,48 @@ def unpack_body(body: bytes) -> Any:
 
 # -- the format's tables --------------------------------------------------------------------------
 
-SAMPLING = Struct(Sampling, [
-    ("max_tokens", UINT), ("temperature", FLOAT), ("top_p", FLOAT), ("top_k", UINT),
-    ("seed", Opt(INT)), ("stop_token_ids", INTS), ("ignore_eos", BOOL)])
-ARRIVAL = Struct(Arrival, [
-    ("ref", UINT), ("request_id", STR), ("num_prompt_tokens", UINT), ("priority", INT),
-    ("arrival_time", FLOAT), ("eos_token_id", Opt(UINT)), ("sampling", SAMPLING),
-    ("prompt_token_ids", Opt(INTS)), ("prompt_block_hashes", Opt(HASHES))])
-SCHEDULED = Struct(Scheduled, [
-    ("ref", UINT), ("num_tokens", UINT), ("kind", UINT), ("num_computed_before", UINT),
-    ("num_spec_tokens", UINT)])
+SAMPLING = Struct(
+    Sampling,
+    [
+        ("max_tokens", UINT),
+        ("temperature", FLOAT),
+        ("top_p", FLOAT),
+        ("top_k", UINT),
+        ("seed", Opt(INT)),
+        ("stop_token_ids", INTS),
+        ("ignore_eos", BOOL),
+    ],
+)
+ARRIVAL = Struct(
+    Arrival,
+    [
+        ("ref", UINT),
+        ("request_id", STR),
+        ("num_prompt_tokens", UINT),
+        ("priority", INT),
+        ("arrival_time", FLOAT),
+        ("eos_token_id", Opt(UINT)),
+        ("sampling", SAMPLING),
+        ("prompt_token_ids", Opt(INTS)),
+        ("prompt_block_hashes", Opt(HASHES)),
+    ],
+)
+SCHEDULED = Struct(
+    Scheduled,
+    [
+        ("ref", UINT),
+        ("num_tokens", UINT),
+        ("kind", UINT),
+        ("num_computed_before", UINT),
+        ("num_spec_tokens", UINT),
+    ],
+)
 ADMISSION = Struct(Admission, [("ref", UINT), ("cached_tokens", UINT), ("resumed", BOOL)])
-PREEMPTION = Struct(Preemption, [
-    ("victim", UINT), ("for_request", UINT), ("tokens_lost", UINT),
-    ("unscheduled_tokens", UINT)])
-SHORTFALL = Struct(Shortfall, [
-    ("ref", UINT), ("wanted", UINT), ("got", UINT), ("reason", UINT)])
+PREEMPTION = Struct(
+    Preemption,
+    [("victim", UINT), ("for_request", UINT), ("tokens_lost", UINT), ("unscheduled_tokens", UINT)],
+)
+SHORTFALL = Struct(Shortfall, [("ref", UINT), ("wanted", UINT), ("got", UINT), ("reason", UINT)])
 QUEUE_STOP = Struct(QueueStop, [("head", UINT), ("rest", UINT)])
 FINISH = Struct(Finish, [("ref", UINT), ("status", UINT), ("message", STR)])
 SAMPLE = Struct(Sample, [("ref", UINT), ("count", UINT), ("token_ids", Opt(INTS))])
@@ -501,56 +552,145 @@ class _KVColumns(Struct[KVEvents]):
             raise Bad(f"unknown event kind {max(kinds)}")
         with_ref = len(kinds) - kinds.count(_EVICTED)
         cached = sum([n for k, n in zip(kinds, sizes) if k == _CACHED])
-        if (len(kv.refs) != with_ref or len(kv.hashes) != cached
-                or len(kv.hit_tokens) != kinds.count(_PREFIX_HIT)):
+        if (
+            len(kv.refs) != with_ref
+            or len(kv.hashes) != cached
+            or len(kv.hit_tokens) != kinds.count(_PREFIX_HIT)
+        ):
             raise Bad("event refs, hashes or hit tokens do not match the event kinds")
         return kv
 
 
-KV_EVENTS = _KVColumns(KVEvents, [
-    ("kinds", INTS), ("refs", INTS), ("sizes", INTS), ("block_ids", INTS), ("hashes", HASHES),
-    ("hit_tokens", INTS)])
+KV_EVENTS = _KVColumns(
+    KVEvents,
+    [
+        ("kinds", INTS),
+        ("refs", INTS),
+        ("sizes", INTS),
+        ("block_ids", INTS),
+        ("hashes", HASHES),
+        ("hit_tokens", INTS),
+    ],
+)
 KERNEL = Struct(Kernel, [("name", STR), ("calls", UINT), ("total_ns", UINT)])
-TIMING = Struct(Timing, [
-    ("step", UINT), ("prepare_ns", UINT), ("forward_ns", UINT), ("attention_ns", Opt(UINT)),
-    ("sample_ns", UINT), ("kernels", Items(KERNEL))])
-REQUEST_SNAP = Struct(RequestSnap, [
-    ("ref", UINT), ("request_id", STR), ("status", UINT), ("num_prompt_tokens", UINT),
-    ("num_output_tokens", UINT), ("num_computed_tokens", UINT), ("block_ids", INTS),
-    ("num_preemptions", UINT), ("priority", INT), ("arrival_time", FLOAT),
-    ("num_cached_tokens", INT), ("max_tokens", UINT), ("arrival_step", INT),
-    ("first_scheduled_step", INT), ("first_token_step", INT)])
+TIMING = Struct(
+    Timing,
+    [
+        ("step", UINT),
+        ("prepare_ns", UINT),
+        ("forward_ns", UINT),
+        ("attention_ns", Opt(UINT)),
+        ("sample_ns", UINT),
+        ("kernels", Items(KERNEL)),
+    ],
+)
+REQUEST_SNAP = Struct(
+    RequestSnap,
+    [
+        ("ref", UINT),
+        ("request_id", STR),
+        ("status", UINT),
+        ("num_prompt_tokens", UINT),
+        ("num_output_tokens", UINT),
+        ("num_computed_tokens", UINT),
+        ("block_ids", INTS),
+        ("num_preemptions", UINT),
+        ("priority", INT),
+        ("arrival_time", FLOAT),
+        ("num_cached_tokens", INT),
+        ("max_tokens", UINT),
+        ("arrival_step", INT),
+        ("first_scheduled_step", INT),
+        ("first_token_step", INT),
+    ],
+)
 
-HEADER = Body(Header, [
-    (0, "engine", STR), (1, "model", STR), (2, "config", CONFIG), (3, "block_size", UINT),
-    (4, "num_blocks", UINT), (5, "policy", STR), (6, "start_time_ns", UINT), (7, "host", STR),
-    (8, "redacted", BOOL), (9, "first_step", UINT), (10, "snapshot_interval", UINT)])
-STEP = Body(Step, [
-    (0, "step", UINT), (1, "time_ns", UINT), (2, "schedule_ns", UINT), (3, "update_ns", UINT),
-    (4, "token_budget", UINT), (5, "arrivals", Items(ARRIVAL)), (6, "num_decodes", UINT),
-    (7, "scheduled", Items(SCHEDULED)), (8, "admissions", Items(ADMISSION)),
-    (9, "preemptions", Items(PREEMPTION)), (10, "shortfalls", Items(SHORTFALL)),
-    (11, "running_stop", Opt(QUEUE_STOP)), (12, "waiting_stop", Opt(QUEUE_STOP)),
-    (13, "finishes", Items(FINISH)), (14, "sample_counts", Opt(INTS)),
-    (15, "sampled_tokens", Opt(INTS)), (16, "other_samples", Items(SAMPLE)),
-    (17, "spec_accepted", Items(SPEC_ACCEPTED)), (18, "kv_events", KV_EVENTS),
-    (19, "free_blocks_after_schedule", UINT), (20, "free_blocks", UINT),
-    (21, "running", Opt(INTS)), (22, "waiting", Opt(INTS)), (23, "timings", Items(TIMING))])
-SNAPSHOT = Body(Snapshot, [
-    (0, "step", INT), (1, "next_ref", UINT), (2, "requests", Items(REQUEST_SNAP)),
-    (3, "running", INTS), (4, "waiting", INTS), (5, "free_queue", INTS),
-    (6, "cached_block_ids", INTS), (7, "cached_hashes", HASHES)])
-FOOTER = Body(Footer, [
-    (0, "first_step", UINT), (1, "step_offsets", OFFSETS), (2, "snapshot_steps", INTS),
-    (3, "snapshot_offsets", OFFSETS), (4, "num_steps", UINT), (5, "num_arrivals", UINT),
-    (6, "num_finishes", UINT), (7, "num_preemptions", UINT), (8, "end_time_ns", UINT)])
+HEADER = Body(
+    Header,
+    [
+        (0, "engine", STR),
+        (1, "model", STR),
+        (2, "config", CONFIG),
+        (3, "block_size", UINT),
+        (4, "num_blocks", UINT),
+        (5, "policy", STR),
+        (6, "start_time_ns", UINT),
+        (7, "host", STR),
+        (8, "redacted", BOOL),
+        (9, "first_step", UINT),
+        (10, "snapshot_interval", UINT),
+    ],
+)
+STEP = Body(
+    Step,
+    [
+        (0, "step", UINT),
+        (1, "time_ns", UINT),
+        (2, "schedule_ns", UINT),
+        (3, "update_ns", UINT),
+        (4, "token_budget", UINT),
+        (5, "arrivals", Items(ARRIVAL)),
+        (6, "num_decodes", UINT),
+        (7, "scheduled", Items(SCHEDULED)),
+        (8, "admissions", Items(ADMISSION)),
+        (9, "preemptions", Items(PREEMPTION)),
+        (10, "shortfalls", Items(SHORTFALL)),
+        (11, "running_stop", Opt(QUEUE_STOP)),
+        (12, "waiting_stop", Opt(QUEUE_STOP)),
+        (13, "finishes", Items(FINISH)),
+        (14, "sample_counts", Opt(INTS)),
+        (15, "sampled_tokens", Opt(INTS)),
+        (16, "other_samples", Items(SAMPLE)),
+        (17, "spec_accepted", Items(SPEC_ACCEPTED)),
+        (18, "kv_events", KV_EVENTS),
+        (19, "free_blocks_after_schedule", UINT),
+        (20, "free_blocks", UINT),
+        (21, "running", Opt(INTS)),
+        (22, "waiting", Opt(INTS)),
+        (23, "timings", Items(TIMING)),
+    ],
+)
+SNAPSHOT = Body(
+    Snapshot,
+    [
+        (0, "step", INT),
+        (1, "next_ref", UINT),
+        (2, "requests", Items(REQUEST_SNAP)),
+        (3, "running", INTS),
+        (4, "waiting", INTS),
+        (5, "free_queue", INTS),
+        (6, "cached_block_ids", INTS),
+        (7, "cached_hashes", HASHES),
+    ],
+)
+FOOTER = Body(
+    Footer,
+    [
+        (0, "first_step", UINT),
+        (1, "step_offsets", OFFSETS),
+        (2, "snapshot_steps", INTS),
+        (3, "snapshot_offsets", OFFSETS),
+        (4, "num_steps", UINT),
+        (5, "num_arrivals", UINT),
+        (6, "num_finishes", UINT),
+        (7, "num_preemptions", UINT),
+        (8, "end_time_ns", UINT),
+    ],
+)
 
 BODIES: dict[int, Body[Any]] = {
-    RecordType.HEADER: HEADER, RecordType.STEP: STEP, RecordType.SNAPSHOT: SNAPSHOT,
-    RecordType.FOOTER: FOOTER}
+    RecordType.HEADER: HEADER,
+    RecordType.STEP: STEP,
+    RecordType.SNAPSHOT: SNAPSHOT,
+    RecordType.FOOTER: FOOTER,
+}
 TYPES: dict[type, RecordType] = {
-    Header: RecordType.HEADER, Step: RecordType.STEP, Snapshot: RecordType.SNAPSHOT,
-    Footer: RecordType.FOOTER, End: RecordType.END}
+    Header: RecordType.HEADER,
+    Step: RecordType.STEP,
+    Snapshot: RecordType.SNAPSHOT,
+    Footer: RecordType.FOOTER,
+    End: RecordType.END,
+}
 
 # The END body is always this 11-byte map {0: uint64}, so that the record has a fixed size.
 _END_PREFIX = b"\x81\x00\xcf"

@@ -104,7 +104,8 @@ class StepConverter:
         """Take over an engine mid-run: refs for its requests, and a snapshot of it."""
         for req in requests:
             self.live[req.request_id] = _Live(
-                self.next_ref, req.sort_key(), req.sampling_params.max_tokens, -1)
+                self.next_ref, req.sort_key(), req.sampling_params.max_tokens, -1
+            )
             if req.status != RequestStatus.WAITING and not req.output_token_ids:
                 self.awaiting_token[self.next_ref] = req.request_id  # admitted, no token yet
             self.next_ref += 1
@@ -114,20 +115,39 @@ class StepConverter:
     def snapshot(self, state: EngineState) -> Snapshot:
         live = self.live
         requests = sorted(
-            (RequestSnap(
-                info.ref, r.request_id, int(r.status), r.num_prompt_tokens, r.num_output_tokens,
-                r.num_computed_tokens, r.block_ids, r.num_preemptions, r.priority,
-                info.order[1], r.num_cached_tokens, info.max_tokens, info.arrival_step,
-                info.first_scheduled_step, info.first_token_step)
-             for r in state.requests for info in (live[r.request_id],)),
-            key=attrgetter("ref"))
+            (
+                RequestSnap(
+                    info.ref,
+                    r.request_id,
+                    int(r.status),
+                    r.num_prompt_tokens,
+                    r.num_output_tokens,
+                    r.num_computed_tokens,
+                    r.block_ids,
+                    r.num_preemptions,
+                    r.priority,
+                    info.order[1],
+                    r.num_cached_tokens,
+                    info.max_tokens,
+                    info.arrival_step,
+                    info.first_scheduled_step,
+                    info.first_token_step,
+                )
+                for r in state.requests
+                for info in (live[r.request_id],)
+            ),
+            key=attrgetter("ref"),
+        )
         return Snapshot(
-            step=state.step, next_ref=self.next_ref, requests=tuple(requests),
+            step=state.step,
+            next_ref=self.next_ref,
+            requests=tuple(requests),
             running=tuple(live[r].ref for r in state.running),
             waiting=tuple(live[r].ref for r in state.waiting),
             free_queue=state.free_queue,
             cached_block_ids=tuple(b for b, _ in state.block_hashes),
-            cached_hashes=tuple(h for _, h in state.block_hashes))
+            cached_hashes=tuple(h for _, h in state.block_hashes),
+        )
 
     # -- one step ------------------------------------------------------------------------------
 
@@ -137,74 +157,117 @@ class StepConverter:
         bytes as encoding `convert(rep)`, for a fraction of the work. None for any other
         step."""
         n = rep.num_leading_decodes
-        if (n != len(rep.scheduled) or n != len(rep.sampled) or n != len(rep.sampled_flat)
-                or rep.arrivals or rep.finishes or rep.admissions or rep.preemptions
-                or rep.shortfalls or rep.running_stop or rep.waiting_stop
-                or rep.num_spec_accepted or rep.timings or self.awaiting_token
-                or n > len(self.running) or rep.running != self.running
-                or rep.waiting != self.waiting):
+        if (
+            n != len(rep.scheduled)
+            or n != len(rep.sampled)
+            or n != len(rep.sampled_flat)
+            or rep.arrivals
+            or rep.finishes
+            or rep.admissions
+            or rep.preemptions
+            or rep.shortfalls
+            or rep.running_stop
+            or rep.waiting_stop
+            or rep.num_spec_accepted
+            or rep.timings
+            or self.awaiting_token
+            or n > len(self.running)
+            or rep.running != self.running
+            or rep.waiting != self.waiting
+        ):
             return None
         kv = rep.kv_events
-        body = STEP_BODY.encode_fields({
-            "step": rep.step, "time_ns": time_ns, "schedule_ns": ns(rep.schedule_s),
-            "update_ns": ns(rep.update_s), "token_budget": rep.token_budget,
-            "num_decodes": n,
-            "sampled_tokens": None if self.redact else tuple(rep.sampled_flat),
-            "kv_events": self._kv_events(kv, _StepRefs(self.live)) if kv else NO_KV_EVENTS,
-            "free_blocks_after_schedule": rep.num_free_blocks_after_schedule,
-            "free_blocks": rep.num_free_blocks})
+        body = STEP_BODY.encode_fields(
+            {
+                "step": rep.step,
+                "time_ns": time_ns,
+                "schedule_ns": ns(rep.schedule_s),
+                "update_ns": ns(rep.update_s),
+                "token_budget": rep.token_budget,
+                "num_decodes": n,
+                "sampled_tokens": None if self.redact else tuple(rep.sampled_flat),
+                "kv_events": self._kv_events(kv, _StepRefs(self.live)) if kv else NO_KV_EVENTS,
+                "free_blocks_after_schedule": rep.num_free_blocks_after_schedule,
+                "free_blocks": rep.num_free_blocks,
+            }
+        )
         return body
 
     def convert(self, rep: StepReport, *, time_ns: int = 0) -> Step:
         refs = _StepRefs(self.live)
         arrivals = self._arrivals(rep, refs) if rep.arrivals else ()
-        finishes = tuple(Finish(refs.finish_ref(f.request_id), int(f.status), f.message)
-                         for f in rep.finishes) if rep.finishes else ()
-        aborted = {f.request_id for f in rep.finishes
-                   if f.status == RequestStatus.FINISHED_ABORTED}
+        finishes = (
+            tuple(
+                Finish(refs.finish_ref(f.request_id), int(f.status), f.message)
+                for f in rep.finishes
+            )
+            if rep.finishes
+            else ()
+        )
+        aborted = {f.request_id for f in rep.finishes if f.status == RequestStatus.FINISHED_ABORTED}
         base = [r for r in self.running if r not in aborted] if aborted else self.running
         num_decodes, ids = self._decode_prefix(rep, base)
         counts, tokens, others = self._samples(rep, ids, refs)
         running, waiting = self._queues(rep, bool(refs.older))
         step = Step(
-            step=rep.step, time_ns=time_ns, schedule_ns=ns(rep.schedule_s),
-            update_ns=ns(rep.update_s), token_budget=rep.token_budget, arrivals=arrivals,
-            num_decodes=num_decodes, finishes=finishes, sample_counts=counts,
-            sampled_tokens=tokens, other_samples=others,
+            step=rep.step,
+            time_ns=time_ns,
+            schedule_ns=ns(rep.schedule_s),
+            update_ns=ns(rep.update_s),
+            token_budget=rep.token_budget,
+            arrivals=arrivals,
+            num_decodes=num_decodes,
+            finishes=finishes,
+            sample_counts=counts,
+            sampled_tokens=tokens,
+            other_samples=others,
             kv_events=self._kv_events(rep.kv_events, refs) if rep.kv_events else NO_KV_EVENTS,
             free_blocks_after_schedule=rep.num_free_blocks_after_schedule,
-            free_blocks=rep.num_free_blocks, running=running, waiting=waiting,
+            free_blocks=rep.num_free_blocks,
+            running=running,
+            waiting=waiting,
             timings=_timings(rep) if rep.timings else (),
-            **self._decisions(rep, num_decodes, refs.ref))
+            **self._decisions(rep, num_decodes, refs.ref),
+        )
         self._advance(rep, step)
         return step
 
     @staticmethod
-    def _decisions(rep: StepReport, num_decodes: int, ref: Callable[[str], int]
-                   ) -> dict[str, Any]:
+    def _decisions(rep: StepReport, num_decodes: int, ref: Callable[[str], int]) -> dict[str, Any]:
         """The step's less frequent fields, only where the report has something."""
         out: dict[str, Any] = {}
         if len(rep.scheduled) > num_decodes:
             out["scheduled"] = tuple(
-                Scheduled(ref(s.request_id), s.num_tokens, int(s.kind), s.num_computed_before,
-                          s.num_spec_tokens) for s in rep.scheduled[num_decodes:])
+                Scheduled(
+                    ref(s.request_id),
+                    s.num_tokens,
+                    int(s.kind),
+                    s.num_computed_before,
+                    s.num_spec_tokens,
+                )
+                for s in rep.scheduled[num_decodes:]
+            )
         if rep.admissions:
-            out["admissions"] = tuple(Admission(ref(a.request_id), a.cached_tokens, a.resumed)
-                                      for a in rep.admissions)
+            out["admissions"] = tuple(
+                Admission(ref(a.request_id), a.cached_tokens, a.resumed) for a in rep.admissions
+            )
         if rep.preemptions:
             out["preemptions"] = tuple(
-                Preemption(ref(p.victim), ref(p.for_request), p.tokens_lost,
-                           p.unscheduled_tokens) for p in rep.preemptions)
+                Preemption(ref(p.victim), ref(p.for_request), p.tokens_lost, p.unscheduled_tokens)
+                for p in rep.preemptions
+            )
         if rep.shortfalls:
-            out["shortfalls"] = tuple(Shortfall(ref(s.request_id), s.wanted, s.got,
-                                                int(s.reason)) for s in rep.shortfalls)
+            out["shortfalls"] = tuple(
+                Shortfall(ref(s.request_id), s.wanted, s.got, int(s.reason)) for s in rep.shortfalls
+            )
         if rep.running_stop is not None:
             out["running_stop"] = _stop(rep.running_stop)
         if rep.waiting_stop is not None:
             out["waiting_stop"] = _stop(rep.waiting_stop)
         if rep.num_spec_accepted:
-            out["spec_accepted"] = tuple(SpecAccepted(ref(r), n)
-                                         for r, n in rep.num_spec_accepted.items())
+            out["spec_accepted"] = tuple(
+                SpecAccepted(ref(r), n) for r, n in rep.num_spec_accepted.items()
+            )
         return out
 
     def _arrivals(self, rep: StepReport, refs: _StepRefs) -> tuple[Arrival, ...]:
@@ -219,15 +282,31 @@ class StepConverter:
                     refs.freed_older[rid] = older.ref
             ref = self.next_ref
             self.next_ref += 1
-            self.live[rid] = _Live(ref, (a.priority, a.arrival_time, rid),
-                                   a.sampling_params.max_tokens, rep.step)
+            self.live[rid] = _Live(
+                ref, (a.priority, a.arrival_time, rid), a.sampling_params.max_tokens, rep.step
+            )
             p = a.sampling_params
-            out.append(Arrival(
-                ref, rid, len(a.prompt_token_ids), a.priority, a.arrival_time, a.eos_token_id,
-                Sampling(p.max_tokens, p.temperature, p.top_p, p.top_k, p.seed,
-                         tuple(p.stop_token_ids), p.ignore_eos),
-                None if self.redact else tuple(a.prompt_token_ids),
-                tuple(a.prompt_block_hashes) if self.redact else None))
+            out.append(
+                Arrival(
+                    ref,
+                    rid,
+                    len(a.prompt_token_ids),
+                    a.priority,
+                    a.arrival_time,
+                    a.eos_token_id,
+                    Sampling(
+                        p.max_tokens,
+                        p.temperature,
+                        p.top_p,
+                        p.top_k,
+                        p.seed,
+                        tuple(p.stop_token_ids),
+                        p.ignore_eos,
+                    ),
+                    None if self.redact else tuple(a.prompt_token_ids),
+                    tuple(a.prompt_block_hashes) if self.redact else None,
+                )
+            )
         return tuple(out)
 
     @staticmethod
@@ -251,23 +330,31 @@ class StepConverter:
             k += 1
         return k, ids
 
-    def _samples(self, rep: StepReport, ids: list[str], refs: _StepRefs
-                 ) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None, tuple[Sample, ...]]:
+    def _samples(
+        self, rep: StepReport, ids: list[str], refs: _StepRefs
+    ) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None, tuple[Sample, ...]]:
         sampled = rep.sampled
         # Samples follow scheduling order, so when every entry sampled and the scheduler
         # vouched for the ids, the keys need no comparison.
-        if len(sampled) == len(ids) and (rep.num_leading_decodes == len(ids)
-                                         or list(sampled) == ids):
+        if len(sampled) == len(ids) and (
+            rep.num_leading_decodes == len(ids) or list(sampled) == ids
+        ):
             flat = rep.sampled_flat  # the engine flattened them while they were hot
             counts = None if len(flat) == len(ids) else tuple(map(len, sampled.values()))
             return counts, None if self.redact else tuple(flat), ()
         empty: list[int] = []
         per_entry = [sampled.get(rid, empty) for rid in ids]
         known = set(ids)
-        others = tuple(Sample(refs.ref(rid), len(toks), None if self.redact else tuple(toks))
-                       for rid, toks in sampled.items() if rid not in known)
-        return (tuple(map(len, per_entry)),
-                None if self.redact else tuple(chain.from_iterable(per_entry)), others)
+        others = tuple(
+            Sample(refs.ref(rid), len(toks), None if self.redact else tuple(toks))
+            for rid, toks in sampled.items()
+            if rid not in known
+        )
+        return (
+            tuple(map(len, per_entry)),
+            None if self.redact else tuple(chain.from_iterable(per_entry)),
+            others,
+        )
 
     @staticmethod
     def _kv_events(log: KVEventLog, refs: _StepRefs) -> KVEvents:
@@ -275,15 +362,25 @@ class StepConverter:
         the evicted hashes (the reducer knows what it drops), and take the rest whole."""
         live = refs.live
         if refs.freed_older:  # an id reused this step: its FREED may name the older request
-            owners = [refs.freed_ref(rid) if kind is _FREED else live[rid].ref
-                      for kind, rid in zip(log.kinds, log.request_ids) if rid is not None]
+            owners = [
+                refs.freed_ref(rid) if kind is _FREED else live[rid].ref
+                for kind, rid in zip(log.kinds, log.request_ids)
+                if rid is not None
+            ]
         else:
             owners = [live[rid].ref for rid in log.request_ids if rid is not None]
-        return KVEvents(tuple(log.kinds), tuple(owners), tuple(log.sizes),
-                        tuple(log.block_ids), tuple(log.cached_hashes), tuple(log.hit_tokens))
+        return KVEvents(
+            tuple(log.kinds),
+            tuple(owners),
+            tuple(log.sizes),
+            tuple(log.block_ids),
+            tuple(log.cached_hashes),
+            tuple(log.hit_tokens),
+        )
 
-    def _queues(self, rep: StepReport, reused: bool
-                ) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+    def _queues(
+        self, rep: StepReport, reused: bool
+    ) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         """The end-of-step queues as refs, or None where the derivation gets them right."""
         if not (rep.arrivals or rep.admissions or rep.preemptions or rep.finishes):
             running_ok = rep.running == self.running  # nothing moved: cheap to check
@@ -294,21 +391,30 @@ class StepConverter:
             admitted = [a.request_id for a in rep.admissions]
             preempted = [p.victim for p in rep.preemptions]
             finished = {f.request_id for f in rep.finishes}
-            running_ok = running_after(self.running, finished.union(preempted),
-                                       admitted) == rep.running
-            waiting_ok = self._derive_waiting([a.request_id for a in rep.arrivals], admitted,
-                                              preempted, finished) == rep.waiting
+            running_ok = (
+                running_after(self.running, finished.union(preempted), admitted) == rep.running
+            )
+            waiting_ok = (
+                self._derive_waiting(
+                    [a.request_id for a in rep.arrivals], admitted, preempted, finished
+                )
+                == rep.waiting
+            )
         live = self.live
-        return (None if running_ok else tuple(live[r].ref for r in rep.running),
-                None if waiting_ok else tuple(live[r].ref for r in rep.waiting))
+        return (
+            None if running_ok else tuple(live[r].ref for r in rep.running),
+            None if waiting_ok else tuple(live[r].ref for r in rep.waiting),
+        )
 
-    def _derive_waiting(self, arrived: list[str], admitted: list[str], preempted: list[str],
-                        finished: set[str]) -> list[str]:
+    def _derive_waiting(
+        self, arrived: list[str], admitted: list[str], preempted: list[str], finished: set[str]
+    ) -> list[str]:
         gone = finished.union(admitted)
         if self.policy == "priority":
             live = self.live
-            return waiting_after_priority(self.waiting, arrived, preempted, gone,
-                                          key=lambda r: live[r].order)
+            return waiting_after_priority(
+                self.waiting, arrived, preempted, gone, key=lambda r: live[r].order
+            )
         return waiting_after_fcfs(self.waiting, arrived, preempted, gone)
 
     def _advance(self, rep: StepReport, step: Step) -> None:
@@ -340,13 +446,21 @@ def _stop(stop: EngineQueueStop | None) -> QueueStop | None:
 
 def _timings(rep: StepReport) -> tuple[Timing, ...]:
     return tuple(
-        Timing(t.step, ns(t.prepare_s), ns(t.forward_s),
-               None if t.attention_s is None else ns(t.attention_s), ns(t.sample_s),
-               tuple(Kernel(k.name, k.calls, ns(k.total_s)) for k in t.kernels))
-        for t in rep.timings)
+        Timing(
+            t.step,
+            ns(t.prepare_s),
+            ns(t.forward_s),
+            None if t.attention_s is None else ns(t.attention_s),
+            ns(t.sample_s),
+            tuple(Kernel(k.name, k.calls, ns(k.total_s)) for k in t.kernels),
+        )
+        for t in rep.timings
+    )
 
 
 def scalar_config(values: dict[str, Any]) -> dict[str, Any]:
     """The config as plain scalars (anything else as its repr)."""
-    return {k: v if v is None or isinstance(v, str | int | float | bool) else repr(v)
-            for k, v in values.items()}
+    return {
+        k: v if v is None or isinstance(v, str | int | float | bool) else repr(v)
+        for k, v in values.items()
+    }

@@ -24,8 +24,9 @@ def running_after(prev: Sequence[T], gone: Collection[T], admitted: Sequence[T])
     return [r for r in chain(prev, admitted) if r not in gone]
 
 
-def waiting_after_fcfs(prev: Sequence[T], arrived: Sequence[T], preempted: Sequence[T],
-                       gone: Collection[T]) -> list[T]:
+def waiting_after_fcfs(
+    prev: Sequence[T], arrived: Sequence[T], preempted: Sequence[T], gone: Collection[T]
+) -> list[T]:
     """FCFS: arrivals join the back; each preempted request is put at the front, so the last
     preempted is first. `gone` holds the admitted and finished requests."""
     rest = chain(prev, arrived)
@@ -33,7 +34,12 @@ def waiting_after_fcfs(prev: Sequence[T], arrived: Sequence[T], preempted: Seque
     return [*reversed(preempted), *kept]
 
 
-def waiting_after_priority(prev: Iterable[T], arrived: Iterable[T], preempted: Iterable[T],
-                           gone: Collection[T], key: Callable[[T], Any]) -> list[T]:
+def waiting_after_priority(
+    prev: Iterable[T],
+    arrived: Iterable[T],
+    preempted: Iterable[T],
+    gone: Collection[T],
+    key: Callable[[T], Any],
+) -> list[T]:
     """PRIORITY: the waiting set in (priority, arrival_time, request_id) order."""
     return sorted((r for r in chain(prev, arrived, preempted) if r not in gone), key=key)

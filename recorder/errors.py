@@ -10,8 +10,9 @@ class TraceError(Exception):
     is the file as a whole (say, it does not exist). `incomplete` marks a file that may
     still become readable: missing, or too short for its header (a writer just starting)."""
 
-    def __init__(self, message: str, offset: int | None = None, *,
-                 incomplete: bool = False) -> None:
+    def __init__(
+        self, message: str, offset: int | None = None, *, incomplete: bool = False
+    ) -> None:
         super().__init__(message, offset)
         self.message = message
         self.offset = offset

@@ -51,16 +51,29 @@ def _summarize(path: str | os.PathLike[str]) -> TraceSummary:
             if index.step_offsets:
                 last = reader.read_at(index.step_offsets[-1]).record
                 last_time = last.time_ns if isinstance(last, Step) else 0
-            totals = (footer.num_arrivals, footer.num_finishes, footer.num_preemptions,
-                      len(footer.snapshot_offsets))
+            totals = (
+                footer.num_arrivals,
+                footer.num_finishes,
+                footer.num_preemptions,
+                len(footer.snapshot_offsets),
+            )
             last_step = index.last_step
             end = reader.path.stat().st_size
         else:
             last_step, last_time, totals, end = _count(reader)
         return TraceSummary(
-            reader.path, reader.path.stat().st_size, reader.version, reader.header,
-            reader.header.first_step, last_step, last_time / 1e9, *totals,
-            closed_cleanly=footer is not None, cut=reader.cut, end=end)
+            reader.path,
+            reader.path.stat().st_size,
+            reader.version,
+            reader.header,
+            reader.header.first_step,
+            last_step,
+            last_time / 1e9,
+            *totals,
+            closed_cleanly=footer is not None,
+            cut=reader.cut,
+            end=end,
+        )
 
 
 def _count(reader: TraceReader) -> tuple[int, int, tuple[int, int, int, int], int]:
@@ -84,16 +97,17 @@ def format_summary(s: TraceSummary) -> str:
     started = datetime.datetime.fromtimestamp(h.start_time_ns / 1e9, datetime.UTC)
     steps = s.last_step - s.first_step + 1
     rate = f", {steps / s.duration_s:.0f} steps/s" if s.duration_s > 0 else ""
-    knobs = textwrap.wrap(" ".join(f"{k}={v}" for k, v in sorted(h.config.items())), 88,
-                          subsequent_indent=" " * 10) or [""]
+    knobs = textwrap.wrap(
+        " ".join(f"{k}={v}" for k, v in sorted(h.config.items())), 88, subsequent_indent=" " * 10
+    ) or [""]
     lines = [
         f"trace     {s.path}  ({s.size:,} bytes, format {s.version[0]}.{s.version[1]})",
         f"engine    {h.engine}" + (f"  model: {h.model}" if h.model else ""),
         f"recorded  {started:%Y-%m-%d %H:%M:%S} UTC on {h.host}"
         + ("  (prompts redacted)" if h.redacted else ""),
-        f"config    {knobs[0]}", *knobs[1:],
-        f"steps     {steps:,} ({s.first_step}..{s.last_step})  "
-        f"duration {s.duration_s:.3f} s{rate}",
+        f"config    {knobs[0]}",
+        *knobs[1:],
+        f"steps     {steps:,} ({s.first_step}..{s.last_step})  duration {s.duration_s:.3f} s{rate}",
         f"requests  {s.num_arrivals:,} arrived, {s.num_finishes:,} finished  "
         f"preemptions {s.num_preemptions:,}  snapshots {s.num_snapshots}",
         f"closed    {_closing(s)}",
@@ -105,9 +119,13 @@ def _closing(s: TraceSummary) -> str:
     if s.closed_cleanly:
         return "yes, cleanly (footer index present)"
     if s.cut is not None:
-        text = (f"no: the tail is cut at byte {s.cut.offset:,} ({s.cut.reason}); every "
-                "record before it is whole")
+        text = (
+            f"no: the tail is cut at byte {s.cut.offset:,} ({s.cut.reason}); every "
+            "record before it is whole"
+        )
     else:
-        text = (f"no: no footer (the writer is still running, or was killed between two "
-                f"records); {s.end:,} bytes of whole records")
+        text = (
+            f"no: no footer (the writer is still running, or was killed between two "
+            f"records); {s.end:,} bytes of whole records"
+        )
     return "\n".join(textwrap.wrap(text, 88, subsequent_indent=" " * 10))

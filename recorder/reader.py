@@ -131,8 +131,9 @@ class TraceReader:
         return cls(name, _file=io.BytesIO(data))
 
     @classmethod
-    def wait_for(cls, path: str | os.PathLike[str], timeout_s: float,
-                 poll_s: float = 0.05) -> TraceReader:
+    def wait_for(
+        cls, path: str | os.PathLike[str], timeout_s: float, poll_s: float = 0.05
+    ) -> TraceReader:
         """Open a trace that a writer may not have started yet, waiting up to `timeout_s`
         for the file and its header to appear."""
         deadline = time.monotonic() + timeout_s
@@ -204,8 +205,12 @@ class TraceReader:
         if self._index is None:
             footer = self.footer
             if footer is not None and len(footer.step_offsets) == footer.num_steps:
-                self._index = TraceIndex(footer.first_step, footer.step_offsets,
-                                         footer.snapshot_steps, footer.snapshot_offsets)
+                self._index = TraceIndex(
+                    footer.first_step,
+                    footer.step_offsets,
+                    footer.snapshot_steps,
+                    footer.snapshot_offsets,
+                )
             else:
                 self._index = self._scan()
         return self._index
@@ -214,22 +219,29 @@ class TraceReader:
         """The nearest snapshot at or before `step` and the step records from there."""
         index = self.index()
         if not index.first_step <= step <= index.last_step:
-            raise ValueError(f"step {step} is not in this trace "
-                             f"({index.first_step}..{index.last_step})")
+            raise ValueError(
+                f"step {step} is not in this trace ({index.first_step}..{index.last_step})"
+            )
         i = bisect_right(index.snapshot_steps, step) - 1
         snapshot: Snapshot | None = None
         start_step = index.first_step
         if i >= 0:
             entry = self.read_at(index.snapshot_offsets[i])
-            if not isinstance(entry.record, Snapshot) or entry.record.step != \
-                    index.snapshot_steps[i]:
-                raise TraceError(f"the index says a snapshot of step {index.snapshot_steps[i]}"
-                                 " is here", entry.offset)
+            if (
+                not isinstance(entry.record, Snapshot)
+                or entry.record.step != index.snapshot_steps[i]
+            ):
+                raise TraceError(
+                    f"the index says a snapshot of step {index.snapshot_steps[i]} is here",
+                    entry.offset,
+                )
             snapshot = entry.record
             start_step = snapshot.step + 1
         elif index.first_step != 0:
-            raise TraceError("the trace starts mid-run but has no snapshot before its first "
-                             "step", self.records_start)
+            raise TraceError(
+                "the trace starts mid-run but has no snapshot before its first step",
+                self.records_start,
+            )
         return Seek(snapshot, self._steps_between(index, start_step, step))
 
     def _steps_between(self, index: TraceIndex, first: int, last: int) -> Iterator[Entry]:
@@ -242,8 +254,9 @@ class TraceReader:
             if not isinstance(step, Step):
                 continue
             if step.step != expected:
-                raise TraceError(f"step {step.step} where the index has step {expected}",
-                                 entry.offset)
+                raise TraceError(
+                    f"step {step.step} where the index has step {expected}", entry.offset
+                )
             yield entry
             if expected == last:
                 return
@@ -253,8 +266,9 @@ class TraceReader:
     def _scan(self) -> TraceIndex:
         """Index a file without a footer: frame headers and checksums only, no decoding."""
         found = self.scan(self.records_start, self.header.first_step)
-        return TraceIndex(self.header.first_step, found.step_offsets, found.snapshot_steps,
-                          found.snapshot_offsets)
+        return TraceIndex(
+            self.header.first_step, found.step_offsets, found.snapshot_steps, found.snapshot_offsets
+        )
 
     def scan(self, start: int, next_step: int, tail: bool = False) -> Scan:
         """Index the whole records from byte `start` on (frames and checksums only, no
@@ -292,15 +306,18 @@ class TraceReader:
             rtype, body, after = frame
             record = decode(rtype, body, self._tail)
             if record is not None:
-                self._last_tail_step = self._check_order(record, self._tail,
-                                                         self._last_tail_step)
+                self._last_tail_step = self._check_order(record, self._tail, self._last_tail_step)
                 out.append(Entry(self._tail, record))
                 self.finished = isinstance(record, End)
             self._tail = after
         return out
 
-    def follow(self, poll_s: float = 0.05, idle_timeout_s: float | None = None,
-               stop: Callable[[], bool] | None = None) -> Iterator[Entry]:
+    def follow(
+        self,
+        poll_s: float = 0.05,
+        idle_timeout_s: float | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> Iterator[Entry]:
         """Records as a writer appends them, until the END record, until `stop()` is true,
         or until nothing new has come for `idle_timeout_s`."""
         idle_since = time.monotonic()
@@ -324,23 +341,22 @@ class TraceReader:
         head = f.read(FRAME_SIZE)
         if len(head) < FRAME_SIZE:
             if head and not tail:
-                self._set_cut(offset, f"frame header cut after {len(head)} of {FRAME_SIZE} "
-                                      "bytes")
+                self._set_cut(offset, f"frame header cut after {len(head)} of {FRAME_SIZE} bytes")
             return None
         length, rtype, crc = FRAME.unpack(head)
         if rtype == 0:
             raise TraceError("invalid record type 0", offset)
         if length > MAX_RECORD_BYTES:
-            raise TraceError(f"record length {length} exceeds the limit of "
-                             f"{MAX_RECORD_BYTES} bytes", offset)
+            raise TraceError(
+                f"record length {length} exceeds the limit of {MAX_RECORD_BYTES} bytes", offset
+            )
         body = f.read(length)
         if len(body) < length:
             if not tail:
                 self._set_cut(offset, f"record cut after {len(body)} of {length} body bytes")
             return None
         if checksum(rtype, body) != crc:
-            raise TraceError(f"checksum mismatch in a record of type {rtype}: corrupt data",
-                             offset)
+            raise TraceError(f"checksum mismatch in a record of type {rtype}: corrupt data", offset)
         return rtype, body, offset + FRAME_SIZE + length
 
     def _set_cut(self, offset: int, reason: str) -> None:
@@ -361,16 +377,18 @@ class TraceReader:
     def _read_preamble(self) -> tuple[int, int]:
         data = self._f.read(PREAMBLE_SIZE)
         if len(data) < PREAMBLE_SIZE:
-            incomplete = MAGIC.startswith(data[:len(MAGIC)])
-            raise TraceError(f"not a schedtop trace: only {len(data)} bytes",
-                             incomplete=incomplete)
+            incomplete = MAGIC.startswith(data[: len(MAGIC)])
+            raise TraceError(f"not a schedtop trace: only {len(data)} bytes", incomplete=incomplete)
         magic, major, minor = PREAMBLE.unpack(data)
         if magic != MAGIC:
             raise TraceError("not a schedtop trace (wrong magic bytes)", 0)
         if major > FORMAT_MAJOR:
-            raise TraceError(f"trace format {major}.{minor} is newer than this "
-                             f"schedtop reads ({FORMAT_MAJOR}.{FORMAT_MINOR}); upgrade schedtop "
-                             "to read it", len(MAGIC))
+            raise TraceError(
+                f"trace format {major}.{minor} is newer than this "
+                f"schedtop reads ({FORMAT_MAJOR}.{FORMAT_MINOR}); upgrade schedtop "
+                "to read it",
+                len(MAGIC),
+            )
         if major < 1:
             raise TraceError(f"unknown trace format {major}.{minor}", len(MAGIC))
         return major, minor
@@ -378,8 +396,7 @@ class TraceReader:
     def _read_header(self) -> Header:
         frame = self._frame_at(PREAMBLE_SIZE)
         if frame is None:
-            raise TraceError("the header record is incomplete", PREAMBLE_SIZE,
-                             incomplete=True)
+            raise TraceError("the header record is incomplete", PREAMBLE_SIZE, incomplete=True)
         rtype, body, after = frame
         record = decode(rtype, body, PREAMBLE_SIZE)
         if not isinstance(record, Header):
@@ -395,14 +412,16 @@ class TraceReader:
         self._f.seek(end_at)
         head = self._f.read(END_RECORD_SIZE)
         length, rtype, crc = FRAME.unpack_from(head)
-        if (rtype != RecordType.END or length != END_BODY_SIZE
-                or checksum(rtype, head[FRAME_SIZE:]) != crc):
+        if (
+            rtype != RecordType.END
+            or length != END_BODY_SIZE
+            or checksum(rtype, head[FRAME_SIZE:]) != crc
+        ):
             return None  # not closed cleanly: readers scan
         end = decode(rtype, head[FRAME_SIZE:], end_at)
         assert isinstance(end, End)
         if not self.records_start <= end.footer_offset < end_at:
-            raise TraceError(f"the footer offset {end.footer_offset} is outside the file",
-                             end_at)
+            raise TraceError(f"the footer offset {end.footer_offset} is outside the file", end_at)
         frame = self._frame_at(end.footer_offset)
         if frame is None or frame[2] != end_at or frame[0] != RecordType.FOOTER:
             raise TraceError("the END record does not point at a footer", end.footer_offset)
@@ -414,13 +433,15 @@ class TraceReader:
 
 def _check_footer(footer: Footer, header: Header, offset: int) -> None:
     if footer.first_step != header.first_step:
-        raise TraceError(f"footer: first step {footer.first_step}, header: "
-                         f"{header.first_step}", offset)
+        raise TraceError(
+            f"footer: first step {footer.first_step}, header: {header.first_step}", offset
+        )
     if len(footer.snapshot_steps) != len(footer.snapshot_offsets):
         raise TraceError("footer: snapshot steps and offsets differ in number", offset)
     if footer.step_offsets and len(footer.step_offsets) != footer.num_steps:
-        raise TraceError(f"footer: {len(footer.step_offsets)} step offsets for "
-                         f"{footer.num_steps} steps", offset)
+        raise TraceError(
+            f"footer: {len(footer.step_offsets)} step offsets for {footer.num_steps} steps", offset
+        )
     for offsets in (footer.step_offsets, footer.snapshot_offsets):
         if offsets and offsets[-1] >= offset:
             raise TraceError("footer: an offset points past the footer", offset)

@@ -40,17 +40,27 @@ class Recorder:
     with a snapshot). A recording that fails (disk full, or a bug here) stops with one
     warning and never stops the engine, unless `strict` (tests) makes it raise."""
 
-    def __init__(self, engine: EngineCore, sink: TraceSink, *, redact_prompts: bool = False,
-                 snapshot_interval: int = DEFAULT_SNAPSHOT_INTERVAL, model: str | None = None,
-                 strict: bool = False, on_step_record: Callable[[Step], None] | None = None,
-                 clock: Callable[[], int] = time.monotonic_ns,
-                 wall_clock: Callable[[], int] = time.time_ns) -> None:
+    def __init__(
+        self,
+        engine: EngineCore,
+        sink: TraceSink,
+        *,
+        redact_prompts: bool = False,
+        snapshot_interval: int = DEFAULT_SNAPSHOT_INTERVAL,
+        model: str | None = None,
+        strict: bool = False,
+        on_step_record: Callable[[Step], None] | None = None,
+        clock: Callable[[], int] = time.monotonic_ns,
+        wall_clock: Callable[[], int] = time.time_ns,
+    ) -> None:
         if snapshot_interval < 1:
             raise ValueError(f"snapshot_interval={snapshot_interval}: must be >= 1")
         mid_run = engine.step_index > 0
         if mid_run and engine.scheduler.has_unreported:
-            raise ValueError("attach the recorder to a fresh engine or right after a step, "
-                             "not after adding or aborting requests")
+            raise ValueError(
+                "attach the recorder to a fresh engine or right after a step, "
+                "not after adding or aborting requests"
+            )
         self.engine = engine
         self.sink = sink
         self.snapshot_interval = snapshot_interval
@@ -147,18 +157,26 @@ class Recorder:
         rtype, body = encode(record)
         return self.sink.append(rtype, body, boundary=boundary)
 
-    def _header(self, engine: EngineCore, model: str | None, redacted: bool,
-                start_ns: int) -> Header:
+    def _header(
+        self, engine: EngineCore, model: str | None, redacted: bool, start_ns: int
+    ) -> Header:
         cfg = engine.config
         if model is None:
             described = getattr(engine.runner, "model_description", "")
             model = described if isinstance(described, str) else ""
         return Header(
-            engine=f"schedtop {_version()} ({type(engine.runner).__name__})", model=model,
-            config=scalar_config(cfg.to_dict()), block_size=cfg.block_size,
-            num_blocks=cfg.num_blocks, policy=cfg.policy, start_time_ns=start_ns,
-            host=socket.gethostname(), redacted=redacted, first_step=engine.step_index,
-            snapshot_interval=self.snapshot_interval)
+            engine=f"schedtop {_version()} ({type(engine.runner).__name__})",
+            model=model,
+            config=scalar_config(cfg.to_dict()),
+            block_size=cfg.block_size,
+            num_blocks=cfg.num_blocks,
+            policy=cfg.policy,
+            start_time_ns=start_ns,
+            host=socket.gethostname(),
+            redacted=redacted,
+            first_step=engine.step_index,
+            snapshot_interval=self.snapshot_interval,
+        )
 
     def _footer(self) -> Footer:
         offsets = tuple(self._step_offsets)
@@ -166,17 +184,28 @@ class Recorder:
             offsets = ()  # too many to index: readers scan instead
         steps, arrivals, finishes, preemptions = self._counts
         return Footer(
-            first_step=self._first_step, step_offsets=offsets,
+            first_step=self._first_step,
+            step_offsets=offsets,
             snapshot_steps=tuple(s for s, _ in self._snapshots),
-            snapshot_offsets=tuple(o for _, o in self._snapshots), num_steps=steps,
-            num_arrivals=arrivals, num_finishes=finishes, num_preemptions=preemptions,
-            end_time_ns=self._clock() - self._t0)
+            snapshot_offsets=tuple(o for _, o in self._snapshots),
+            num_steps=steps,
+            num_arrivals=arrivals,
+            num_finishes=finishes,
+            num_preemptions=preemptions,
+            end_time_ns=self._clock() - self._t0,
+        )
 
 
-def open_recording(engine: EngineCore, path: str | Path | None = None, *, kind: str = "run",
-                   redact_prompts: bool = False, live: bool = True,
-                   snapshot_interval: int = DEFAULT_SNAPSHOT_INTERVAL,
-                   model: str | None = None) -> Recorder:
+def open_recording(
+    engine: EngineCore,
+    path: str | Path | None = None,
+    *,
+    kind: str = "run",
+    redact_prompts: bool = False,
+    live: bool = True,
+    snapshot_interval: int = DEFAULT_SNAPSHOT_INTERVAL,
+    model: str | None = None,
+) -> Recorder:
     """Record `engine` into `path`, or into a new file in the default trace directory
     (see recorder.paths) named after `kind` ("run", "sim", "demo"). `live` flushes every
     step, so that `schedtop live` sees each one at once. Raises RecordingError when the
@@ -186,12 +215,18 @@ def open_recording(engine: EngineCore, path: str | Path | None = None, *, kind: 
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise RecordingError(f"{path.parent}: cannot create the trace directory: "
-                                 f"{e.strerror}") from None
+            raise RecordingError(
+                f"{path.parent}: cannot create the trace directory: {e.strerror}"
+            ) from None
     writer = TraceWriter(path, live=live)
     try:
-        return Recorder(engine, writer, redact_prompts=redact_prompts,
-                        snapshot_interval=snapshot_interval, model=model)
+        return Recorder(
+            engine,
+            writer,
+            redact_prompts=redact_prompts,
+            snapshot_interval=snapshot_interval,
+            model=model,
+        )
     except BaseException:
         writer.close()
         raise

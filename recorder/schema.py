@@ -237,12 +237,12 @@ class KVEvents:
         refs, hashes, hits = iter(self.refs), self.hashes, iter(self.hit_tokens)
         at = hashed = 0
         for kind, size in zip(self.kinds, self.sizes):
-            blocks = self.block_ids[at:at + size]
+            blocks = self.block_ids[at : at + size]
             at += size
             if kind == KVKind.EVICTED:
                 yield kind, None, blocks, (), 0
             elif kind == KVKind.CACHED:
-                yield kind, next(refs), blocks, hashes[hashed:hashed + size], 0
+                yield kind, next(refs), blocks, hashes[hashed : hashed + size], 0
                 hashed += size
             elif kind == KVKind.PREFIX_HIT:
                 yield kind, next(refs), blocks, (), next(hits)
@@ -272,8 +272,9 @@ class KVEvents:
                 hashes += e.hashes
             elif e.kind == KVKind.PREFIX_HIT:
                 hits.append(e.num_tokens)
-        return cls(tuple(kinds), tuple(refs), tuple(sizes), tuple(blocks), tuple(hashes),
-                   tuple(hits))
+        return cls(
+            tuple(kinds), tuple(refs), tuple(sizes), tuple(blocks), tuple(hashes), tuple(hits)
+        )
 
 
 NO_KV_EVENTS = KVEvents()

@@ -36,13 +36,21 @@ class TraceWriter:
     Invariant: `offset` is the file offset the next record will have; `flushed` counts the
     bytes the OS has accepted, a prefix of the file that any reader can see."""
 
-    def __init__(self, path: str | os.PathLike[str], *, live: bool = True,
-                 flush_bytes: int = 1 << 20, flush_interval_s: float = 1.0,
-                 max_backlog: int = 16 << 20, write: WriteFn = os.write) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        live: bool = True,
+        flush_bytes: int = 1 << 20,
+        flush_interval_s: float = 1.0,
+        max_backlog: int = 16 << 20,
+        write: WriteFn = os.write,
+    ) -> None:
         self.path = Path(path)
         try:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-                               0o644)
+            self._fd = os.open(
+                self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644
+            )
         except OSError as e:
             raise RecordingError(f"{self.path}: cannot create the trace: {e.strerror}") from None
         self.live = live  # flush after every step record
@@ -80,8 +88,11 @@ class TraceWriter:
         data = frame(rtype, body)
         self._buf += data
         self.offset += len(data)
-        if boundary and (self.live or len(self._buf) >= self.flush_bytes
-                         or time.monotonic() - self._last_flush >= self.flush_interval_s):
+        if boundary and (
+            self.live
+            or len(self._buf) >= self.flush_bytes
+            or time.monotonic() - self._last_flush >= self.flush_interval_s
+        ):
             self.flush()
         return start
 
@@ -96,8 +107,13 @@ class TraceWriter:
         # No lock needed to decide: only this (the engine's) thread queues batches. Once
         # the queue is seen empty the flusher cannot start a batch, so if it is then seen
         # idle it stays idle until we queue more. (Hence: the queue first, then _busy.)
-        if (len(data) <= INLINE_BYTES and not self._pending and not self._busy
-                and self._last_write_s < SLOW_WRITE_S and self.error is None):
+        if (
+            len(data) <= INLINE_BYTES
+            and not self._pending
+            and not self._busy
+            and self._last_write_s < SLOW_WRITE_S
+            and self.error is None
+        ):
             error = self._write_all(data)
             self._last_write_s = time.monotonic() - now
             if error is not None:
@@ -106,8 +122,9 @@ class TraceWriter:
             return
         with self._done:
             # Wait for the flush in progress, never for more: it frees the whole backlog.
-            while (self._busy and self._backlog + len(data) > self.max_backlog
-                   and self.error is None):
+            while (
+                self._busy and self._backlog + len(data) > self.max_backlog and self.error is None
+            ):
                 self._done.wait()
             if self.error is not None:
                 return
@@ -156,8 +173,9 @@ class TraceWriter:
             error = self._write_all(data)
             with self._done:
                 self._busy = False
-                self._last_write_s = (time.monotonic() - start) * min(1.0, INLINE_BYTES
-                                                                    / max(len(data), 1))
+                self._last_write_s = (time.monotonic() - start) * min(
+                    1.0, INLINE_BYTES / max(len(data), 1)
+                )
                 self._backlog -= len(data)
                 if error is not None:
                     self._fail(error)
@@ -178,8 +196,11 @@ class TraceWriter:
     def _fail(self, error: OSError) -> None:
         if self.error is None:
             self.error = f"{self.path}: {error.strerror or error}"
-            log.warning("recording stopped: %s; the trace keeps every record written "
-                        "before this, and the engine goes on", self.error)
+            log.warning(
+                "recording stopped: %s; the trace keeps every record written "
+                "before this, and the engine goes on",
+                self.error,
+            )
 
 
 class TraceSink(Protocol):

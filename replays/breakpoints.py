@@ -72,9 +72,11 @@ def parse(text: str) -> Predicate:
     kind = kind.strip().lower()
     request = request.strip()
     if kind not in KINDS or kind in ("free", "slow", "wait", "util"):
-        raise ValueError(f"breakpoint {text!r}: unknown; use one of preempt, preempt:ID, "
-                         "admit:ID, first-token:ID, finish:ID, free<N, slow>MS, wait>STEPS, "
-                         "util<PERCENT")
+        raise ValueError(
+            f"breakpoint {text!r}: unknown; use one of preempt, preempt:ID, "
+            "admit:ID, first-token:ID, finish:ID, free<N, slow>MS, wait>STEPS, "
+            "util<PERCENT"
+        )
     if kind in _NEEDS_ID and not request:
         raise ValueError(f"breakpoint {text!r}: {kind} needs a request id, as {kind}:ID")
     if sep and not request:
@@ -86,18 +88,21 @@ class Matcher:
     """Evaluates predicates step after step, in order, keeping what that needs: which refs
     name the watched requests, and when the previous step ended."""
 
-    def __init__(self, predicates: Sequence[Predicate], start: State,
-                 prev_time_ns: int = 0) -> None:
+    def __init__(
+        self, predicates: Sequence[Predicate], start: State, prev_time_ns: int = 0
+    ) -> None:
         self.predicates = list(predicates)
         watched = {p.request for p in predicates if p.request is not None}
-        self.refs: dict[int, str] = {ref: r.request_id for ref, r in start.requests.items()
-                                     if r.request_id in watched}
+        self.refs: dict[int, str] = {
+            ref: r.request_id for ref, r in start.requests.items() if r.request_id in watched
+        }
         self.watched = watched
         self.prev_time_ns = prev_time_ns
         self.needs_state = any(p.needs_state for p in predicates)
         # Watched refs known to have sampled a token (first-token fires once per request).
-        self.tokened = {ref for ref, r in start.requests.items()
-                        if ref in self.refs and r.num_output_tokens > 0}
+        self.tokened = {
+            ref for ref, r in start.requests.items() if ref in self.refs and r.num_output_tokens > 0
+        }
 
     def observe(self, rec: Step) -> None:
         """Note the step's arrivals (call before `matches`, with every step in order)."""
@@ -117,8 +122,9 @@ class Matcher:
         kind = p.kind
         if kind == "preempt":
             return bool(rec.preemptions) and (
-                p.request is None or any(self.refs.get(x.victim) == p.request
-                                         for x in rec.preemptions))
+                p.request is None
+                or any(self.refs.get(x.victim) == p.request for x in rec.preemptions)
+            )
         if kind == "admit":
             return any(self.refs.get(a.ref) == p.request for a in rec.admissions)
         if kind == "finish":
@@ -128,15 +134,21 @@ class Matcher:
         if kind == "slow":
             return (rec.time_ns - self.prev_time_ns) / 1e6 > p.value
         if kind == "util":
-            return rec.token_budget > 0 and \
-                100.0 * rec.num_scheduled_tokens / rec.token_budget < p.value
+            return (
+                rec.token_budget > 0
+                and 100.0 * rec.num_scheduled_tokens / rec.token_budget < p.value
+            )
         assert after is not None
         if kind == "first-token":
             return self._first_token(p.request, rec, after)
         if kind == "wait":
-            return any(r.status == Status.WAITING and r.first_scheduled_step < 0
-                       and r.arrival_step >= 0 and rec.step - r.arrival_step > p.value
-                       for r in after.requests.values())
+            return any(
+                r.status == Status.WAITING
+                and r.first_scheduled_step < 0
+                and r.arrival_step >= 0
+                and rec.step - r.arrival_step > p.value
+                for r in after.requests.values()
+            )
         raise AssertionError(kind)
 
     def _first_token(self, request: str | None, rec: Step, after: State) -> bool:
@@ -150,15 +162,23 @@ class Matcher:
                 self.tokened.add(ref)
         for f in rec.finishes:
             # A first token that also finished the request: it is gone from `after`.
-            if self.refs.get(f.ref) == request and f.ref not in self.tokened and \
-                    f.status in (Status.FINISHED_STOPPED, Status.FINISHED_LENGTH_CAPPED):
+            if (
+                self.refs.get(f.ref) == request
+                and f.ref not in self.tokened
+                and f.status in (Status.FINISHED_STOPPED, Status.FINISHED_LENGTH_CAPPED)
+            ):
                 hit = True
                 self.tokened.add(f.ref)
         return hit
 
 
-def find(timeline: Timeline, predicates: Sequence[Predicate], start: int,
-         backward: bool = False, limit: int | None = None) -> int | None:
+def find(
+    timeline: Timeline,
+    predicates: Sequence[Predicate],
+    start: int,
+    backward: bool = False,
+    limit: int | None = None,
+) -> int | None:
     """The first step after `start` (or, `backward`, the last step before it) where any
     predicate holds; None when there is none. `limit` bounds the search (forwards: steps
     up to it; backwards: steps down to it), so that a caller can search a long trace in
@@ -177,8 +197,7 @@ def find_all(timeline: Timeline, predicates: Sequence[Predicate]) -> Iterable[in
     return _scan(timeline, predicates, timeline.first_step, timeline.last_step)
 
 
-def _scan(timeline: Timeline, predicates: Sequence[Predicate], lo: int,
-          hi: int) -> Iterable[int]:
+def _scan(timeline: Timeline, predicates: Sequence[Predicate], lo: int, hi: int) -> Iterable[int]:
     if lo > hi:
         return
     state = timeline.state(lo - 1).copy()
@@ -193,8 +212,9 @@ def _scan(timeline: Timeline, predicates: Sequence[Predicate], lo: int,
             yield step
 
 
-def _find_backward(timeline: Timeline, predicates: Sequence[Predicate],
-                   start: int, floor: int) -> int | None:
+def _find_backward(
+    timeline: Timeline, predicates: Sequence[Predicate], start: int, floor: int
+) -> int | None:
     hi = min(start - 1, timeline.last_step)
     while hi >= floor:
         lo = max(floor, hi - _SEGMENT + 1)

@@ -46,22 +46,44 @@ def us(ns: int) -> int:
     return (ns + 500) // 1000
 
 
-def complete(name: str, cat: str, start_ns: int, end_ns: int, pid: int, tid: int,
-             args: dict[str, Any] | None = None) -> Event:
+def complete(
+    name: str,
+    cat: str,
+    start_ns: int,
+    end_ns: int,
+    pid: int,
+    tid: int,
+    args: dict[str, Any] | None = None,
+) -> Event:
     """A complete ("X") event: a slice from start_ns to end_ns on thread (pid, tid)."""
     ts = us(start_ns)
-    ev: Event = {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": us(end_ns) - ts,
-                 "pid": pid, "tid": tid}
+    ev: Event = {
+        "ph": "X",
+        "name": name,
+        "cat": cat,
+        "ts": ts,
+        "dur": us(end_ns) - ts,
+        "pid": pid,
+        "tid": tid,
+    }
     if args:
         ev["args"] = args
     return ev
 
 
-def instant(name: str, cat: str, at_ns: int, pid: int, tid: int,
-            args: dict[str, Any] | None = None) -> Event:
+def instant(
+    name: str, cat: str, at_ns: int, pid: int, tid: int, args: dict[str, Any] | None = None
+) -> Event:
     """A thread-scoped instant ("i") event."""
-    ev: Event = {"ph": "i", "name": name, "cat": cat, "ts": us(at_ns), "pid": pid,
-                 "tid": tid, "s": "t"}
+    ev: Event = {
+        "ph": "i",
+        "name": name,
+        "cat": cat,
+        "ts": us(at_ns),
+        "pid": pid,
+        "tid": tid,
+        "s": "t",
+    }
     if args:
         ev["args"] = args
     return ev
@@ -69,16 +91,30 @@ def instant(name: str, cat: str, at_ns: int, pid: int, tid: int,
 
 def counter(name: str, at_ns: int, pid: int, values: dict[str, int | float]) -> Event:
     """A counter ("C") event: each key of `values` is one series of the counter `name`."""
-    return {"ph": "C", "name": name, "cat": "counter", "ts": us(at_ns), "pid": pid,
-            "tid": pid, "args": values}
+    return {
+        "ph": "C",
+        "name": name,
+        "cat": "counter",
+        "ts": us(at_ns),
+        "pid": pid,
+        "tid": pid,
+        "args": values,
+    }
 
 
 def flow(phase: str, name: str, flow_id: int, at_us: int, pid: int, tid: int) -> Event:
     """A flow event: "s" starts flow `flow_id` in the slice enclosing `at_us` on (pid,
     tid); "f" ends it in the slice enclosing `at_us` there (bp "e": enclosing, not the
     next slice)."""
-    ev: Event = {"ph": phase, "name": name, "cat": "flow", "ts": at_us, "pid": pid,
-                 "tid": tid, "id": flow_id}
+    ev: Event = {
+        "ph": phase,
+        "name": name,
+        "cat": "flow",
+        "ts": at_us,
+        "pid": pid,
+        "tid": tid,
+        "id": flow_id,
+    }
     if phase == "f":
         ev["bp"] = "e"
     return ev

@@ -84,8 +84,9 @@ def diff_traces(a: str | Path, b: str | Path) -> TraceDiff:
     side_a = side_b = None
     if first is not None:
         side_a, side_b = _side(a, first), _side(b, first)
-    return TraceDiff(a, b, first, what, side_a, side_b, differing,
-                     _affected(stats_a, stats_b), stats_a, stats_b)
+    return TraceDiff(
+        a, b, first, what, side_a, side_b, differing, _affected(stats_a, stats_b), stats_a, stats_b
+    )
 
 
 def _steps(reader: TraceReader) -> Iterator[Step]:
@@ -111,18 +112,29 @@ def describe(view: StepView) -> StepSide:
     return StepSide(
         scheduled={names[e.ref]: e.num_tokens for e in view.scheduled},
         kinds=kinds,
-        admitted=[f"{names[x.ref]} (cached {x.cached_tokens}"
-                  + (", resumed)" if x.resumed else ")") for x in rec.admissions],
-        preempted=[f"{names[p.victim]} for {names[p.for_request]} "
-                   f"(lost {p.tokens_lost} tokens)" for p in rec.preemptions],
-        finished=[f"{names[f.ref]} ({Status(f.status).name.removeprefix('FINISHED_').lower()})"
-                  for f in rec.finishes],
-        reasons=[f"{names[s.ref]}: {s.got} of {s.wanted} tokens, "
-                 f"{Reason(s.reason).name.lower()}" for s in rec.shortfalls]
-        + [f"{which} pass stopped: {Reason(q.head).name.lower()}, then "
-           f"{Reason(q.rest).name.lower()}"
-           for which, q in (("running", rec.running_stop), ("waiting", rec.waiting_stop))
-           if q is not None])
+        admitted=[
+            f"{names[x.ref]} (cached {x.cached_tokens}" + (", resumed)" if x.resumed else ")")
+            for x in rec.admissions
+        ],
+        preempted=[
+            f"{names[p.victim]} for {names[p.for_request]} (lost {p.tokens_lost} tokens)"
+            for p in rec.preemptions
+        ],
+        finished=[
+            f"{names[f.ref]} ({Status(f.status).name.removeprefix('FINISHED_').lower()})"
+            for f in rec.finishes
+        ],
+        reasons=[
+            f"{names[s.ref]}: {s.got} of {s.wanted} tokens, {Reason(s.reason).name.lower()}"
+            for s in rec.shortfalls
+        ]
+        + [
+            f"{which} pass stopped: {Reason(q.head).name.lower()}, then "
+            f"{Reason(q.rest).name.lower()}"
+            for which, q in (("running", rec.running_stop), ("waiting", rec.waiting_stop))
+            if q is not None
+        ],
+    )
 
 
 def _affected(a: TraceStats, b: TraceStats) -> list[str]:
@@ -134,17 +146,36 @@ def _affected(a: TraceStats, b: TraceStats) -> list[str]:
             assert present is not None
             out.append(present.request_id)
             continue
-        if (ra.first_token_step, ra.finish_step, ra.status, ra.output_tokens, ra.preemptions,
-                ra.cached_tokens) != (rb.first_token_step, rb.finish_step, rb.status,
-                                      rb.output_tokens, rb.preemptions, rb.cached_tokens):
+        if (
+            ra.first_token_step,
+            ra.finish_step,
+            ra.status,
+            ra.output_tokens,
+            ra.preemptions,
+            ra.cached_tokens,
+        ) != (
+            rb.first_token_step,
+            rb.finish_step,
+            rb.status,
+            rb.output_tokens,
+            rb.preemptions,
+            rb.cached_tokens,
+        ):
             out.append(ra.request_id)
     return out
 
 
-_METRICS = (("throughput", "throughput"), ("TTFT p50", "ttft_p50"), ("TTFT p99", "ttft_p99"),
-            ("TPOT p50", "tpot_p50"), ("TPOT p99", "tpot_p99"), ("preemptions", "preemptions"),
-            ("prefix-hit rate", "prefix_hit_rate"), ("peak KV blocks", "peak_blocks"),
-            ("steps", "num_steps"))
+_METRICS = (
+    ("throughput", "throughput"),
+    ("TTFT p50", "ttft_p50"),
+    ("TTFT p99", "ttft_p99"),
+    ("TPOT p50", "tpot_p50"),
+    ("TPOT p99", "tpot_p99"),
+    ("preemptions", "preemptions"),
+    ("prefix-hit rate", "prefix_hit_rate"),
+    ("peak KV blocks", "peak_blocks"),
+    ("steps", "num_steps"),
+)
 
 
 def format_diff(d: TraceDiff, max_entries: int = 12) -> str:
@@ -155,17 +186,26 @@ def format_diff(d: TraceDiff, max_entries: int = 12) -> str:
         lines.append(f"first difference at step {d.first_step}: {', '.join(d.fields)}")
         for name, side in (("A", d.side_a), ("B", d.side_b)):
             lines += _format_side(name, side, max_entries)
-        lines.append(f"{d.steps_differing} steps differ; {len(d.requests_affected)} "
-                     "requests affected" + (": " + ", ".join(d.requests_affected[:10])
-                                            + (" ..." if len(d.requests_affected) > 10
-                                               else "") if d.requests_affected else ""))
+        lines.append(
+            f"{d.steps_differing} steps differ; {len(d.requests_affected)} "
+            "requests affected"
+            + (
+                ": "
+                + ", ".join(d.requests_affected[:10])
+                + (" ..." if len(d.requests_affected) > 10 else "")
+                if d.requests_affected
+                else ""
+            )
+        )
     lines.append("")
     unit = d.stats_a.unit
     lines.append(f"{'metric':<16} {'A':>12} {'B':>12} {'B - A':>12}")
     for label, attr in _METRICS:
         va, vb = getattr(d.stats_a, attr), getattr(d.stats_b, attr)
-        lines.append(f"{label:<16} {_fmt(va, attr, unit):>12} {_fmt(vb, attr, unit):>12} "
-                     f"{_delta(va, vb, attr, unit):>12}")
+        lines.append(
+            f"{label:<16} {_fmt(va, attr, unit):>12} {_fmt(vb, attr, unit):>12} "
+            f"{_delta(va, vb, attr, unit):>12}"
+        )
     return "\n".join(lines)
 
 
@@ -176,8 +216,12 @@ def _format_side(name: str, side: StepSide | None, max_entries: int) -> list[str
     shown = ", ".join(f"{rid} {n} {side.kinds[rid]}" for rid, n in items[:max_entries])
     more = f", ... {len(items) - max_entries} more" if len(items) > max_entries else ""
     out = [f"  {name} scheduled {sum(side.scheduled.values())} tokens: {shown}{more}"]
-    for label, values in (("admitted", side.admitted), ("preempted", side.preempted),
-                          ("finished", side.finished), ("why", side.reasons)):
+    for label, values in (
+        ("admitted", side.admitted),
+        ("preempted", side.preempted),
+        ("finished", side.finished),
+        ("why", side.reasons),
+    ):
         if values:
             out.append(f"  {name} {label}: " + "; ".join(values))
     return out

@@ -75,8 +75,9 @@ class ExportSummary:
     synthetic_clock: bool  # the trace had no step times: 1 ms per step
 
 
-def export_perfetto(source: TraceReader | str | os.PathLike[str],
-                    out_path: str | os.PathLike[str]) -> ExportSummary:
+def export_perfetto(
+    source: TraceReader | str | os.PathLike[str], out_path: str | os.PathLike[str]
+) -> ExportSummary:
     """Write the trace `source` (a path, or an open reader, read from its start) to
     `out_path` as Chrome trace-event JSON. Raises TraceError for a bad trace and
     ExportError when the output cannot be written; either way `out_path` is left as it
@@ -97,9 +98,15 @@ def _export(reader: TraceReader, out: Path) -> ExportSummary:
             exporter.feed(entry.record, entry.offset)
         exporter.close(reader.cut)
         writer.finish(exporter.other_data(reader))
-        return ExportSummary(out, writer.count, exporter.num_steps, exporter.num_requests,
-                             exporter.num_preemptions, exporter.num_flows,
-                             bool(exporter.synthetic))
+        return ExportSummary(
+            out,
+            writer.count,
+            exporter.num_steps,
+            exporter.num_requests,
+            exporter.num_preemptions,
+            exporter.num_flows,
+            bool(exporter.synthetic),
+        )
 
 
 @dataclass(slots=True)
@@ -188,8 +195,11 @@ class _Exporter:
             t = self._track(p.victim)
             self._close_decode(p.victim, t)
             t.waiting, t.since, t.preempted_in = "preempted", start, (k, start, end)
-            t.args = {"step": k, "for_request": self._name(p.for_request),
-                      "tokens_lost": p.tokens_lost}
+            t.args = {
+                "step": k,
+                "for_request": self._name(p.for_request),
+                "tokens_lost": p.tokens_lost,
+            }
             preempted[t.name] = dict(t.args)  # t.args grows until the request resumes
             self.num_preemptions += 1
         admitted: dict[int, Admission] = {}
@@ -202,21 +212,26 @@ class _Exporter:
             t = self._track(e.ref)
             if e.kind in (Kind.DECODE, Kind.SPEC):
                 decode += e.num_tokens
-                self._extend_decode(e.ref, t, k, start, end, e.num_tokens, e.num_spec_tokens,
-                                    accepted.get(e.ref, 0))
+                self._extend_decode(
+                    e.ref, t, k, start, end, e.num_tokens, e.num_spec_tokens, accepted.get(e.ref, 0)
+                )
                 continue
             prefill += e.num_tokens
             self._close_decode(e.ref, t)
-            args: dict[str, Any] = {"step": k, "tokens": e.num_tokens,
-                                    "computed_before": e.num_computed_before,
-                                    "final": e.kind == Kind.PREFILL}
+            args: dict[str, Any] = {
+                "step": k,
+                "tokens": e.num_tokens,
+                "computed_before": e.num_computed_before,
+                "final": e.kind == Kind.PREFILL,
+            }
             if e.ref in admitted:
                 args["cached_tokens"] = admitted[e.ref].cached_tokens
                 args["resumed"] = admitted[e.ref].resumed
             self._emit(complete("prefill", "request", start, end, REQUESTS_PID, t.tid, args))
         for f in rec.finishes:
-            self._finish(f.ref, f.status, f.message, k,
-                         start if f.status == Status.FINISHED_ABORTED else end)
+            self._finish(
+                f.ref, f.status, f.message, k, start if f.status == Status.FINISHED_ABORTED else end
+            )
         for ref, t in list(self.decoding.items()):
             if t.decode is not None and t.decode.last_step != k:
                 self._close_decode(ref, t)
@@ -295,8 +310,17 @@ class _Exporter:
         self._emit(flow("s", "preemption", self.num_flows, _mid(s0, s1), ENGINE_PID, STEPS_TID))
         self._emit(flow("f", "preemption", self.num_flows, _mid(*dest), REQUESTS_PID, t.tid))
 
-    def _extend_decode(self, ref: int, t: _Track, step: int, start: int, end: int,
-                       tokens: int, spec: int, accepted: int) -> None:
+    def _extend_decode(
+        self,
+        ref: int,
+        t: _Track,
+        step: int,
+        start: int,
+        end: int,
+        tokens: int,
+        spec: int,
+        accepted: int,
+    ) -> None:
         d = t.decode
         if d is not None and d.last_step != step - 1:
             self._close_decode(ref, t)
@@ -313,8 +337,12 @@ class _Exporter:
         d = t.decode
         if d is None:
             return
-        args: dict[str, Any] = {"first_step": d.first_step, "last_step": d.last_step,
-                                "steps": d.last_step - d.first_step + 1, "tokens": d.tokens}
+        args: dict[str, Any] = {
+            "first_step": d.first_step,
+            "last_step": d.last_step,
+            "steps": d.last_step - d.first_step + 1,
+            "tokens": d.tokens,
+        }
         if d.spec_tokens:
             args.update(spec_tokens=d.spec_tokens, drafts_accepted=d.accepted)
         self._emit(complete("decode", "request", d.start, d.end, REQUESTS_PID, t.tid, args))
@@ -333,43 +361,63 @@ class _Exporter:
 
     # -- the engine --------------------------------------------------------------------------
 
-    def _counters(self, at: int, free: int, scheduled: int | None = None,
-                  budget: int = 0) -> None:
+    def _counters(self, at: int, free: int, scheduled: int | None = None, budget: int = 0) -> None:
         assert self.state is not None
         self._emit(counter("KV", at, ENGINE_PID, {"free blocks": free}))
-        self._emit(counter("queue", at, ENGINE_PID, {"running": len(self.state.running),
-                                                     "waiting": len(self.state.waiting)}))
+        self._emit(
+            counter(
+                "queue",
+                at,
+                ENGINE_PID,
+                {"running": len(self.state.running), "waiting": len(self.state.waiting)},
+            )
+        )
         if scheduled is not None:
             use = scheduled / budget if budget else 0.0
             self._emit(counter("budget", at, ENGINE_PID, {"use": round(use, 4)}))
 
-    def _hold_step(self, view: StepView, start: int, end: int, prefill: int, decode: int,
-                   preempted: dict[str, Any]) -> None:
+    def _hold_step(
+        self,
+        view: StepView,
+        start: int,
+        end: int,
+        prefill: int,
+        decode: int,
+        preempted: dict[str, Any],
+    ) -> None:
         rec, state = view.record, self.state
         assert state is not None
         args: dict[str, Any] = {
-            "step": rec.step, "scheduled_tokens": rec.num_scheduled_tokens,
-            "token_budget": rec.token_budget, "prefill_tokens": prefill,
-            "decode_tokens": decode, "requests_scheduled": len(view.scheduled),
-            "arrivals": len(rec.arrivals), "admissions": len(rec.admissions),
-            "preemptions": len(rec.preemptions), "finishes": len(rec.finishes),
-            "running": len(state.running), "waiting": len(state.waiting),
-            "free_blocks": rec.free_blocks}
+            "step": rec.step,
+            "scheduled_tokens": rec.num_scheduled_tokens,
+            "token_budget": rec.token_budget,
+            "prefill_tokens": prefill,
+            "decode_tokens": decode,
+            "requests_scheduled": len(view.scheduled),
+            "arrivals": len(rec.arrivals),
+            "admissions": len(rec.admissions),
+            "preemptions": len(rec.preemptions),
+            "finishes": len(rec.finishes),
+            "running": len(state.running),
+            "waiting": len(state.waiting),
+            "free_blocks": rec.free_blocks,
+        }
         if rec.time_ns:
             args["time_ns"] = rec.time_ns
         if rec.schedule_ns:
             args["schedule_ns"] = rec.schedule_ns
         if rec.update_ns:
             args["update_ns"] = rec.update_ns
-        for what, stop in (("running_stop", rec.running_stop),
-                           ("waiting_stop", rec.waiting_stop)):
+        for what, stop in (("running_stop", rec.running_stop), ("waiting_stop", rec.waiting_stop)):
             if stop is not None:
-                args[what] = (f"{_enum_name(Reason, stop.head)}, "
-                              f"then {_enum_name(Reason, stop.rest)}")
+                args[what] = (
+                    f"{_enum_name(Reason, stop.head)}, then {_enum_name(Reason, stop.rest)}"
+                )
         if preempted:
             args["preempted"] = preempted
-        self.pending[rec.step] = _StepSlice(rec.step, start, end, args, rec.schedule_ns,
-                                            rec.update_ns)
+        self.pending[rec.step] = _StepSlice(
+            rec.step, start, end, args, rec.schedule_ns, rec.update_ns
+        )
         for timing in rec.timings:
             held = self.pending.get(timing.step)
             if held is None:
@@ -387,8 +435,7 @@ class _Exporter:
                 args["attention_ns"] = t.attention_ns
             if t.kernels:
                 args["kernels"] = _kernels(t)
-        self._emit(complete(f"step {s.step}", "step", s.start, s.end, ENGINE_PID, STEPS_TID,
-                            args))
+        self._emit(complete(f"step {s.step}", "step", s.start, s.end, ENGINE_PID, STEPS_TID, args))
         self._phases(s)
 
     def _phases(self, s: _StepSlice) -> None:
@@ -399,17 +446,27 @@ class _Exporter:
         parts: list[tuple[str, int, dict[str, Any] | None]] = [("schedule", s.schedule_ns, None)]
         t = s.timing
         if t is not None:
-            parts += [("prepare", t.prepare_ns, None),
-                      ("forward", t.forward_ns, {"kernels": _kernels(t)} if t.kernels else None),
-                      ("sample", t.sample_ns, None)]
+            parts += [
+                ("prepare", t.prepare_ns, None),
+                ("forward", t.forward_ns, {"kernels": _kernels(t)} if t.kernels else None),
+                ("sample", t.sample_ns, None),
+            ]
         for name, ns, args in parts:
             if ns <= 0:
                 continue
             stop = min(at + ns, update_at)
             self._emit(complete(name, "phase", at, stop, ENGINE_PID, PHASES_TID, args))
             if name == "forward" and t is not None and t.attention_ns:
-                self._emit(complete("attention", "phase", at, min(at + t.attention_ns, stop),
-                                    ENGINE_PID, PHASES_TID))
+                self._emit(
+                    complete(
+                        "attention",
+                        "phase",
+                        at,
+                        min(at + t.attention_ns, stop),
+                        ENGINE_PID,
+                        PHASES_TID,
+                    )
+                )
             at = stop
         if s.update_ns > 0:
             self._emit(complete("update", "phase", update_at, s.end, ENGINE_PID, PHASES_TID))
@@ -439,12 +496,22 @@ class _Exporter:
     def other_data(self, reader: TraceReader) -> dict[str, Any]:
         h = self.header
         data: dict[str, Any] = {
-            "source": str(reader.path), "engine": h.engine, "model": h.model,
-            "policy": h.policy, "host": h.host, "start_time_ns": h.start_time_ns,
-            "steps": self.num_steps, "first_step": self.first, "last_step": self.last,
-            "clock": ("synthetic: the trace has no step times, 1 ms per step"
-                      if self.synthetic else "recorded step times (time_ns)"),
-            "time_unit": "ts and dur in whole microseconds; exact ns in args"}
+            "source": str(reader.path),
+            "engine": h.engine,
+            "model": h.model,
+            "policy": h.policy,
+            "host": h.host,
+            "start_time_ns": h.start_time_ns,
+            "steps": self.num_steps,
+            "first_step": self.first,
+            "last_step": self.last,
+            "clock": (
+                "synthetic: the trace has no step times, 1 ms per step"
+                if self.synthetic
+                else "recorded step times (time_ns)"
+            ),
+            "time_unit": "ts and dur in whole microseconds; exact ns in args",
+        }
         if self.clamped:
             data["clamped_steps"] = self.clamped
         if self.late_timings:

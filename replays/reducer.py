@@ -30,8 +30,12 @@ from replays.state import Inconsistent, ReqState, State
 _ERRORS = (KeyError, IndexError, ValueError, TypeError, OverflowError)
 # Enum members looked up once: a class attribute lookup on an enum costs ~200 ns, and the
 # KV loop makes several per event.
-_ALLOCATED, _FREED, _CACHED, _EVICTED = (KVKind.ALLOCATED, KVKind.FREED, KVKind.CACHED,
-                                         KVKind.EVICTED)
+_ALLOCATED, _FREED, _CACHED, _EVICTED = (
+    KVKind.ALLOCATED,
+    KVKind.FREED,
+    KVKind.CACHED,
+    KVKind.EVICTED,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +68,7 @@ def reduce(state: State, step: Step) -> State:
     return after
 
 
-def replay(header: Header, entries: Iterable[Entry],
-           state: State | None = None) -> Iterator[State]:
+def replay(header: Header, entries: Iterable[Entry], state: State | None = None) -> Iterator[State]:
     """The state after each step record of `entries` (as TraceReader.entries() yields
     them), the same object updated in place. Snapshots along the way start the state or
     are checked against it; other records are skipped."""
@@ -75,8 +78,11 @@ def replay(header: Header, entries: Iterable[Entry],
             if state is None:
                 state = State.from_snapshot(header, record)
             elif state.to_snapshot() != record:
-                raise Inconsistent(f"the snapshot after step {record.step} differs from the "
-                                   "state the steps before it built", entry.offset)
+                raise Inconsistent(
+                    f"the snapshot after step {record.step} differs from the "
+                    "state the steps before it built",
+                    entry.offset,
+                )
         elif isinstance(record, Step):
             state = state if state is not None else State.initial(header)
             apply(state, record, entry.offset)
@@ -86,8 +92,11 @@ def replay(header: Header, entries: Iterable[Entry],
 def state_at(reader: TraceReader, step: int) -> State:
     """The state after `step`: the nearest snapshot, then the steps after it."""
     seek = reader.seek(step)
-    state = (State.initial(reader.header) if seek.snapshot is None
-             else State.from_snapshot(reader.header, seek.snapshot))
+    state = (
+        State.initial(reader.header)
+        if seek.snapshot is None
+        else State.from_snapshot(reader.header, seek.snapshot)
+    )
     for entry in seek.steps:  # step records only, in order (the reader checked)
         apply(state, cast(Step, entry.record), entry.offset)
     return state
@@ -101,8 +110,9 @@ def _guarded(state: State, step: Step, offset: int | None, view: bool) -> StepVi
             e.offset = offset
         raise
     except _ERRORS as e:
-        raise Inconsistent(f"step {step.step} does not fit the state before it: "
-                           f"{type(e).__name__}: {e}", offset) from None
+        raise Inconsistent(
+            f"step {step.step} does not fit the state before it: {type(e).__name__}: {e}", offset
+        ) from None
 
 
 class _Apply:
@@ -150,15 +160,32 @@ class _Apply:
                 raise Inconsistent(f"arrival with ref {a.ref}, expected {s.next_ref}")
             s.next_ref += 1
             s.requests[a.ref] = ReqState(
-                a.ref, a.request_id, Status.WAITING, a.num_prompt_tokens, 0, 0, [], 0,
-                a.priority, a.arrival_time, -1, a.sampling.max_tokens, step)
+                a.ref,
+                a.request_id,
+                Status.WAITING,
+                a.num_prompt_tokens,
+                0,
+                0,
+                [],
+                0,
+                a.priority,
+                a.arrival_time,
+                -1,
+                a.sampling.max_tokens,
+                step,
+            )
 
     def _name_all(self, decoders: list[int]) -> None:
         rec, reqs, names = self.rec, self.s.requests, self.names
-        refs = [*(f.ref for f in rec.finishes), *(a.ref for a in rec.admissions),
-                *(p.victim for p in rec.preemptions), *(s.ref for s in rec.scheduled),
-                *rec.kv_events.refs,
-                *(x.ref for x in rec.other_samples), *decoders]
+        refs = [
+            *(f.ref for f in rec.finishes),
+            *(a.ref for a in rec.admissions),
+            *(p.victim for p in rec.preemptions),
+            *(s.ref for s in rec.scheduled),
+            *rec.kv_events.refs,
+            *(x.ref for x in rec.other_samples),
+            *decoders,
+        ]
         for ref in refs:
             names[ref] = reqs[ref].request_id
 
@@ -194,8 +221,13 @@ class _Apply:
         rec, reqs = self.rec, self.s.requests
         entries: tuple[Scheduled, ...] = ()
         if self.view:
-            entries = (*(Scheduled(ref, 1, Kind.DECODE, reqs[ref].num_computed_tokens)
-                         for ref in decoders), *rec.scheduled)
+            entries = (
+                *(
+                    Scheduled(ref, 1, Kind.DECODE, reqs[ref].num_computed_tokens)
+                    for ref in decoders
+                ),
+                *rec.scheduled,
+            )
         if rec.sample_counts is None:
             for ref in decoders:
                 r = reqs[ref]
@@ -225,7 +257,7 @@ class _Apply:
         if tokens is not None and len(tokens) != total:
             raise Inconsistent(f"{len(tokens)} sampled tokens, the counts say {total}")
         refs = [*decoders, *(e.ref for e in rec.scheduled)]
-        todo = zip(refs[len(decoders):], repeat(1)) if counts is None else zip(refs, counts)
+        todo = zip(refs[len(decoders) :], repeat(1)) if counts is None else zip(refs, counts)
         for ref, count in todo:
             _sampled(reqs[ref], count, step)
         for x in rec.other_samples:
@@ -236,7 +268,7 @@ class _Apply:
         at = 0
         for ref, count in zip(refs, repeat(1) if counts is None else counts):
             if count:
-                out.append(Sample(ref, count, None if tokens is None else tokens[at:at + count]))
+                out.append(Sample(ref, count, None if tokens is None else tokens[at : at + count]))
                 at += count
         return (*out, *rec.other_samples)
 
@@ -265,8 +297,9 @@ class _Apply:
             gone = finished.union(admitted)
             if s.policy == "priority":
                 reqs = s.requests
-                s.waiting = waiting_after_priority(s.waiting, arrived, preempted, gone,
-                                                   key=lambda r: reqs[r].priority_order())
+                s.waiting = waiting_after_priority(
+                    s.waiting, arrived, preempted, gone, key=lambda r: reqs[r].priority_order()
+                )
             else:
                 s.waiting = waiting_after_fcfs(s.waiting, arrived, preempted, gone)
 
@@ -291,21 +324,24 @@ class _Apply:
                 owner += 1
                 if kind == _ALLOCATED:
                     if not free.popleft_if(b):
-                        raise Inconsistent(f"block {b} allocated to request {r.ref} is not "
-                                           "at the head of the free queue")
+                        raise Inconsistent(
+                            f"block {b} allocated to request {r.ref} is not "
+                            "at the head of the free queue"
+                        )
                     ref_cnts[b] = 1
                     r.block_ids.append(b)
                 elif kind == _CACHED:
                     if b in block_hashes or not 0 < b < s.num_blocks:
-                        raise Inconsistent(f"block {b} cannot be cached (outside the pool or "
-                                           "cached)")
+                        raise Inconsistent(
+                            f"block {b} cannot be cached (outside the pool or cached)"
+                        )
                     block_hashes[b] = all_hashes[hashed]
                     hashed += 1
                 else:
                     self._hit(r, (b,))
                     hit += 1
                 continue
-            blocks = all_blocks[at:at + size]
+            blocks = all_blocks[at : at + size]
             at += size
             hashes: tuple[bytes, ...] = ()
             num_tokens = 0
@@ -319,7 +355,7 @@ class _Apply:
                 if kind == _ALLOCATED:
                     self._allocate(r, blocks)
                 elif kind == _CACHED:
-                    hashes = all_hashes[hashed:hashed + size]
+                    hashes = all_hashes[hashed : hashed + size]
                     hashed += size
                     self._cache(blocks, hashes)
                 elif kind == _FREED:
@@ -334,8 +370,10 @@ class _Apply:
     def _allocate(self, r: ReqState, blocks: tuple[int, ...]) -> None:
         s = self.s
         if s.free.popleft_n(len(blocks)) != list(blocks):
-            raise Inconsistent(f"blocks {list(blocks)[:8]} allocated to request {r.ref} are "
-                               "not at the head of the free queue")
+            raise Inconsistent(
+                f"blocks {list(blocks)[:8]} allocated to request {r.ref} are "
+                "not at the head of the free queue"
+            )
         for b in blocks:
             s.ref_cnts[b] = 1
         r.block_ids.extend(blocks)
@@ -343,8 +381,7 @@ class _Apply:
     def _free(self, r: ReqState, blocks: tuple[int, ...]) -> None:
         s = self.s
         if list(blocks) != r.block_ids[::-1]:
-            raise Inconsistent(f"request {r.ref} freed blocks that are not its table, "
-                               "tail first")
+            raise Inconsistent(f"request {r.ref} freed blocks that are not its table, tail first")
         r.block_ids = []
         head: list[int] = []
         tail: list[int] = []

@@ -75,17 +75,23 @@ class ResimResult:
         return self.divergence is None
 
 
-def resimulate(path: str | Path, overrides: dict[str, Any] | None = None,
-               out: str | Path | None = None, scripted: bool = False,
-               max_steps: int | None = None) -> ResimResult:
+def resimulate(
+    path: str | Path,
+    overrides: dict[str, Any] | None = None,
+    out: str | Path | None = None,
+    scripted: bool = False,
+    max_steps: int | None = None,
+) -> ResimResult:
     """Re-simulate the trace at `path`, with `overrides` applied to its config; write the
     new trace to `out` if given. `scripted` skips the faithful runner (tests use it);
     `max_steps` stops a faithful re-simulation early (benchmarks use it)."""
     with TraceReader(path) as reader:
         header = reader.header
         if header.first_step != 0:
-            raise ResimError(f"{path}: the trace starts mid-run (step {header.first_step}); "
-                             "re-simulation needs every arrival from step 0")
+            raise ResimError(
+                f"{path}: the trace starts mid-run (step {header.first_step}); "
+                "re-simulation needs every arrival from step 0"
+            )
         config = _config(header.config, overrides or {})
         if not overrides and not header.redacted and not scripted:
             result = _run_faithful(reader, config, out, max_steps)
@@ -138,13 +144,19 @@ class _Checker:
             self.divergence = Divergence(step.step, fields, rec, step)
 
 
-def _recorder(engine: EngineCore, reader: TraceReader, out: str | Path | None,
-              checker: _Checker) -> Recorder:
+def _recorder(
+    engine: EngineCore, reader: TraceReader, out: str | Path | None, checker: _Checker
+) -> Recorder:
     sink = TraceWriter(out, live=False) if out is not None else NullWriter()
     header = reader.header
-    return Recorder(engine, sink, redact_prompts=header.redacted,
-                    snapshot_interval=header.snapshot_interval, model=header.model,
-                    on_step_record=checker)
+    return Recorder(
+        engine,
+        sink,
+        redact_prompts=header.redacted,
+        snapshot_interval=header.snapshot_interval,
+        model=header.model,
+        on_step_record=checker,
+    )
 
 
 # -- faithful -----------------------------------------------------------------------------------
@@ -181,7 +193,7 @@ class _FaithfulRunner:
         at = 0
         for i in range(len(ids)):
             count = counts[i] if i < len(counts) else 0
-            sampled.append(list(tokens[at:at + count]))
+            sampled.append(list(tokens[at : at + count]))
             at += count
         drafts = self._drafts(ids, sampled) if self.k else {}
         return ModelRunnerOutput(ids, sampled, drafts)
@@ -213,7 +225,7 @@ def _tokens_by_ref(rec: Step) -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
     for i, e in enumerate(rec.scheduled):
         c = 1 if counts is None else counts[n + i]
-        out[e.ref] = list(tokens[at:at + c])
+        out[e.ref] = list(tokens[at : at + c])
         at += c
     return out
 
@@ -226,8 +238,9 @@ def _draft(tokens: list[int], accepted: int, k: int) -> list[int]:
     return (drafts + [0] * k)[:k]
 
 
-def _run_faithful(reader: TraceReader, config: EngineConfig, out: str | Path | None,
-                  max_steps: int | None = None) -> ResimResult:
+def _run_faithful(
+    reader: TraceReader, config: EngineConfig, out: str | Path | None, max_steps: int | None = None
+) -> ResimResult:
     runner = _FaithfulRunner(config.num_speculative_tokens)
     engine = EngineCore(config, runner)
     checker = _Checker()
@@ -237,8 +250,11 @@ def _run_faithful(reader: TraceReader, config: EngineConfig, out: str | Path | N
     nxt = next(records, None)
     recorded = 0
     try:
-        while nxt is not None and checker.divergence is None and \
-                (max_steps is None or recorded < max_steps):
+        while (
+            nxt is not None
+            and checker.divergence is None
+            and (max_steps is None or recorded < max_steps)
+        ):
             rec, nxt = nxt, next(records, None)
             recorded += 1
             _abort(engine, rec, runner.refs)
@@ -253,8 +269,15 @@ def _run_faithful(reader: TraceReader, config: EngineConfig, out: str | Path | N
         # (a crash, a cut); had the original finished them, its last records would say so.
     finally:
         recorder.close()
-    return ResimResult(config, {}, reader.index().last_step + 1, checker.steps,
-                       checker.divergence, Path(out) if out else None, "faithful")
+    return ResimResult(
+        config,
+        {},
+        reader.index().last_step + 1,
+        checker.steps,
+        checker.divergence,
+        Path(out) if out else None,
+        "faithful",
+    )
 
 
 def _abort(engine: EngineCore, rec: Step, refs: dict[str, int]) -> None:
@@ -269,16 +292,29 @@ def _abort(engine: EngineCore, rec: Step, refs: dict[str, int]) -> None:
 def _request(a: Arrival, hasher: Any) -> Request:
     s = a.sampling
     try:
-        params = SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature,
-                                top_p=s.top_p, top_k=s.top_k, seed=s.seed,
-                                stop_token_ids=tuple(s.stop_token_ids),
-                                ignore_eos=s.ignore_eos)
+        params = SamplingParams(
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            seed=s.seed,
+            stop_token_ids=tuple(s.stop_token_ids),
+            ignore_eos=s.ignore_eos,
+        )
     except ValueError as e:
         raise ResimError(f"request {a.request_id!r}: {e}") from None
-    prompt = list(a.prompt_token_ids) if a.prompt_token_ids is not None \
-        else [0] * a.num_prompt_tokens
-    return Request(a.request_id, prompt, params, arrival_time=a.arrival_time,
-                   priority=a.priority, eos_token_id=a.eos_token_id, block_hasher=hasher)
+    prompt = (
+        list(a.prompt_token_ids) if a.prompt_token_ids is not None else [0] * a.num_prompt_tokens
+    )
+    return Request(
+        a.request_id,
+        prompt,
+        params,
+        arrival_time=a.arrival_time,
+        priority=a.priority,
+        eos_token_id=a.eos_token_id,
+        block_hasher=hasher,
+    )
 
 
 # -- scripted -----------------------------------------------------------------------------------
@@ -310,8 +346,9 @@ def _collect(reader: TraceReader) -> tuple[list[_Script], int]:
         view = apply_with_view(state, rec)
         for sample in view.samples:
             script = scripts[sample.ref]
-            script.tokens += list(sample.token_ids) if sample.token_ids is not None \
-                else [-1] * sample.count  # redacted: filled in later
+            script.tokens += (
+                list(sample.token_ids) if sample.token_ids is not None else [-1] * sample.count
+            )  # redacted: filled in later
         for acc in rec.spec_accepted:
             scripts[acc.ref].accepted.append(acc.accepted)
         for f in rec.finishes:
@@ -342,8 +379,11 @@ def _fill_redacted(script: _Script) -> list[int]:
     filler = next(t for t in range(len(stops) + 1) if t not in stops)
     tokens = [filler] * len(script.tokens)
     if tokens and script.status == Status.FINISHED_STOPPED and stops:
-        last = a.eos_token_id if a.eos_token_id is not None and not a.sampling.ignore_eos \
+        last = (
+            a.eos_token_id
+            if a.eos_token_id is not None and not a.sampling.ignore_eos
             else min(a.sampling.stop_token_ids)
+        )
         tokens[-1] = last
     return tokens
 
@@ -386,8 +426,9 @@ class _ScriptedRunner(SimRunner):
         return [self._token(rid, pos + j) + (0 if j < right else 1) for j in range(self.k)]
 
 
-def _run_scripted(reader: TraceReader, config: EngineConfig, overrides: dict[str, Any],
-                  out: str | Path | None) -> ResimResult:
+def _run_scripted(
+    reader: TraceReader, config: EngineConfig, overrides: dict[str, Any], out: str | Path | None
+) -> ResimResult:
     scripts, num_recorded = _collect(TraceReader(reader.path))
     runner = _ScriptedRunner(config.num_speculative_tokens)
     engine = EngineCore(config, runner)
@@ -419,8 +460,9 @@ def _run_scripted(reader: TraceReader, config: EngineConfig, overrides: dict[str
                 runner.add_script(a.request_id, tokens)
                 runner.accepted[a.request_id] = list(s.accepted)
                 live[a.request_id] = ref
-                hasher = _RecordedHasher(config.block_size, s, ref) \
-                    if reader.header.redacted else plain
+                hasher = (
+                    _RecordedHasher(config.block_size, s, ref) if reader.header.redacted else plain
+                )
                 engine.add_request(_request(a, hasher))
             engine.step()
             engine.take_finished()
@@ -429,5 +471,12 @@ def _run_scripted(reader: TraceReader, config: EngineConfig, overrides: dict[str
             checker.divergence = Divergence(checker.steps, ("steps",), None, None)
     finally:
         recorder.close()
-    return ResimResult(config, overrides, num_recorded, checker.steps, checker.divergence,
-                       Path(out) if out else None, "scripted")
+    return ResimResult(
+        config,
+        overrides,
+        num_recorded,
+        checker.steps,
+        checker.divergence,
+        Path(out) if out else None,
+        "scripted",
+    )

@@ -53,10 +53,22 @@ class ReqState:
 
     def copy(self) -> ReqState:
         return ReqState(
-            self.ref, self.request_id, self.status, self.num_prompt_tokens,
-            self.num_output_tokens, self.num_computed_tokens, list(self.block_ids),
-            self.num_preemptions, self.priority, self.arrival_time, self.num_cached_tokens,
-            self.max_tokens, self.arrival_step, self.first_scheduled_step, self.first_token_step)
+            self.ref,
+            self.request_id,
+            self.status,
+            self.num_prompt_tokens,
+            self.num_output_tokens,
+            self.num_computed_tokens,
+            list(self.block_ids),
+            self.num_preemptions,
+            self.priority,
+            self.arrival_time,
+            self.num_cached_tokens,
+            self.max_tokens,
+            self.arrival_step,
+            self.first_scheduled_step,
+            self.first_token_step,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,11 +123,23 @@ class State:
         """The state before a trace's first step; only for traces that start at step 0."""
         _check_header(header)
         if header.first_step != 0:
-            raise TraceError(f"the trace starts at step {header.first_step}: start from its "
-                             "first snapshot instead")
+            raise TraceError(
+                f"the trace starts at step {header.first_step}: start from its "
+                "first snapshot instead"
+            )
         n = header.num_blocks
-        return cls(header.policy, n, header.block_size, -1, 0, {}, [], [],
-                   FreeQueue(n, range(1, n)), [0] * n)
+        return cls(
+            header.policy,
+            n,
+            header.block_size,
+            -1,
+            0,
+            {},
+            [],
+            [],
+            FreeQueue(n, range(1, n)),
+            [0] * n,
+        )
 
     @classmethod
     def from_snapshot(cls, header: Header, snap: Snapshot) -> State:
@@ -139,17 +163,36 @@ class State:
         if len(snap.cached_block_ids) != len(snap.cached_hashes):
             raise Inconsistent("snapshot: cached blocks and hashes differ in number")
         _check_blocks(snap.cached_block_ids, n)
-        state = cls(header.policy, n, header.block_size, snap.step, snap.next_ref, requests,
-                    list(snap.running), list(snap.waiting), FreeQueue(n, snap.free_queue),
-                    ref_cnts, dict(zip(snap.cached_block_ids, snap.cached_hashes)))
+        state = cls(
+            header.policy,
+            n,
+            header.block_size,
+            snap.step,
+            snap.next_ref,
+            requests,
+            list(snap.running),
+            list(snap.waiting),
+            FreeQueue(n, snap.free_queue),
+            ref_cnts,
+            dict(zip(snap.cached_block_ids, snap.cached_hashes)),
+        )
         state.check_invariants(free=snap.free_queue)  # the queue as listed, just linked
         return state
 
     def copy(self) -> State:
-        return State(self.policy, self.num_blocks, self.block_size, self.step, self.next_ref,
-                     {ref: r.copy() for ref, r in self.requests.items()}, list(self.running),
-                     list(self.waiting), self.free.copy(), list(self.ref_cnts),
-                     dict(self.block_hashes))
+        return State(
+            self.policy,
+            self.num_blocks,
+            self.block_size,
+            self.step,
+            self.next_ref,
+            {ref: r.copy() for ref, r in self.requests.items()},
+            list(self.running),
+            list(self.waiting),
+            self.free.copy(),
+            list(self.ref_cnts),
+            dict(self.block_hashes),
+        )
 
     def request_id(self, ref: int) -> str:
         return self.requests[ref].request_id
@@ -166,22 +209,44 @@ class State:
     def to_snapshot(self) -> Snapshot:
         cached = sorted(self.block_hashes.items())
         return Snapshot(
-            step=self.step, next_ref=self.next_ref,
+            step=self.step,
+            next_ref=self.next_ref,
             requests=tuple(_snap(self.requests[ref]) for ref in sorted(self.requests)),
-            running=tuple(self.running), waiting=tuple(self.waiting),
-            free_queue=tuple(self.free), cached_block_ids=tuple(b for b, _ in cached),
-            cached_hashes=tuple(h for _, h in cached))
+            running=tuple(self.running),
+            waiting=tuple(self.waiting),
+            free_queue=tuple(self.free),
+            cached_block_ids=tuple(b for b, _ in cached),
+            cached_hashes=tuple(h for _, h in cached),
+        )
 
     def picture(self) -> Picture:
         ids = self.request_id
         requests = sorted(
-            (RequestPicture(r.request_id, r.status, r.num_prompt_tokens, r.num_output_tokens,
-                            r.num_computed_tokens, tuple(r.block_ids), r.num_preemptions,
-                            r.priority, r.num_cached_tokens)
-             for r in self.requests.values()), key=lambda r: r.request_id)
-        return Picture(self.step, tuple(requests), tuple(map(ids, self.running)),
-                       tuple(map(ids, self.waiting)), tuple(self.free), tuple(self.ref_cnts),
-                       tuple(sorted(self.block_hashes.items())))
+            (
+                RequestPicture(
+                    r.request_id,
+                    r.status,
+                    r.num_prompt_tokens,
+                    r.num_output_tokens,
+                    r.num_computed_tokens,
+                    tuple(r.block_ids),
+                    r.num_preemptions,
+                    r.priority,
+                    r.num_cached_tokens,
+                )
+                for r in self.requests.values()
+            ),
+            key=lambda r: r.request_id,
+        )
+        return Picture(
+            self.step,
+            tuple(requests),
+            tuple(map(ids, self.running)),
+            tuple(map(ids, self.waiting)),
+            tuple(self.free),
+            tuple(self.ref_cnts),
+            tuple(sorted(self.block_hashes.items())),
+        )
 
     def check_invariants(self, free: Sequence[int] | None = None) -> None:
         """Raise Inconsistent unless the block map holds together (DESIGN.md K8). `free`:
@@ -192,8 +257,9 @@ class State:
                 held[b] += 1
         if held != self.ref_cnts:
             bad = next(b for b, (h, c) in enumerate(zip(held, self.ref_cnts)) if h != c)
-            raise Inconsistent(f"block {bad}: ref count {self.ref_cnts[bad]} but "
-                               f"{held[bad]} tables hold it")
+            raise Inconsistent(
+                f"block {bad}: ref count {self.ref_cnts[bad]} but {held[bad]} tables hold it"
+            )
         if free is None:
             free = list(self.free)
         if len(free) != len(self.free) or len(set(free)) != len(free):
@@ -204,8 +270,9 @@ class State:
         if any(map(held.__getitem__, free)):
             raise Inconsistent("a block is both free and owned")
         if owned + len(free) != self.num_blocks - 1:
-            raise Inconsistent(f"{owned} owned + {len(free)} free blocks != "
-                               f"{self.num_blocks - 1} usable")
+            raise Inconsistent(
+                f"{owned} owned + {len(free)} free blocks != {self.num_blocks - 1} usable"
+            )
         for b in self.block_hashes:
             if not 0 < b < self.num_blocks:
                 raise Inconsistent(f"a hash for block {b}, outside the pool")
@@ -241,14 +308,40 @@ def _check_refs(refs: tuple[int, ...], requests: dict[int, ReqState], what: str)
 def _request(r: RequestSnap) -> ReqState:
     if r.status > Status.PREEMPTED:
         raise Inconsistent(f"request {r.ref} has finished status {r.status}")
-    return ReqState(r.ref, r.request_id, r.status, r.num_prompt_tokens, r.num_output_tokens,
-                    r.num_computed_tokens, list(r.block_ids), r.num_preemptions, r.priority,
-                    r.arrival_time, r.num_cached_tokens, r.max_tokens, r.arrival_step,
-                    r.first_scheduled_step, r.first_token_step)
+    return ReqState(
+        r.ref,
+        r.request_id,
+        r.status,
+        r.num_prompt_tokens,
+        r.num_output_tokens,
+        r.num_computed_tokens,
+        list(r.block_ids),
+        r.num_preemptions,
+        r.priority,
+        r.arrival_time,
+        r.num_cached_tokens,
+        r.max_tokens,
+        r.arrival_step,
+        r.first_scheduled_step,
+        r.first_token_step,
+    )
 
 
 def _snap(r: ReqState) -> RequestSnap:
-    return RequestSnap(r.ref, r.request_id, r.status, r.num_prompt_tokens, r.num_output_tokens,
-                       r.num_computed_tokens, tuple(r.block_ids), r.num_preemptions, r.priority,
-                       r.arrival_time, r.num_cached_tokens, r.max_tokens, r.arrival_step,
-                       r.first_scheduled_step, r.first_token_step)
+    return RequestSnap(
+        r.ref,
+        r.request_id,
+        r.status,
+        r.num_prompt_tokens,
+        r.num_output_tokens,
+        r.num_computed_tokens,
+        tuple(r.block_ids),
+        r.num_preemptions,
+        r.priority,
+        r.arrival_time,
+        r.num_cached_tokens,
+        r.max_tokens,
+        r.arrival_step,
+        r.first_scheduled_step,
+        r.first_token_step,
+    )

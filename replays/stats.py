@@ -114,8 +114,21 @@ class _Collector:
         for a in rec.arrivals:
             r = state.requests.get(a.ref)
             if r is None:  # it finished in the same step (an error at arrival)
-                r = ReqState(a.ref, a.request_id, 0, a.num_prompt_tokens, 0, 0, [], 0,
-                             a.priority, a.arrival_time, -1, a.sampling.max_tokens, rec.step)
+                r = ReqState(
+                    a.ref,
+                    a.request_id,
+                    0,
+                    a.num_prompt_tokens,
+                    0,
+                    0,
+                    [],
+                    0,
+                    a.priority,
+                    a.arrival_time,
+                    -1,
+                    a.sampling.max_tokens,
+                    rec.step,
+                )
             self.reqs[a.ref] = r
         for f in rec.finishes:
             self.finish[f.ref] = (rec.step, f.status)
@@ -145,9 +158,19 @@ class _Collector:
         if first >= 0 and finish_step >= 0 and r.num_output_tokens > 1:
             tpot = (self._time(finish_step) - self._time(first)) / (r.num_output_tokens - 1)
         name = Status(status).name.removeprefix("FINISHED_").lower() if status else ""
-        return RequestStats(r.request_id, r.arrival_step, first, finish_step, name,
-                            r.num_prompt_tokens, r.num_output_tokens, r.num_preemptions,
-                            r.num_cached_tokens, ttft, tpot)
+        return RequestStats(
+            r.request_id,
+            r.arrival_step,
+            first,
+            finish_step,
+            name,
+            r.num_prompt_tokens,
+            r.num_output_tokens,
+            r.num_preemptions,
+            r.num_cached_tokens,
+            ttft,
+            tpot,
+        )
 
     def _summarise(self) -> TraceStats:
         requests = [self._request(ref, r) for ref, r in sorted(self.reqs.items())]
@@ -160,17 +183,25 @@ class _Collector:
         ttft = [r.ttft for r in requests if r.ttft is not None]
         tpot = [r.tpot for r in requests if r.tpot is not None]
         return TraceStats(
-            unit="s" if self.timed else "steps", num_steps=steps, duration_s=duration,
+            unit="s" if self.timed else "steps",
+            num_steps=steps,
+            duration_s=duration,
             num_requests=len(requests),
             num_finished=sum(1 for r in requests if r.finish_step >= 0),
             num_errors=sum(1 for r in requests if r.status == "error"),
-            output_tokens=out_tokens, throughput=out_tokens / span if span else 0.0,
-            ttft_p50=percentile(ttft, 50), ttft_p99=percentile(ttft, 99),
-            tpot_p50=percentile(tpot, 50), tpot_p99=percentile(tpot, 99),
+            output_tokens=out_tokens,
+            throughput=out_tokens / span if span else 0.0,
+            ttft_p50=percentile(ttft, 50),
+            ttft_p99=percentile(ttft, 99),
+            tpot_p50=percentile(tpot, 50),
+            tpot_p99=percentile(tpot, 99),
             preemptions=self.preemptions,
             prefix_hit_rate=sum(r.cached_tokens for r in admitted) / prompt if prompt else 0.0,
-            peak_blocks=self.usable - self.min_free, usable_blocks=self.usable,
-            mean_budget_use=self.budget_use / steps if steps else 0.0, requests=requests)
+            peak_blocks=self.usable - self.min_free,
+            usable_blocks=self.usable,
+            mean_budget_use=self.budget_use / steps if steps else 0.0,
+            requests=requests,
+        )
 
 
 def format_stats(s: TraceStats) -> str:

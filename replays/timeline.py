@@ -37,9 +37,15 @@ class Timeline:
     read it, don't keep it or change it. `first_step - 1` is the state before the first
     step (for a trace that starts at step 0)."""
 
-    def __init__(self, reader: TraceReader, *, live: bool = False,
-                 keyframe_interval: int = 8, max_keyframes: int = 96,
-                 max_cached_records: int = 4096) -> None:
+    def __init__(
+        self,
+        reader: TraceReader,
+        *,
+        live: bool = False,
+        keyframe_interval: int = 8,
+        max_keyframes: int = 96,
+        max_cached_records: int = 4096,
+    ) -> None:
         if keyframe_interval < 1 or max_keyframes < 1:
             raise ValueError("keyframe_interval and max_keyframes must be >= 1")
         self.reader = reader
@@ -108,8 +114,9 @@ class Timeline:
             return rec
         rec = cast(Step, self.reader.read_at(self._offsets[step - self.first_step]).record)
         if not isinstance(rec, Step) or rec.step != step:
-            raise TraceError(f"the index says step {step} is here",
-                             self._offsets[step - self.first_step])
+            raise TraceError(
+                f"the index says step {step} is here", self._offsets[step - self.first_step]
+            )
         self._records[step] = rec
         if len(self._records) > self.max_cached_records:
             self._records.popitem(last=False)
@@ -180,8 +187,10 @@ class Timeline:
         elif self.first_step == 0:
             options.append((step + 1 + _COPY_COST, "initial", -1))
         if not options:
-            raise TraceError(f"the trace starts mid-run at step {self.first_step} and has "
-                             "no snapshot to start from")
+            raise TraceError(
+                f"the trace starts mid-run at step {self.first_step} and has "
+                "no snapshot to start from"
+            )
         _, kind, at = min(options)
         if kind == "cur":
             assert self._cur is not None
@@ -224,5 +233,6 @@ class Timeline:
 
     def _check(self, step: int) -> None:
         if not self.first_step <= step <= self.last_step:
-            raise IndexError(f"step {step} is not in this trace "
-                             f"({self.first_step}..{self.last_step})")
+            raise IndexError(
+                f"step {step} is not in this trace ({self.first_step}..{self.last_step})"
+            )

@@ -25,17 +25,28 @@ class Case:
     slot_mapping: np.ndarray  # [T]
 
     def metadata(self, device: torch.device | None = None) -> AttentionMetadata:
-        return build_metadata(self.query_lens, self.query_lens + self.context_lens,
-                              self.block_table, self.slot_mapping,
-                              device or torch.device("cpu"))
+        return build_metadata(
+            self.query_lens,
+            self.query_lens + self.context_lens,
+            self.block_table,
+            self.slot_mapping,
+            device or torch.device("cpu"),
+        )
 
     def caches(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k_cache.clone(), self.v_cache.clone()
 
 
-def make_case(query_lens: list[int], context_lens: list[int], num_kv_heads: int, group: int,
-              head_dim: int, block_size: int, seed: int = 0,
-              dtype: torch.dtype = torch.float32) -> Case:
+def make_case(
+    query_lens: list[int],
+    context_lens: list[int],
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    block_size: int,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> Case:
     """Blocks are handed out in a shuffled order so tables are not contiguous; block 0
     (the null block) stays zero and pads the tables."""
     rng = np.random.default_rng(seed)
@@ -49,11 +60,15 @@ def make_case(query_lens: list[int], context_lens: list[int], num_kv_heads: int,
     table = np.zeros((len(q_lens), int(nbs.max())), dtype=np.int64)
     start = 0
     for i, n in enumerate(nbs):
-        table[i, :n] = order[start:start + n]
+        table[i, :n] = order[start : start + n]
         start += n
-    slots = np.concatenate([
-        table[i, np.arange(ctx[i], seq[i]) // block_size] * block_size
-        + np.arange(ctx[i], seq[i]) % block_size for i in range(len(q_lens))])
+    slots = np.concatenate(
+        [
+            table[i, np.arange(ctx[i], seq[i]) // block_size] * block_size
+            + np.arange(ctx[i], seq[i]) % block_size
+            for i in range(len(q_lens))
+        ]
+    )
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     k_cache = torch.randn(shape, generator=gen).to(dtype)
     v_cache = torch.randn(shape, generator=gen).to(dtype)
@@ -61,10 +76,17 @@ def make_case(query_lens: list[int], context_lens: list[int], num_kv_heads: int,
     v_cache[0] = 0
     t = int(q_lens.sum())
     heads = num_kv_heads * group
-    return Case(torch.randn(t, heads, head_dim, generator=gen).to(dtype),
-                torch.randn(t, num_kv_heads, head_dim, generator=gen).to(dtype),
-                torch.randn(t, num_kv_heads, head_dim, generator=gen).to(dtype),
-                k_cache, v_cache, q_lens, ctx, table, slots)
+    return Case(
+        torch.randn(t, heads, head_dim, generator=gen).to(dtype),
+        torch.randn(t, num_kv_heads, head_dim, generator=gen).to(dtype),
+        torch.randn(t, num_kv_heads, head_dim, generator=gen).to(dtype),
+        k_cache,
+        v_cache,
+        q_lens,
+        ctx,
+        table,
+        slots,
+    )
 
 
 def naive_attention(case: Case) -> torch.Tensor:

@@ -28,11 +28,24 @@ def long_workload(num_requests: int = 64, seed: int = 7) -> SimWorkload:
         own = [rng.randrange(1, 30000) for _ in range(rng.randint(8, 120))]
         prompt = (system if i % 3 else []) + own
         out = rng.randint(100, 700)
-        requests.append(dict(id=f"req-{i:03d}", arrival_step=i * 6, prompt_token_ids=prompt,
-                             output_token_ids=[rng.randrange(1, 30000) for _ in range(out)],
-                             max_tokens=out, priority=i % 4))
-    config = dict(block_size=16, num_blocks=400, max_num_batched_tokens=256, max_num_seqs=24,
-                  long_prefill_token_threshold=96, max_model_len=4096)
+        requests.append(
+            dict(
+                id=f"req-{i:03d}",
+                arrival_step=i * 6,
+                prompt_token_ids=prompt,
+                output_token_ids=[rng.randrange(1, 30000) for _ in range(out)],
+                max_tokens=out,
+                priority=i % 4,
+            )
+        )
+    config = dict(
+        block_size=16,
+        num_blocks=400,
+        max_num_batched_tokens=256,
+        max_num_seqs=24,
+        long_prefill_token_threshold=96,
+        max_model_len=4096,
+    )
     return parse_workload({"config": config, "requests": requests}, source="crash")
 
 
@@ -44,8 +57,13 @@ def _torn_write(fd: int, data: memoryview) -> int:
 def main(path: str, mode: str) -> None:
     w = long_workload()
     engine = make_engine(w)
-    writer = TraceWriter(path, live=mode != "batch", flush_bytes=4096, flush_interval_s=0.01,
-                         write=_torn_write if mode == "torn" else os.write)
+    writer = TraceWriter(
+        path,
+        live=mode != "batch",
+        flush_bytes=4096,
+        flush_interval_s=0.01,
+        write=_torn_write if mode == "torn" else os.write,
+    )
     recorder = Recorder(engine, writer, snapshot_interval=32, strict=True)
     for _ in run_steps(w, engine):
         print(recorder.flushed_step, flush=True)

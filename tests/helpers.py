@@ -14,19 +14,37 @@ from engine.state import EngineState
 
 
 def workload(requests: list[dict[str, Any]], **config: Any) -> SimWorkload:
-    base = dict(block_size=16, num_blocks=1000, max_num_batched_tokens=512, max_num_seqs=16,
-                max_model_len=8192, policy="fcfs", enable_prefix_caching=True)
+    base = dict(
+        block_size=16,
+        num_blocks=1000,
+        max_num_batched_tokens=512,
+        max_num_seqs=16,
+        max_model_len=8192,
+        policy="fcfs",
+        enable_prefix_caching=True,
+    )
     base.update(config)
     return parse_workload({"config": base, "requests": requests}, source="test")
 
 
-def req(rid: str, prompt_len: int, max_tokens: int = 4, arrival_step: int = 0,
-        base: int = 0, **extra: Any) -> dict[str, Any]:
+def req(
+    rid: str,
+    prompt_len: int,
+    max_tokens: int = 4,
+    arrival_step: int = 0,
+    base: int = 0,
+    **extra: Any,
+) -> dict[str, Any]:
     """A request whose prompt is `prompt_len` distinct tokens starting at `base`."""
     start = base or (hash(rid) % 1000) * 10_000
-    return dict(id=rid, prompt_token_ids=list(range(start, start + prompt_len)),
-                output_token_ids=list(range(7, 7 + max_tokens)), max_tokens=max_tokens,
-                arrival_step=arrival_step, **extra)
+    return dict(
+        id=rid,
+        prompt_token_ids=list(range(start, start + prompt_len)),
+        output_token_ids=list(range(7, 7 + max_tokens)),
+        max_tokens=max_tokens,
+        arrival_step=arrival_step,
+        **extra,
+    )
 
 
 def run(w: SimWorkload, check: bool = True) -> tuple[list[StepResult], EngineCore]:
@@ -64,8 +82,9 @@ def record(w: SimWorkload, sink: Any = None, **options: Any) -> Recorded:
     from recorder.writer import MemoryWriter
 
     engine = make_engine(w)
-    recorder = Recorder(engine, sink if sink is not None else MemoryWriter(), strict=True,
-                        **options)
+    recorder = Recorder(
+        engine, sink if sink is not None else MemoryWriter(), strict=True, **options
+    )
     out = Recorded(recorder, engine)
     for result in run_steps(w, engine):
         out.states.append(engine.snapshot())

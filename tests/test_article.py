@@ -8,8 +8,15 @@ from tests.helpers import req, run, scheduled, workload
 
 def test_mixed_batch_leftover_budget_admits_a_chunk() -> None:
     # B and C decode, A has 400 prompt tokens left, D (300) arrives: A 400, B 1, C 1, D 110.
-    w = workload([req("B", 10, 8), req("C", 10, 8), req("A", 910, 4, arrival_step=1),
-                  req("D", 300, 4, arrival_step=2)], max_num_batched_tokens=512)
+    w = workload(
+        [
+            req("B", 10, 8),
+            req("C", 10, 8),
+            req("A", 910, 4, arrival_step=1),
+            req("D", 300, 4, arrival_step=2),
+        ],
+        max_num_batched_tokens=512,
+    )
     results, _ = run(w)
     assert scheduled(results[1]) == {"B": 1, "C": 1, "A": 510}
     assert scheduled(results[2]) == {"B": 1, "C": 1, "A": 400, "D": 110}
@@ -17,8 +24,9 @@ def test_mixed_batch_leftover_budget_admits_a_chunk() -> None:
 
 
 def test_four_1000_token_prompts_with_budget_2048() -> None:
-    w = workload([req(f"R{i}", 1000) for i in range(4)], max_num_batched_tokens=2048,
-                 max_num_seqs=256)
+    w = workload(
+        [req(f"R{i}", 1000) for i in range(4)], max_num_batched_tokens=2048, max_num_seqs=256
+    )
     results, _ = run(w)
     assert scheduled(results[0]) == {"R0": 1000, "R1": 1000, "R2": 48}
     assert results[0].report.waiting == ["R3"]
@@ -38,8 +46,11 @@ def test_max_num_seqs_keeps_the_257th_waiting_with_budget_left() -> None:
 
 
 def test_long_prefill_threshold_chunks_a_2050_token_prompt() -> None:
-    w = workload([req("S", 10, 12), req("L", 2050, 3, arrival_step=1)],
-                 max_num_batched_tokens=2048, long_prefill_token_threshold=512)
+    w = workload(
+        [req("S", 10, 12), req("L", 2050, 3, arrival_step=1)],
+        max_num_batched_tokens=2048,
+        long_prefill_token_threshold=512,
+    )
     results, _ = run(w)
     chunks = [scheduled(r).get("L") for r in results[1:6]]
     assert chunks == [512, 512, 512, 512, 2]
@@ -48,8 +59,7 @@ def test_long_prefill_threshold_chunks_a_2050_token_prompt() -> None:
 
 
 def test_threshold_is_off_for_a_lone_request() -> None:
-    w = workload([req("L", 2050, 3)], max_num_batched_tokens=2048,
-                 long_prefill_token_threshold=512)
+    w = workload([req("L", 2050, 3)], max_num_batched_tokens=2048, long_prefill_token_threshold=512)
     results, _ = run(w)
     assert [scheduled(r)["L"] for r in results[:2]] == [2048, 2]
 

@@ -36,8 +36,14 @@ ROOT = Path(__file__).resolve().parent.parent
 @functools.cache
 def interpreted_results() -> dict[str, dict[str, object]]:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "tests.triton_interpreted"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.triton_interpreted"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     return {str(r["case"]): r for r in rows}
@@ -46,12 +52,18 @@ def interpreted_results() -> dict[str, dict[str, object]]:
 def run_both(case: Case, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, bool]:
     heads, kv_heads, dim = case.q.shape[1], case.k.shape[1], case.q.shape[2]
     ref_k, ref_v = case.caches()
-    want = TorchAttention(heads, kv_heads, dim).forward(case.q, case.k, case.v, ref_k, ref_v,
-                                                       case.metadata())
+    want = TorchAttention(heads, kv_heads, dim).forward(
+        case.q, case.k, case.v, ref_k, ref_v, case.metadata()
+    )
     k_cache, v_cache = (c.to(device) for c in case.caches())
     got = TritonAttention(heads, kv_heads, dim).forward(
-        case.q.to(device), case.k.to(device), case.v.to(device), k_cache, v_cache,
-        case.metadata(device))
+        case.q.to(device),
+        case.k.to(device),
+        case.v.to(device),
+        k_cache,
+        v_cache,
+        case.metadata(device),
+    )
     caches_equal = torch.equal(k_cache.cpu(), ref_k) and torch.equal(v_cache.cpu(), ref_v)
     return got.cpu(), want, caches_equal
 

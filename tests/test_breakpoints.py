@@ -38,8 +38,9 @@ def brute(run: Recorded, tl: Timeline, p: Predicate) -> list[int]:
         t = tl.record(i).time_ns
         k, req, v = p.kind, p.request, p.value
         if k == "preempt":
-            hit = bool(rep.preemptions) and (req is None or any(x.victim == req
-                                                               for x in rep.preemptions))
+            hit = bool(rep.preemptions) and (
+                req is None or any(x.victim == req for x in rep.preemptions)
+            )
         elif k == "admit":
             hit = any(a.request_id == req for a in rep.admissions)
         elif k == "finish":
@@ -61,13 +62,21 @@ def brute(run: Recorded, tl: Timeline, p: Predicate) -> list[int]:
     return hits
 
 
-SPECS = ["preempt", "preempt:req-18", "admit:req-05", "first-token:req-12", "finish:req-09",
-         "free<10", "wait>20", "util<50", "slow>0.05"]
+SPECS = [
+    "preempt",
+    "preempt:req-18",
+    "admit:req-05",
+    "first-token:req-12",
+    "finish:req-09",
+    "free<10",
+    "wait>20",
+    "util<50",
+    "slow>0.05",
+]
 
 
 @pytest.mark.parametrize("spec", SPECS)
-def test_find_lands_on_the_brute_force_steps(demo: tuple[Recorded, Timeline],
-                                             spec: str) -> None:
+def test_find_lands_on_the_brute_force_steps(demo: tuple[Recorded, Timeline], spec: str) -> None:
     run, tl = demo
     p = parse(spec)
     want = brute(run, tl, p)
@@ -82,8 +91,7 @@ def test_find_lands_on_the_brute_force_steps(demo: tuple[Recorded, Timeline],
         assert find(tl, [p], start, backward=True) == prev, (spec, start)
 
 
-def test_a_search_in_slices_finds_what_one_search_finds(
-        demo: tuple[Recorded, Timeline]) -> None:
+def test_a_search_in_slices_finds_what_one_search_finds(demo: tuple[Recorded, Timeline]) -> None:
     """The TUI searches long traces in slices (`limit`) to stay responsive."""
     run, tl = demo
     for spec in ("preempt", "first-token:req-12", "wait>20"):
@@ -99,8 +107,11 @@ def test_a_search_in_slices_finds_what_one_search_finds(
                         break
                     at = limit
                 assert found == find(tl, [p], start, backward=backward), (spec, start)
-                expect = (next((s for s in reversed(want) if s < start), None) if backward
-                          else next((s for s in want if s > start), None))
+                expect = (
+                    next((s for s in reversed(want) if s < start), None)
+                    if backward
+                    else next((s for s in want if s > start), None)
+                )
                 assert found == expect
 
 
@@ -114,15 +125,22 @@ def test_several_breakpoints_stop_at_the_nearest(demo: tuple[Recorded, Timeline]
 
 def test_first_token_that_also_finishes(tmp_path: Path) -> None:
     from tests.helpers import req, workload
+
     run = record(workload([req("one", 20, 1), req("two", 20, 5)]))
     tl = Timeline(TraceReader(write_trace(tmp_path, run.data)))
     assert list(find_all(tl, [parse("first-token:one")])) == [0]
     assert run.reports[0].finishes[0].status == RequestStatus.FINISHED_LENGTH_CAPPED
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("bogus", "unknown"), ("admit", "needs a request id"), ("free<x", "unknown"),
-    ("preempt:", "empty request id")])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("bogus", "unknown"),
+        ("admit", "needs a request id"),
+        ("free<x", "unknown"),
+        ("preempt:", "empty request id"),
+    ],
+)
 def test_parse_errors_say_what_is_wrong(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse(text)

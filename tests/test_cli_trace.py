@@ -28,8 +28,9 @@ def schedtop(*args: str) -> Result:
     return CliRunner().invoke(main, list(args))
 
 
-def test_sim_records_where_trace_says_and_info_describes_it(tmp_path: Path,
-                                                            trace_dir: Path) -> None:
+def test_sim_records_where_trace_says_and_info_describes_it(
+    tmp_path: Path, trace_dir: Path
+) -> None:
     path = tmp_path / "c.trace"
     result = schedtop("sim", CASE, "--trace", str(path))
     assert result.exit_code == 0, result.output
@@ -73,7 +74,7 @@ def test_info_on_a_cut_trace_says_where(tmp_path: Path) -> None:
     with TraceReader(path) as reader:
         middle = reader.index().step_offsets[20]
     cut = tmp_path / "cut.trace"
-    cut.write_bytes(path.read_bytes()[:middle + 5])  # inside step 20's frame header
+    cut.write_bytes(path.read_bytes()[: middle + 5])  # inside step 20's frame header
     result = schedtop("info", str(cut))
     assert result.exit_code == 0
     assert f"no: the tail is cut at byte {middle:,} (frame header cut" in result.stdout
@@ -83,14 +84,18 @@ def test_info_on_a_cut_trace_says_where(tmp_path: Path) -> None:
     assert "no: no footer (the writer is still running" in result.stdout
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "no such file"),
-    (b"just text\n", "not a schedtop trace"),
-    (preamble(9, 1) + bytes(20), "trace format 9.1 is newer than this schedtop reads"),
-    (preamble() + b"\x05\x00\x00\x00\x01\x00\x00\x00\x00abcde", "checksum mismatch"),
-])
-def test_info_errors_are_one_line_exit_2(tmp_path: Path, content: bytes | None,
-                                         message: str) -> None:
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "no such file"),
+        (b"just text\n", "not a schedtop trace"),
+        (preamble(9, 1) + bytes(20), "trace format 9.1 is newer than this schedtop reads"),
+        (preamble() + b"\x05\x00\x00\x00\x01\x00\x00\x00\x00abcde", "checksum mismatch"),
+    ],
+)
+def test_info_errors_are_one_line_exit_2(
+    tmp_path: Path, content: bytes | None, message: str
+) -> None:
     path = tmp_path / "bad.trace"
     if content is not None:
         path.write_bytes(content)

@@ -7,20 +7,27 @@ import pytest
 from engine.config import EngineConfig, parse_setting
 
 
-@pytest.mark.parametrize(("changes", "needle"), [
-    ({"block_size": 0}, "block_size=0"),
-    ({"num_blocks": 1}, "num_blocks=1"),
-    ({"max_num_seqs": 512, "max_num_batched_tokens": 256}, "max_num_batched_tokens=256"),
-    ({"long_prefill_token_threshold": 9000, "max_model_len": 8192},
-     "long_prefill_token_threshold=9000"),
-    ({"policy": "lifo"}, "policy='lifo'"),
-    ({"watermark": 1.5}, "watermark=1.5"),
-    ({"max_num_active_seqs": 999}, "max_num_active_seqs=999"),
-    ({"block_size": "16"}, "block_size='16': expected int"),
-    ({"enable_prefix_caching": 1}, "enable_prefix_caching=1: expected bool"),
-    ({"enable_chunked_prefill": False, "max_model_len": 8192},
-     "when enable_chunked_prefill is off"),
-])
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"block_size": 0}, "block_size=0"),
+        ({"num_blocks": 1}, "num_blocks=1"),
+        ({"max_num_seqs": 512, "max_num_batched_tokens": 256}, "max_num_batched_tokens=256"),
+        (
+            {"long_prefill_token_threshold": 9000, "max_model_len": 8192},
+            "long_prefill_token_threshold=9000",
+        ),
+        ({"policy": "lifo"}, "policy='lifo'"),
+        ({"watermark": 1.5}, "watermark=1.5"),
+        ({"max_num_active_seqs": 999}, "max_num_active_seqs=999"),
+        ({"block_size": "16"}, "block_size='16': expected int"),
+        ({"enable_prefix_caching": 1}, "enable_prefix_caching=1: expected bool"),
+        (
+            {"enable_chunked_prefill": False, "max_model_len": 8192},
+            "when enable_chunked_prefill is off",
+        ),
+    ],
+)
 def test_invalid_values_name_the_field(changes: dict, needle: str) -> None:
     with pytest.raises(ValueError, match=None) as err:
         EngineConfig().replace(**changes)

@@ -34,8 +34,12 @@ Event = dict[str, Any]
 
 # -- the format's rules ---------------------------------------------------------------------
 
-_METADATA = {"process_name": "name", "thread_name": "name", "process_sort_index": "sort_index",
-             "thread_sort_index": "sort_index"}
+_METADATA = {
+    "process_name": "name",
+    "thread_name": "name",
+    "process_sort_index": "sort_index",
+    "thread_sort_index": "sort_index",
+}
 
 
 def _number(v: object) -> bool:
@@ -101,15 +105,27 @@ def validate(doc: Any) -> list[Event]:
 def bound_slice(events: list[Event], flow_event: Event) -> Event | None:
     """The innermost slice of the flow event's thread that encloses its timestamp."""
     t = flow_event["ts"]
-    around = [e for e in events if e["ph"] == "X" and e["pid"] == flow_event["pid"]
-              and e["tid"] == flow_event["tid"] and e["ts"] <= t <= e["ts"] + e["dur"]]
+    around = [
+        e
+        for e in events
+        if e["ph"] == "X"
+        and e["pid"] == flow_event["pid"]
+        and e["tid"] == flow_event["tid"]
+        and e["ts"] <= t <= e["ts"] + e["dur"]
+    ]
     return min(around, key=lambda e: e["dur"], default=None)
 
 
 def test_the_validator_rejects_what_viewers_cannot_draw() -> None:
     def doc(*events: Event) -> dict[str, Any]:
-        meta = {"ph": "M", "name": "process_name", "ts": 0, "pid": 1, "tid": 1,
-                "args": {"name": "p"}}
+        meta = {
+            "ph": "M",
+            "name": "process_name",
+            "ts": 0,
+            "pid": 1,
+            "tid": 1,
+            "args": {"name": "p"},
+        }
         return {"traceEvents": [meta, *events]}
 
     x = {"ph": "X", "name": "a", "cat": "c", "ts": 0, "dur": 10, "pid": 1, "tid": 1}
@@ -171,13 +187,22 @@ def export(trace: Path, tmp_path: Path, name: str = "out.json") -> tuple[list[Ev
 
 def threads(events: list[Event]) -> dict[str, int]:
     """Request id -> its thread id."""
-    return {e["args"]["name"]: e["tid"] for e in events
-            if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == 2}
+    return {
+        e["args"]["name"]: e["tid"]
+        for e in events
+        if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == 2
+    }
 
 
 def on(events: list[Event], tid: int, name: str, ph: str = "X") -> list[Event]:
-    return sorted((e for e in events if e["ph"] == ph and e["pid"] == 2 and e["tid"] == tid
-                   and e["name"] == name), key=lambda e: e["ts"])
+    return sorted(
+        (
+            e
+            for e in events
+            if e["ph"] == ph and e["pid"] == 2 and e["tid"] == tid and e["name"] == name
+        ),
+        key=lambda e: e["ts"],
+    )
 
 
 def series(events: list[Event], name: str, key: str) -> list[float]:
@@ -206,8 +231,10 @@ def test_the_demo_exports_valid_trace_event_json(demo: Any) -> None:
 
 def test_one_step_slice_per_step_from_the_previous_end_to_its_own(demo: Any) -> None:
     _, t, events, _ = demo
-    steps = sorted((e for e in events if e["ph"] == "X" and e["pid"] == 1 and e["tid"] == 1),
-                   key=lambda e: e["ts"])
+    steps = sorted(
+        (e for e in events if e["ph"] == "X" and e["pid"] == 1 and e["tid"] == 1),
+        key=lambda e: e["ts"],
+    )
     assert len(steps) == len(t.views)
     prev = 0
     for e, view in zip(steps, t.views):
@@ -266,8 +293,9 @@ def test_consecutive_decodes_merge_into_one_slice(demo: Any) -> None:
 def test_every_preemption_has_a_span_and_an_arrow_to_its_resumption(demo: Any) -> None:
     _, t, events, _ = demo
     tids = threads(events)
-    preempted = [(view.record.step, t.names[p.victim]) for view in t.views
-                 for p in view.record.preemptions]
+    preempted = [
+        (view.record.step, t.names[p.victim]) for view in t.views for p in view.record.preemptions
+    ]
     assert len(preempted) >= 3
     starts = {e["id"]: e for e in events if e["ph"] == "s"}
     ends = {e["id"]: e for e in events if e["ph"] == "f"}
@@ -281,8 +309,11 @@ def test_every_preemption_has_a_span_and_an_arrow_to_its_resumption(demo: Any) -
         assert resumed["args"]["resumed"] is True
         rid = next(r for r, tid in tids.items() if tid == resumed["tid"])
         arrows.append((step_slice["args"]["step"], rid))
-        span = [p for p in on(events, resumed["tid"], "preempted")
-                if p["args"]["step"] == step_slice["args"]["step"]]
+        span = [
+            p
+            for p in on(events, resumed["tid"], "preempted")
+            if p["args"]["step"] == step_slice["args"]["step"]
+        ]
         assert len(span) == 1
         assert span[0]["ts"] == step_slice["ts"]  # preempted from the step that did it
         assert span[0]["ts"] + span[0]["dur"] == resumed["ts"]  # ...to the resumption
@@ -301,16 +332,22 @@ def test_counters_follow_the_records(demo: Any) -> None:
     assert series(events, "queue", "waiting")[1:] == [c[2] for c in t.counts]
     use = series(events, "budget", "use")
     assert len(use) == len(t.views)
-    assert use == [round(v.record.num_scheduled_tokens / v.record.token_budget, 4)
-                   for v in t.views]
+    assert use == [round(v.record.num_scheduled_tokens / v.record.token_budget, 4) for v in t.views]
     assert max(use) <= 1.0
 
 
 # -- other traces ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", ["c_kv_pressure_prefix", "e_priority_unschedule",
-                                  "e_priority_self_preempt", "d_long_prefill_with_others"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "c_kv_pressure_prefix",
+        "e_priority_unschedule",
+        "e_priority_self_preempt",
+        "d_long_prefill_with_others",
+    ],
+)
 def test_fidelity_cases_export_valid_and_complete(case: str, tmp_path: Path) -> None:
     run = record(load_workload(FIDELITY / f"{case}.workload.json"))
     path = write_trace(tmp_path, run.data)
@@ -325,8 +362,9 @@ def test_fidelity_cases_export_valid_and_complete(case: str, tmp_path: Path) -> 
 
 
 def test_speculative_decoding_is_one_decode_slice_with_draft_counts(tmp_path: Path) -> None:
-    w = workload([req("A", 40, max_tokens=12), req("B", 20, max_tokens=9)],
-                 num_speculative_tokens=2)
+    w = workload(
+        [req("A", 40, max_tokens=12), req("B", 20, max_tokens=9)], num_speculative_tokens=2
+    )
     path = write_trace(tmp_path, record(w).data)
     events, _ = export(path, tmp_path)
     t = truth(path)
@@ -339,8 +377,9 @@ def test_speculative_decoding_is_one_decode_slice_with_draft_counts(tmp_path: Pa
         assert decodes[0]["args"]["tokens"] == sum(e.num_tokens for e in spec)
 
 
-def _record_with(tmp_path: Path, w: Any, act: Callable[[int, Any], None],
-                 attach_at: int = 0) -> Path:
+def _record_with(
+    tmp_path: Path, w: Any, act: Callable[[int, Any], None], attach_at: int = 0
+) -> Path:
     """Record `w`, calling act(step, engine) before each step; the recorder attaches
     before step `attach_at` (> 0: mid-run, from a snapshot)."""
     engine = make_engine(w)
@@ -360,9 +399,14 @@ def _record_with(tmp_path: Path, w: Any, act: Callable[[int, Any], None],
 
 
 def test_aborts_end_the_request_where_it_was(tmp_path: Path) -> None:
-    w = workload([req("A", 64, max_tokens=40), req("B", 64, max_tokens=40),
-                  req("C", 300, max_tokens=4, arrival_step=1)],
-                 max_num_seqs=2)
+    w = workload(
+        [
+            req("A", 64, max_tokens=40),
+            req("B", 64, max_tokens=40),
+            req("C", 300, max_tokens=4, arrival_step=1),
+        ],
+        max_num_seqs=2,
+    )
 
     def act(step: int, engine: Any) -> None:
         if step == 3:
@@ -375,8 +419,10 @@ def test_aborts_end_the_request_where_it_was(tmp_path: Path) -> None:
         finish = on(events, tids[rid], "finish", "i")
         assert [f["args"]["reason"] for f in finish] == ["FINISHED_ABORTED"]
     queued = on(events, tids["C"], "queued")
-    assert queued and queued[0]["ts"] + queued[0]["dur"] == on(events, tids["C"], "finish",
-                                                                "i")[0]["ts"]
+    assert (
+        queued
+        and queued[0]["ts"] + queued[0]["dur"] == on(events, tids["C"], "finish", "i")[0]["ts"]
+    )
     assert not on(events, tids["C"], "prefill")
 
 
@@ -406,10 +452,14 @@ def rewrite(src: Path, dst: Path, change: Callable[[Step], Step]) -> Path:
     return dst
 
 
-def test_a_trace_without_step_times_gets_one_millisecond_per_step(demo: Any,
-                                                                  tmp_path: Path) -> None:
-    path = rewrite(demo[0], tmp_path / "untimed.trace",
-                   lambda s: dataclasses.replace(s, time_ns=0, schedule_ns=0, update_ns=0))
+def test_a_trace_without_step_times_gets_one_millisecond_per_step(
+    demo: Any, tmp_path: Path
+) -> None:
+    path = rewrite(
+        demo[0],
+        tmp_path / "untimed.trace",
+        lambda s: dataclasses.replace(s, time_ns=0, schedule_ns=0, update_ns=0),
+    )
     events, doc = export(path, tmp_path)
     steps = [e for e in events if e["ph"] == "X" and e["pid"] == 1 and e["tid"] == 1]
     assert [(e["ts"], e["dur"]) for e in steps] == [(1000 * i, 1000) for i in range(len(steps))]
@@ -424,28 +474,41 @@ def test_runner_timings_land_on_the_step_they_measure(demo: Any, tmp_path: Path)
     def late_timing(s: Step) -> Step:  # step s carries the timings of step s - 1
         if s.step == 0:
             return s
-        return dataclasses.replace(s, timings=(Timing(
-            s.step - 1, 20_000, 150_000, 60_000, 10_000,
-            kernels if s.step % 10 == 1 else ()),))
+        return dataclasses.replace(
+            s,
+            timings=(
+                Timing(
+                    s.step - 1, 20_000, 150_000, 60_000, 10_000, kernels if s.step % 10 == 1 else ()
+                ),
+            ),
+        )
 
     path = rewrite(demo[0], tmp_path / "timed.trace", late_timing)
     events, _ = export(path, tmp_path)
-    steps = {e["args"]["step"]: e for e in events if e["ph"] == "X" and e["pid"] == 1
-             and e["tid"] == 1}
+    steps = {
+        e["args"]["step"]: e for e in events if e["ph"] == "X" and e["pid"] == 1 and e["tid"] == 1
+    }
     last = max(steps)
     for k, e in steps.items():
         if k == last:  # its timings would come with a step that never came
             assert "forward_ns" not in e["args"]
             continue
-        assert (e["args"]["prepare_ns"], e["args"]["forward_ns"], e["args"]["attention_ns"],
-                e["args"]["sample_ns"]) == (20_000, 150_000, 60_000, 10_000)
+        assert (
+            e["args"]["prepare_ns"],
+            e["args"]["forward_ns"],
+            e["args"]["attention_ns"],
+            e["args"]["sample_ns"],
+        ) == (20_000, 150_000, 60_000, 10_000)
         assert ("kernels" in e["args"]) == (k % 10 == 0)
     assert steps[10]["args"]["kernels"]["matmul"] == {"calls": 90, "total_ns": 900_000}
     phases = [e for e in events if e["ph"] == "X" and e["pid"] == 1 and e["tid"] == 2]
     assert Counter(e["name"] for e in phases)["forward"] == last
     for e in phases:  # inside their step
-        step = next(s for s in steps.values()
-                    if s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"])
+        step = next(
+            s
+            for s in steps.values()
+            if s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"]
+        )
         assert step is not None
 
 
@@ -486,10 +549,10 @@ def test_cli_exports_and_says_what_it_wrote(demo: Any, tmp_path: Path) -> None:
     validate(json.loads(out.read_text(encoding="utf-8")))
 
 
-@pytest.mark.parametrize("problem", ["missing", "not a trace", "corrupt", "unwritable",
-                                     "same file"])
-def test_cli_bad_input_is_one_line_and_status_2(problem: str, demo: Any,
-                                                tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "problem", ["missing", "not a trace", "corrupt", "unwritable", "same file"]
+)
+def test_cli_bad_input_is_one_line_and_status_2(problem: str, demo: Any, tmp_path: Path) -> None:
     trace, out = str(demo[0]), tmp_path / "out.json"
     out.write_text("previous export")
     if problem == "missing":

@@ -12,19 +12,34 @@ from engine.sim.driver import simulate
 from engine.sim.workload import load_workload
 
 CASES = Path(__file__).parent / "data" / "fidelity"
-COMPARED = ("step", "arrived", "preempted", "preemptions", "admitted", "finished",
-            "num_free_blocks", "num_free_blocks_after_schedule", "running", "waiting",
-            "num_computed_tokens", "block_tables")
+COMPARED = (
+    "step",
+    "arrived",
+    "preempted",
+    "preemptions",
+    "admitted",
+    "finished",
+    "num_free_blocks",
+    "num_free_blocks_after_schedule",
+    "running",
+    "waiting",
+    "num_computed_tokens",
+    "block_tables",
+)
 
 
-@pytest.mark.parametrize("case", sorted(p.name.removesuffix(".workload.json")
-                                        for p in CASES.glob("*.workload.json")))
+@pytest.mark.parametrize(
+    "case", sorted(p.name.removesuffix(".workload.json") for p in CASES.glob("*.workload.json"))
+)
 def test_case_reproduces_vllm_step_for_step(case: str) -> None:
-    expected = [json.loads(line) for line in
-                (CASES / f"{case}.decisions.jsonl").read_text().splitlines()]
+    expected = [
+        json.loads(line) for line in (CASES / f"{case}.decisions.jsonl").read_text().splitlines()
+    ]
     got: list[dict] = []
-    simulate(load_workload(CASES / f"{case}.workload.json"),
-             on_step=lambda r, e: got.append(decision_record(r, e)))
+    simulate(
+        load_workload(CASES / f"{case}.workload.json"),
+        on_step=lambda r, e: got.append(decision_record(r, e)),
+    )
     assert len(got) == len(expected), "number of steps"
     for want, have in zip(expected, got):
         step = want["step"]

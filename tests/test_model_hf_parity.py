@@ -25,10 +25,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.model, needs_default_model]
 
 NEW_TOKENS = 64
 PAD = 2  # SmolLM2's padding token (its EOS)
-SYSTEM = ("You are a careful assistant who writes in plain English. Keep answers well "
-          "organised, explain any technical term the first time you use it, prefer concrete "
-          "examples over abstractions, and never invent facts: if you are unsure, say so. "
-          "When asked for a list, give short items.")
+SYSTEM = (
+    "You are a careful assistant who writes in plain English. Keep answers well "
+    "organised, explain any technical term the first time you use it, prefer concrete "
+    "examples over abstractions, and never invent facts: if you are unsure, say so. "
+    "When asked for a list, give short items."
+)
 QUESTIONS = [
     "What is the capital of France?",
     "Write a short story about a robot who learns to paint.",
@@ -66,19 +68,22 @@ def hf_greedy() -> list[list[int]]:
     config.eos_token_id, config.pad_token_id = None, PAD
     try:
         with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
-                                 max_new_tokens=NEW_TOKENS)
+            out = model.generate(
+                input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS
+            )
     finally:
         config.eos_token_id, config.pad_token_id = saved
     return [row[width:] for row in out.tolist()]
 
 
 def engine(options: RunnerOptions | None = None, **config: Any) -> LLMEngine:
-    base: dict[str, Any] = dict(block_size=16, max_num_batched_tokens=2048, max_num_seqs=8,
-                                max_model_len=2048)
+    base: dict[str, Any] = dict(
+        block_size=16, max_num_batched_tokens=2048, max_num_seqs=8, max_model_len=2048
+    )
     base.update(config)
-    return LLMEngine(default_model(), EngineConfig(**base),
-                     options or RunnerOptions(num_gpu_blocks_override=512))
+    return LLMEngine(
+        default_model(), EngineConfig(**base), options or RunnerOptions(num_gpu_blocks_override=512)
+    )
 
 
 def run_greedy(e: LLMEngine) -> tuple[list[list[int]], list[Any]]:
@@ -96,8 +101,10 @@ def run_greedy(e: LLMEngine) -> tuple[list[list[int]], list[Any]]:
 
 def assert_same_tokens(ours: list[list[int]]) -> None:
     for i, (got, want) in enumerate(zip(ours, hf_greedy())):
-        assert got == want, f"prompt {i} ({QUESTIONS[i]!r}) diverges at token " \
+        assert got == want, (
+            f"prompt {i} ({QUESTIONS[i]!r}) diverges at token "
             f"{next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), len(got))}"
+        )
 
 
 def test_greedy_plain_run_matches_transformers() -> None:
@@ -107,10 +114,12 @@ def test_greedy_plain_run_matches_transformers() -> None:
 
 
 def test_greedy_chunked_prefill_mixed_with_decodes_matches_transformers() -> None:
-    ours, reports = run_greedy(engine(max_num_batched_tokens=32, long_prefill_token_threshold=16,
-                                      enable_prefix_caching=False))
-    mixed = [r for r in reports
-             if {s.kind for s in r.scheduled} >= {Kind.CHUNK, Kind.DECODE}]
+    ours, reports = run_greedy(
+        engine(
+            max_num_batched_tokens=32, long_prefill_token_threshold=16, enable_prefix_caching=False
+        )
+    )
+    mixed = [r for r in reports if {s.kind for s in r.scheduled} >= {Kind.CHUNK, Kind.DECODE}]
     assert len(mixed) >= 5, "prefill chunks never shared a step with decodes"
     assert max(r.num_scheduled_tokens for r in reports) <= 32
     assert_same_tokens(ours)

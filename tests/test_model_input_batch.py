@@ -23,8 +23,13 @@ class CheckingRunner:
     def __init__(self, config: EngineConfig, seed: int) -> None:
         self.config = config
         self.core: EngineCore | None = None
-        self.batch = InputBatch(config.max_num_seqs, config.max_model_len, config.block_size,
-                                config.max_num_batched_tokens, torch.device("cpu"))
+        self.batch = InputBatch(
+            config.max_num_seqs,
+            config.max_model_len,
+            config.block_size,
+            config.max_num_batched_tokens,
+            torch.device("cpu"),
+        )
         self.rng = random.Random(seed)
         self.steps_checked = 0
 
@@ -56,7 +61,7 @@ class CheckingRunner:
             assert seq_len == sched.requests[rid].num_computed_tokens
             need = -(-seq_len // bs)
             assert meta.block_table[i, :need].tolist() == table[:need]
-            assert not meta.block_table[i, len(table):].any(), "padding is the null block"
+            assert not meta.block_table[i, len(table) :].any(), "padding is the null block"
         assert inputs.sample_mask.tolist() == sampled
         tokens = np.array([self.rng.randrange(1000) for _ in range(int(sum(sampled)))])
         self.batch.append_sampled(inputs.sample_rows, tokens)
@@ -70,10 +75,15 @@ class CheckingRunner:
 @pytest.mark.parametrize("seed", range(6))
 def test_input_batch_matches_scheduler_state(seed: int) -> None:
     rng = random.Random(seed)
-    config = EngineConfig(block_size=rng.choice([4, 16]), num_blocks=rng.choice([24, 60, 400]),
-                          max_num_batched_tokens=rng.choice([16, 64, 256]), max_num_seqs=8,
-                          max_model_len=256, long_prefill_token_threshold=rng.choice([0, 12]),
-                          enable_prefix_caching=rng.random() < 0.7)
+    config = EngineConfig(
+        block_size=rng.choice([4, 16]),
+        num_blocks=rng.choice([24, 60, 400]),
+        max_num_batched_tokens=rng.choice([16, 64, 256]),
+        max_num_seqs=8,
+        max_model_len=256,
+        long_prefill_token_threshold=rng.choice([0, 12]),
+        enable_prefix_caching=rng.random() < 0.7,
+    )
     runner = CheckingRunner(config, seed)
     core = EngineCore(config, runner)
     runner.core = core
@@ -81,10 +91,18 @@ def test_input_batch_matches_scheduler_state(seed: int) -> None:
     shared = [rng.randrange(1000) for _ in range(40)]
     pending = []
     for i in range(14):
-        prompt = (shared if rng.random() < 0.5 else []) + \
-            [rng.randrange(1000) for _ in range(rng.randint(1, 60))]
-        pending.append(Request(f"r{i}", prompt, SamplingParams(max_tokens=rng.randint(1, 30)),
-                               arrival_time=float(i), block_hasher=hasher))
+        prompt = (shared if rng.random() < 0.5 else []) + [
+            rng.randrange(1000) for _ in range(rng.randint(1, 60))
+        ]
+        pending.append(
+            Request(
+                f"r{i}",
+                prompt,
+                SamplingParams(max_tokens=rng.randint(1, 30)),
+                arrival_time=float(i),
+                block_hasher=hasher,
+            )
+        )
     steps = preemptions = 0
     while pending or core.has_unfinished():
         for _ in range(rng.randint(0, 2)):
@@ -100,8 +118,9 @@ def test_input_batch_matches_scheduler_state(seed: int) -> None:
 
 
 def test_rows_are_reused_and_block_tables_extended_in_place() -> None:
-    config = EngineConfig(block_size=4, num_blocks=64, max_num_batched_tokens=64,
-                          max_num_seqs=4, max_model_len=64)
+    config = EngineConfig(
+        block_size=4, num_blocks=64, max_num_batched_tokens=64, max_num_seqs=4, max_model_len=64
+    )
     runner = CheckingRunner(config, 0)
     core = EngineCore(config, runner)
     runner.core = core

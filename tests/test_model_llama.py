@@ -28,13 +28,19 @@ CPU = torch.device("cpu")
 def hf_model(spec: ModelSpec, weights: Weights) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    common = dict(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
-                  intermediate_size=spec.intermediate_size, num_hidden_layers=spec.num_layers,
-                  num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
-                  head_dim=spec.head_dim, rms_norm_eps=spec.rms_norm_eps,
-                  max_position_embeddings=spec.max_position,
-                  tie_word_embeddings=spec.tie_word_embeddings,
-                  rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta})
+    common = dict(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        rms_norm_eps=spec.rms_norm_eps,
+        max_position_embeddings=spec.max_position,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
+    )
     if spec.attention_bias:
         model = Qwen2ForCausalLM(Qwen2Config(**common))
     else:
@@ -46,12 +52,18 @@ def hf_model(spec: ModelSpec, weights: Weights) -> Any:
     return model.eval()
 
 
-def paged_logits(spec: ModelSpec, weights: Weights, ids: list[int],
-                 chunks: list[int]) -> torch.Tensor:
+def paged_logits(
+    spec: ModelSpec, weights: Weights, ids: list[int], chunks: list[int]
+) -> torch.Tensor:
     """Logits of every position, computed chunk by chunk through a paged cache whose
     blocks are handed out in a scrambled order."""
-    model = LlamaModel(spec, weights, TorchAttention(spec.num_heads, spec.num_kv_heads,
-                                                     spec.head_dim), CPU, torch.float32)
+    model = LlamaModel(
+        spec,
+        weights,
+        TorchAttention(spec.num_heads, spec.num_kv_heads, spec.head_dim),
+        CPU,
+        torch.float32,
+    )
     bs = 8
     kv = KVCache(spec, 32, bs, torch.float32, CPU)
     table = np.array([[7, 3, 12, 1, 30, 9, 22, 5, 17, 2]])
@@ -61,8 +73,9 @@ def paged_logits(spec: ModelSpec, weights: Weights, ids: list[int],
         slots = table[0, pos // bs] * bs + pos % bs
         meta = build_metadata(np.array([n]), np.array([done + n]), table, slots, CPU)
         with torch.inference_mode():
-            hidden = model.forward(torch.tensor(ids[done:done + n]), torch.from_numpy(pos),
-                                   meta, kv.layers)
+            hidden = model.forward(
+                torch.tensor(ids[done : done + n]), torch.from_numpy(pos), meta, kv.layers
+            )
             out.append(model.compute_logits(hidden))
         done += n
     return torch.cat(out)
@@ -70,12 +83,15 @@ def paged_logits(spec: ModelSpec, weights: Weights, ids: list[int],
 
 @pytest.mark.parametrize("bias", [False, True], ids=["llama", "qwen2-biases"])
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
-def test_tiny_model_matches_transformers_through_the_paged_cache(bias: bool,
-                                                                 tied: bool) -> None:
+def test_tiny_model_matches_transformers_through_the_paged_cache(bias: bool, tied: bool) -> None:
     spec = tiny_spec(attention_bias=bias, tie_word_embeddings=tied)
     weights = tiny_weights(spec, seed=5)
-    ids = [int(t) for t in torch.randint(0, spec.vocab_size, (37,),
-                                         generator=torch.Generator().manual_seed(1))]
+    ids = [
+        int(t)
+        for t in torch.randint(
+            0, spec.vocab_size, (37,), generator=torch.Generator().manual_seed(1)
+        )
+    ]
     with torch.inference_mode():
         want = hf_model(spec, weights)(torch.tensor([ids])).logits[0]
     for chunks in ([37], [8, 8, 5, 16], [1] * 37):
@@ -93,8 +109,7 @@ def test_permutation_round_trip() -> None:
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_gguf_file_loads_back_the_weights_it_was_written_from(tmp_path: Path,
-                                                              arch: str) -> None:
+def test_gguf_file_loads_back_the_weights_it_was_written_from(tmp_path: Path, arch: str) -> None:
     spec = tiny_spec(name=f"tiny-{arch}", attention_bias=arch == "qwen2")
     weights = tiny_weights(spec, seed=2)
     loaded = load_model(write_gguf(tmp_path / "m.gguf", spec, weights, arch=arch))
@@ -114,12 +129,16 @@ def test_untied_gguf_has_an_output_projection(tmp_path: Path) -> None:
     assert not loaded.spec.tie_word_embeddings and "lm_head.weight" in loaded.weights
 
 
-def save_hf_dir(path: Path, spec: ModelSpec, weights: Weights,
-                extra_config: dict[str, Any] | None = None) -> Path:
+def save_hf_dir(
+    path: Path, spec: ModelSpec, weights: Weights, extra_config: dict[str, Any] | None = None
+) -> Path:
     hf_model(spec, weights).save_pretrained(path)
     tiny_tokenizer().tokenizer.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps(
-        {"chat_template": CHATML, "eos_token": "<|im_end|>", "bos_token": "<|im_start|>"}))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"chat_template": CHATML, "eos_token": "<|im_end|>", "bos_token": "<|im_start|>"}
+        )
+    )
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
     if extra_config:
         cfg = json.loads((path / "config.json").read_text())

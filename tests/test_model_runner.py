@@ -73,15 +73,15 @@ def test_stream_yields_growing_outputs_and_generate_keeps_order() -> None:
     seen: dict[str, list[int]] = {}
     for out in e.stream(["one", "two two"], SamplingParams(max_tokens=4, temperature=0.0)):
         previous = seen.get(out.request_id, [])
-        assert out.output_token_ids[:len(previous)] == previous
+        assert out.output_token_ids[: len(previous)] == previous
         seen[out.request_id] = out.output_token_ids
     assert all(len(v) == 4 for v in seen.values()) and len(seen) == 2
-    outs = tiny_engine().generate(["b", "a", "c"], [GREEDY, GREEDY,
-                                                    SamplingParams(max_tokens=3)])
+    outs = tiny_engine().generate(["b", "a", "c"], [GREEDY, GREEDY, SamplingParams(max_tokens=3)])
     assert [len(o.output_token_ids) for o in outs] == [12, 12, 3]
     assert all(o.finished and o.ttft_s is not None and o.ttft_s >= 0 for o in outs)
     assert outs[0].tpot_s is not None and outs[0].text == e.tokenizer.decode(
-        outs[0].output_token_ids)
+        outs[0].output_token_ids
+    )
 
 
 def test_same_greedy_tokens_whatever_the_batching() -> None:
@@ -90,8 +90,12 @@ def test_same_greedy_tokens_whatever_the_batching() -> None:
     plain = [o.output_token_ids for o in tiny_engine(model).generate(prompts, GREEDY)]
     chunked = tiny_engine(model, max_num_batched_tokens=16, long_prefill_token_threshold=8)
     assert [o.output_token_ids for o in chunked.generate(prompts, GREEDY)] == plain
-    tight = tiny_engine(model, options=RunnerOptions(num_gpu_blocks_override=10),
-                        block_size=8, enable_prefix_caching=False)
+    tight = tiny_engine(
+        model,
+        options=RunnerOptions(num_gpu_blocks_override=10),
+        block_size=8,
+        enable_prefix_caching=False,
+    )
     outs = tight.generate(prompts, GREEDY)
     assert [o.output_token_ids for o in outs] == plain
     assert sum(o.num_preemptions for o in outs) > 0
@@ -102,14 +106,15 @@ def test_stop_tokens_eos_and_max_tokens() -> None:
     first = tiny_engine(model).generate(["stop here"], GREEDY)[0].output_token_ids
     stop_at = first[4]
     out = tiny_engine(model).generate(
-        ["stop here"], SamplingParams(max_tokens=12, temperature=0.0,
-                                      stop_token_ids=(stop_at,)))[0]
-    assert out.finish_reason == "stop" and out.output_token_ids == first[:first.index(stop_at) + 1]
+        ["stop here"], SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=(stop_at,))
+    )[0]
+    assert out.finish_reason == "stop" and out.output_token_ids == first[: first.index(stop_at) + 1]
     model.tokenizer.eos_token_id = stop_at
     out = tiny_engine(model).generate(["stop here"], GREEDY)[0]
     assert out.finish_reason == "stop" and out.output_token_ids[-1] == stop_at
     ignored = tiny_engine(model).generate(
-        ["stop here"], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))[0]
+        ["stop here"], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    )[0]
     assert ignored.output_token_ids == first and ignored.finish_reason == "length"
 
 
@@ -130,10 +135,11 @@ def test_kv_cache_is_sized_from_the_memory_budget() -> None:
 
 
 def test_model_modules_keep_torch_out_of_the_command_line() -> None:
-    code = ("import sys, tui.cli, engine.model.api, engine.model.workload, "
-            "engine.model.errors, engine.model.options; print('torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+    code = (
+        "import sys, tui.cli, engine.model.api, engine.model.workload, "
+        "engine.model.errors, engine.model.options; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
@@ -143,9 +149,11 @@ def test_cuda_engine_gives_the_cpu_engines_tokens() -> None:
     model = tiny_model(seed=8)
     prompts = ["alpha " * 9, "beta", "gamma gamma " * 5]
     cpu = [o.output_token_ids for o in tiny_engine(model).generate(prompts, GREEDY)]
-    cuda = tiny_engine(model, options=RunnerOptions(device="cuda", dtype="float32",
-                                                    num_gpu_blocks_override=64),
-                       max_num_batched_tokens=16)
+    cuda = tiny_engine(
+        model,
+        options=RunnerOptions(device="cuda", dtype="float32", num_gpu_blocks_override=64),
+        max_num_batched_tokens=16,
+    )
     assert cuda.runner.model.attention.name == "triton"
     outs = cuda.generate(prompts, GREEDY)
     assert [o.output_token_ids for o in outs] == cpu

@@ -50,15 +50,21 @@ def test_special_tokens_and_ids() -> None:
     assert tok.decode([1, 2, 0]) == ""  # control tokens are skipped when decoding
 
 
-@pytest.mark.parametrize("messages", [
-    [{"role": "user", "content": "What is 2 + 2?"}],
-    [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"},
-     {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"}],
-])
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "user", "content": "What is 2 + 2?"}],
+        [
+            {"role": "system", "content": "Be terse."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": "Bye"},
+        ],
+    ],
+)
 def test_chat_template_matches_transformers(messages: list[dict[str, str]]) -> None:
     ours = default_model().tokenizer
-    want = hf_tokenizer().apply_chat_template(messages, add_generation_prompt=True,
-                                              tokenize=False)
+    want = hf_tokenizer().apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert ours.render_chat(messages) == want
     assert ours.apply_chat_template(messages)[0] == 1
     if messages[0]["role"] != "system":

@@ -63,43 +63,74 @@ def same_picture(state: State, engine_state: EngineState) -> bool:
 def report_facts(rep: StepReport) -> dict[str, Any]:
     """A report's decisions as plain data, with request ids."""
     return dict(
-        scheduled=[(s.request_id, s.num_tokens, s.kind, s.num_computed_before, s.num_spec_tokens)
-                   for s in rep.scheduled],
+        scheduled=[
+            (s.request_id, s.num_tokens, s.kind, s.num_computed_before, s.num_spec_tokens)
+            for s in rep.scheduled
+        ],
         sampled={rid: list(toks) for rid, toks in rep.sampled.items()},
         kv=[(e.kind, e.request_id, e.block_ids, e.hashes, e.num_tokens) for e in rep.kv_events],
         admissions=[(a.request_id, a.cached_tokens, a.resumed) for a in rep.admissions],
-        preemptions=[(p.victim, p.for_request, p.tokens_lost, p.unscheduled_tokens)
-                     for p in rep.preemptions],
+        preemptions=[
+            (p.victim, p.for_request, p.tokens_lost, p.unscheduled_tokens) for p in rep.preemptions
+        ],
         shortfalls=[(s.request_id, s.wanted, s.got, s.reason) for s in rep.shortfalls],
-        stops=[None if q is None else (q.head, q.rest) for q in (rep.running_stop,
-                                                                 rep.waiting_stop)],
+        stops=[
+            None if q is None else (q.head, q.rest) for q in (rep.running_stop, rep.waiting_stop)
+        ],
         finishes=[(f.request_id, f.status, f.message) for f in rep.finishes],
         spec=dict(rep.num_spec_accepted),
-        arrivals=[(a.request_id, list(a.prompt_token_ids), a.priority, a.arrival_time,
-                   a.eos_token_id, a.sampling_params.max_tokens) for a in rep.arrivals],
-        counts=(rep.token_budget, rep.num_free_blocks_after_schedule, rep.num_free_blocks))
+        arrivals=[
+            (
+                a.request_id,
+                list(a.prompt_token_ids),
+                a.priority,
+                a.arrival_time,
+                a.eos_token_id,
+                a.sampling_params.max_tokens,
+            )
+            for a in rep.arrivals
+        ],
+        counts=(rep.token_budget, rep.num_free_blocks_after_schedule, rep.num_free_blocks),
+    )
 
 
 def view_facts(view: StepView) -> dict[str, Any]:
     rec, names = view.record, dict(view.names)
     names.update((a.ref, a.request_id) for a in rec.arrivals)
     return dict(
-        scheduled=[(names[s.ref], s.num_tokens, s.kind, s.num_computed_before, s.num_spec_tokens)
-                   for s in view.scheduled],
+        scheduled=[
+            (names[s.ref], s.num_tokens, s.kind, s.num_computed_before, s.num_spec_tokens)
+            for s in view.scheduled
+        ],
         sampled={names[s.ref]: list(s.token_ids or ()) for s in view.samples},
-        kv=[(e.kind, None if e.ref is None else names[e.ref], e.block_ids, e.hashes,
-             e.num_tokens) for e in view.kv_events],
+        kv=[
+            (e.kind, None if e.ref is None else names[e.ref], e.block_ids, e.hashes, e.num_tokens)
+            for e in view.kv_events
+        ],
         admissions=[(names[a.ref], a.cached_tokens, a.resumed) for a in rec.admissions],
-        preemptions=[(names[p.victim], names[p.for_request], p.tokens_lost,
-                      p.unscheduled_tokens) for p in rec.preemptions],
+        preemptions=[
+            (names[p.victim], names[p.for_request], p.tokens_lost, p.unscheduled_tokens)
+            for p in rec.preemptions
+        ],
         shortfalls=[(names[s.ref], s.wanted, s.got, s.reason) for s in rec.shortfalls],
-        stops=[None if q is None else (q.head, q.rest) for q in (rec.running_stop,
-                                                                 rec.waiting_stop)],
+        stops=[
+            None if q is None else (q.head, q.rest) for q in (rec.running_stop, rec.waiting_stop)
+        ],
         finishes=[(names[f.ref], f.status, f.message) for f in rec.finishes],
         spec={names[a.ref]: a.accepted for a in rec.spec_accepted},
-        arrivals=[(a.request_id, list(a.prompt_token_ids or ()), a.priority, a.arrival_time,
-                   a.eos_token_id, a.sampling.max_tokens) for a in rec.arrivals],
-        counts=(rec.token_budget, rec.free_blocks_after_schedule, rec.free_blocks))
+        arrivals=[
+            (
+                a.request_id,
+                list(a.prompt_token_ids or ()),
+                a.priority,
+                a.arrival_time,
+                a.eos_token_id,
+                a.sampling.max_tokens,
+            )
+            for a in rec.arrivals
+        ],
+        counts=(rec.token_budget, rec.free_blocks_after_schedule, rec.free_blocks),
+    )
 
 
 def check_recording(run: Recorded, tmp_path: Path) -> list[State]:
@@ -118,11 +149,27 @@ def test_rebuilt_state_equals_the_engine_after_every_step(case: Path, tmp_path: 
 
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
 def test_spec_decode_and_priorities_replay_exactly(policy: str, tmp_path: Path) -> None:
-    requests = [req(f"r{i}", 20 + 7 * i, 30 + i, arrival_step=i // 3, priority=(i * 5) % 3,
-                    base=1 + 100 * (i % 4)) for i in range(12)]
-    w = workload(requests, num_blocks=30, max_num_batched_tokens=64, max_num_seqs=6,
-                 num_speculative_tokens=2, policy=policy, long_prefill_token_threshold=24,
-                 scheduler_reserve_full_isl=False)
+    requests = [
+        req(
+            f"r{i}",
+            20 + 7 * i,
+            30 + i,
+            arrival_step=i // 3,
+            priority=(i * 5) % 3,
+            base=1 + 100 * (i % 4),
+        )
+        for i in range(12)
+    ]
+    w = workload(
+        requests,
+        num_blocks=30,
+        max_num_batched_tokens=64,
+        max_num_seqs=6,
+        num_speculative_tokens=2,
+        policy=policy,
+        long_prefill_token_threshold=24,
+        scheduler_reserve_full_isl=False,
+    )
     run = record(w, snapshot_interval=4)
     assert any(r.preemptions for r in run.reports)
     assert any(r.num_spec_accepted for r in run.reports)
@@ -134,21 +181,28 @@ class ScriptedEngine:
     """An engine driven by hand: requests added and aborted between steps."""
 
     def __init__(self, sink: Any = None, **cfg: Any) -> None:
-        config = EngineConfig().replace(**{"num_blocks": 24, "max_num_batched_tokens": 64,
-                                           "max_num_seqs": 4, **cfg})
+        config = EngineConfig().replace(
+            **{"num_blocks": 24, "max_num_batched_tokens": 64, "max_num_seqs": 4, **cfg}
+        )
         self.runner = SimRunner({})
         self.engine = EngineCore(config, self.runner)
-        self.recorder = Recorder(self.engine, sink or MemoryWriter(), strict=True,
-                                 snapshot_interval=3)
+        self.recorder = Recorder(
+            self.engine, sink or MemoryWriter(), strict=True, snapshot_interval=3
+        )
         self.hasher = BlockHasher(config.block_size)
         self.states: list[EngineState] = []
         self.reports: list[StepReport] = []
 
     def add(self, rid: str, n: int, max_tokens: int = 6, **kw: Any) -> None:
         self.runner.add_script(rid, [5, 6, 7, 8, 9, 10, 11, 12])
-        self.engine.add_request(Request(rid, list(range(100, 100 + n)),
-                                        SamplingParams(max_tokens=max_tokens, **kw),
-                                        block_hasher=self.hasher))
+        self.engine.add_request(
+            Request(
+                rid,
+                list(range(100, 100 + n)),
+                SamplingParams(max_tokens=max_tokens, **kw),
+                block_hasher=self.hasher,
+            )
+        )
 
     def step(self, n: int = 1) -> None:
         for _ in range(n):
@@ -205,11 +259,9 @@ def _masked(path: Path) -> list[bytes]:
         for entry in reader.entries():
             rec = entry.record
             if isinstance(rec, Step):
-                rec = dataclasses.replace(rec, time_ns=0, schedule_ns=0, update_ns=0,
-                                          timings=())
+                rec = dataclasses.replace(rec, time_ns=0, schedule_ns=0, update_ns=0, timings=())
             elif isinstance(rec, Footer):  # offsets move with the timing fields' sizes
-                rec = dataclasses.replace(rec, step_offsets=(), snapshot_offsets=(),
-                                          end_time_ns=0)
+                rec = dataclasses.replace(rec, step_offsets=(), snapshot_offsets=(), end_time_ns=0)
             elif isinstance(rec, End):
                 rec = End(0)
             out.append(encode(rec)[1])
@@ -225,8 +277,10 @@ def test_redacted_traces_hold_no_token_ids_but_replay_the_prefix_cache(tmp_path:
         steps = list(reader.steps())
     arrivals = [a for s in steps for a in s.arrivals]
     assert arrivals and all(a.prompt_token_ids is None for a in arrivals)
-    assert all(a.prompt_block_hashes == tuple(b) for a, b in zip(
-        arrivals, (x.prompt_block_hashes for r in run.reports for x in r.arrivals)))
+    assert all(
+        a.prompt_block_hashes == tuple(b)
+        for a, b in zip(arrivals, (x.prompt_block_hashes for r in run.reports for x in r.arrivals))
+    )
     assert all(s.sampled_tokens is None for s in steps)
     # A prompt token sequence from the workload appears nowhere in the file.
     tokens = w.requests[0].prompt_token_ids[:6]
@@ -247,9 +301,9 @@ def token_bytes(tokens: list[int]) -> bytes:
     return pack_ints(tokens)[1:]
 
 
-def test_disk_full_stops_recording_and_the_engine_goes_on(tmp_path: Path,
-                                                          caplog: pytest.LogCaptureFixture
-                                                          ) -> None:
+def test_disk_full_stops_recording_and_the_engine_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     budget = [6000]
 
     def write(fd: int, data: memoryview) -> int:
@@ -317,9 +371,17 @@ class TimedRunner(SimRunner):
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         result = super().execute(out)
-        late, self.pending = self.pending, RunnerTimings(
-            out.step, 0.001, 0.02 + out.step * 1e-6, None if out.step % 2 else 0.005, 0.0003,
-            (KernelStat("attention", 12, 0.004), KernelStat("matmul", 40, 0.012)))
+        late, self.pending = (
+            self.pending,
+            RunnerTimings(
+                out.step,
+                0.001,
+                0.02 + out.step * 1e-6,
+                None if out.step % 2 else 0.005,
+                0.0003,
+                (KernelStat("attention", 12, 0.004), KernelStat("matmul", 40, 0.012)),
+            ),
+        )
         result.timings = [late] if late is not None else []
         return result
 
@@ -343,10 +405,12 @@ def test_timings_are_recorded_and_read_back(tmp_path: Path) -> None:
         assert [t.step for t in step.timings] == [t.step for t in timings]
         for got, want in zip(step.timings, timings):
             assert got.forward_ns == round(want.forward_s * 1e9)
-            assert got.attention_ns == (None if want.attention_s is None
-                                        else round(want.attention_s * 1e9))
+            assert got.attention_ns == (
+                None if want.attention_s is None else round(want.attention_s * 1e9)
+            )
             assert [(k.name, k.calls, k.total_ns) for k in got.kernels] == [
-                (k.name, k.calls, round(k.total_s * 1e9)) for k in want.kernels]
+                (k.name, k.calls, round(k.total_s * 1e9)) for k in want.kernels
+            ]
     assert steps[1].timings[0].step == 0  # measured in step 0, arrived with step 1
 
 
@@ -375,8 +439,9 @@ def test_the_recorder_passes_reports_on_to_the_sink_it_replaced() -> None:
     assert engine.sink is downstream and recorder.error is None
 
 
-def test_a_recorder_bug_stops_recording_not_the_engine(caplog: pytest.LogCaptureFixture,
-                                                       tmp_path: Path) -> None:
+def test_a_recorder_bug_stops_recording_not_the_engine(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
     w = load_workload(demo_workload_path())
     from engine.sim.driver import make_engine, run_steps
 
@@ -416,8 +481,9 @@ def test_footer_totals_and_flushed_step(tmp_path: Path) -> None:
 
 
 def test_flushed_step_lags_in_batch_mode_and_catches_up_in_live_mode(tmp_path: Path) -> None:
-    e = ScriptedEngine(TraceWriter(tmp_path / "batch.trace", live=False, flush_bytes=1 << 30,
-                                   flush_interval_s=1e9))
+    e = ScriptedEngine(
+        TraceWriter(tmp_path / "batch.trace", live=False, flush_bytes=1 << 30, flush_interval_s=1e9)
+    )
     e.add("a", 40)
     e.step(4)
     assert e.recorder.flushed_step == -1  # everything is still in the buffer
@@ -432,8 +498,9 @@ def test_flushed_step_lags_in_batch_mode_and_catches_up_in_live_mode(tmp_path: P
     live.finish()
 
 
-def test_open_recording_writes_into_the_trace_directory(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_open_recording_writes_into_the_trace_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SCHEDTOP_TRACE_DIR", str(tmp_path / "traces"))
     from engine.sim.driver import make_engine, run_steps
 
@@ -472,8 +539,9 @@ def test_replay_yields_every_state_and_checks_snapshots(tmp_path: Path) -> None:
     run = record(load_workload(demo_workload_path()), snapshot_interval=10)
     with TraceReader(write_trace(tmp_path, run.data)) as reader:
         pictures = [s.picture() for s in replay(reader.header, reader.entries())]
-    assert [dataclasses.astuple(p) for p in pictures] == [dataclasses.astuple(s)
-                                                          for s in run.states]
+    assert [dataclasses.astuple(p) for p in pictures] == [
+        dataclasses.astuple(s) for s in run.states
+    ]
 
 
 @pytest.mark.parametrize("redact", [False, True])

@@ -22,8 +22,7 @@ CASES = sorted((Path(__file__).parent / "data" / "fidelity").glob("*.workload.js
 
 
 def recorded(path: Path, workload_path: Path | None = None, **options: object) -> Path:
-    run_sim(load(workload_path), on_engine=lambda e: open_recording(e, path, live=False,
-                                                                     **options))
+    run_sim(load(workload_path), on_engine=lambda e: open_recording(e, path, live=False, **options))
     return path
 
 
@@ -50,16 +49,18 @@ def test_resim_of_a_redacted_trace_replays_the_prefix_cache(tmp_path: Path) -> N
 
 
 def test_resim_with_spec_decode_and_aborts(tmp_path: Path) -> None:
-    w = workload([req("a", 30, 40), req("b", 50, 30, arrival_step=1),
-                  req("c", 20, 20, arrival_step=2)], num_speculative_tokens=3, num_blocks=40)
+    w = workload(
+        [req("a", 30, 40), req("b", 50, 30, arrival_step=1), req("c", 20, 20, arrival_step=2)],
+        num_speculative_tokens=3,
+        num_blocks=40,
+    )
     run = record(w)
     trace = write_trace(tmp_path, run.data)
     assert resimulate(trace).reproduced
     assert resimulate(trace, scripted=True).reproduced
 
 
-def test_a_changed_budget_names_the_first_divergent_step(demo_trace: Path,
-                                                         tmp_path: Path) -> None:
+def test_a_changed_budget_names_the_first_divergent_step(demo_trace: Path, tmp_path: Path) -> None:
     out = tmp_path / "whatif.trace"
     result = resimulate(demo_trace, {"max_num_batched_tokens": 512}, out)
     assert result.divergence is not None
@@ -68,10 +69,14 @@ def test_a_changed_budget_names_the_first_divergent_step(demo_trace: Path,
     # Brute force: the first step whose scheduled entries differ.
     from recorder.reader import TraceReader
     from replays.timeline import Timeline
+
     ta, tb = Timeline(TraceReader(demo_trace)), Timeline(TraceReader(out))
-    first = next(s for s in range(ta.num_steps)
-                 if [(e.ref, e.num_tokens) for e in ta.view(s).scheduled]
-                 != [(e.ref, e.num_tokens) for e in tb.view(s).scheduled])
+    first = next(
+        s
+        for s in range(ta.num_steps)
+        if [(e.ref, e.num_tokens) for e in ta.view(s).scheduled]
+        != [(e.ref, e.num_tokens) for e in tb.view(s).scheduled]
+    )
     assert d.first_step == first
     assert d.side_a is not None and d.side_b is not None
     assert d.side_a.scheduled != d.side_b.scheduled
@@ -108,16 +113,16 @@ def test_bad_overrides_and_mid_run_traces_are_refused(demo_trace: Path) -> None:
 
 
 def schedtop(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True,
-                          text=True)
+    return subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True)
 
 
 def test_cli_resim_diff_stats_find(demo_trace: Path, tmp_path: Path) -> None:
     out = schedtop("resim", str(demo_trace))
     assert out.returncode == 0 and "every decision reproduced" in out.stdout
     whatif = tmp_path / "w.trace"
-    out = schedtop("resim", str(demo_trace), "--set", "max_num_batched_tokens=512",
-                   "--trace", str(whatif))
+    out = schedtop(
+        "resim", str(demo_trace), "--set", "max_num_batched_tokens=512", "--trace", str(whatif)
+    )
     assert out.returncode == 0 and "first difference at step" in out.stdout
     assert schedtop("diff", str(demo_trace), str(demo_trace)).returncode == 0
     assert schedtop("diff", str(demo_trace), str(whatif)).returncode == 1
@@ -127,9 +132,16 @@ def test_cli_resim_diff_stats_find(demo_trace: Path, tmp_path: Path) -> None:
     assert hits and all(h.isdigit() for h in hits)
 
 
-@pytest.mark.parametrize("args", [("diff", "nope.trace", "nope2.trace"), ("stats", "nope"),
-                                  ("resim", "nope"), ("find", "nope", "preempt"),
-                                  ("resim", "X", "--set", "bogus=1")])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("diff", "nope.trace", "nope2.trace"),
+        ("stats", "nope"),
+        ("resim", "nope"),
+        ("find", "nope", "preempt"),
+        ("resim", "X", "--set", "bogus=1"),
+    ],
+)
 def test_cli_bad_input_is_one_line_exit_2(args: tuple[str, ...], demo_trace: Path) -> None:
     args = tuple(str(demo_trace) if a == "X" else a for a in args)
     out = schedtop(*args)

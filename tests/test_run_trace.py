@@ -30,8 +30,18 @@ from tests.model_support import (
 )
 from tui.cli import main
 
-TINY_OPTIONS = ["--max-num-seqs", "4", "--max-num-batched-tokens", "48", "--block-size", "16",
-                "--num-gpu-blocks-override", "64", "--max-model-len", "256"]
+TINY_OPTIONS = [
+    "--max-num-seqs",
+    "4",
+    "--max-num-batched-tokens",
+    "48",
+    "--block-size",
+    "16",
+    "--num-gpu-blocks-override",
+    "64",
+    "--max-model-len",
+    "256",
+]
 
 
 @pytest.fixture(scope="module")
@@ -50,16 +60,33 @@ def trace_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture()
 def workload_file(tmp_path: Path) -> Path:
     path = tmp_path / "w.json"
-    path.write_text(json.dumps({"requests": [
-        {"id": f"r{i}", "prompt": f"request number {i} " * (1 + i), "arrival_time": 0.005 * i,
-         "sampling": {"max_tokens": 6, "temperature": 0.9, "seed": i, "ignore_eos": True}}
-        for i in range(6)]}))
+    path.write_text(
+        json.dumps(
+            {
+                "requests": [
+                    {
+                        "id": f"r{i}",
+                        "prompt": f"request number {i} " * (1 + i),
+                        "arrival_time": 0.005 * i,
+                        "sampling": {
+                            "max_tokens": 6,
+                            "temperature": 0.9,
+                            "seed": i,
+                            "ignore_eos": True,
+                        },
+                    }
+                    for i in range(6)
+                ]
+            }
+        )
+    )
     return path
 
 
 def schedtop_run(gguf: Path, workload: Path, *extra: str) -> Result:
-    result = CliRunner().invoke(main, ["run", "--model", str(gguf), "--workload",
-                                       str(workload), *TINY_OPTIONS, *extra])
+    result = CliRunner().invoke(
+        main, ["run", "--model", str(gguf), "--workload", str(workload), *TINY_OPTIONS, *extra]
+    )
     assert result.exit_code == 0, result.output
     return result
 
@@ -70,8 +97,9 @@ def steps(path: Path) -> list[Step]:
         return list(reader.steps())
 
 
-def test_run_records_every_step_with_the_runners_timings(tiny_gguf: Path, workload_file: Path,
-                                                         tmp_path: Path) -> None:
+def test_run_records_every_step_with_the_runners_timings(
+    tiny_gguf: Path, workload_file: Path, tmp_path: Path
+) -> None:
     path = tmp_path / "run.trace"
     result = schedtop_run(tiny_gguf, workload_file, "--trace", str(path))
     assert f"trace: {path}" in result.stdout
@@ -91,9 +119,9 @@ def test_run_records_every_step_with_the_runners_timings(tiny_gguf: Path, worklo
     assert resimulate(path).reproduced
 
 
-def test_profile_every_puts_a_kernel_breakdown_in_the_trace(tiny_gguf: Path,
-                                                            workload_file: Path,
-                                                            tmp_path: Path) -> None:
+def test_profile_every_puts_a_kernel_breakdown_in_the_trace(
+    tiny_gguf: Path, workload_file: Path, tmp_path: Path
+) -> None:
     path = tmp_path / "run.trace"
     schedtop_run(tiny_gguf, workload_file, "--trace", str(path), "--profile-every", "3")
     profiled = [s for s in steps(path) if s.timings[0].kernels]
@@ -104,7 +132,8 @@ def test_profile_every_puts_a_kernel_breakdown_in_the_trace(tiny_gguf: Path,
 
 
 def test_run_records_into_the_trace_directory_unless_told_not_to(
-        tiny_gguf: Path, workload_file: Path, trace_dir: Path) -> None:
+    tiny_gguf: Path, workload_file: Path, trace_dir: Path
+) -> None:
     schedtop_run(tiny_gguf, workload_file, "--no-trace")
     assert not trace_dir.exists() or not any(trace_dir.iterdir())
     result = schedtop_run(tiny_gguf, workload_file, "--redact-prompts")
@@ -117,41 +146,68 @@ def test_run_records_into_the_trace_directory_unless_told_not_to(
     assert resimulate(path).reproduced  # redacted: the scripted re-simulation
 
 
-def test_trace_and_no_trace_exclude_each_other(tiny_gguf: Path, workload_file: Path,
-                                               tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["run", "--model", str(tiny_gguf), "--workload",
-                                       str(workload_file), "--trace", str(tmp_path / "t"),
-                                       "--no-trace"])
+def test_trace_and_no_trace_exclude_each_other(
+    tiny_gguf: Path, workload_file: Path, tmp_path: Path
+) -> None:
+    result = CliRunner().invoke(
+        main,
+        [
+            "run",
+            "--model",
+            str(tiny_gguf),
+            "--workload",
+            str(workload_file),
+            "--trace",
+            str(tmp_path / "t"),
+            "--no-trace",
+        ],
+    )
     assert result.exit_code == 2 and "exclude each other" in result.stderr
     assert not (tmp_path / "t").exists()
 
 
-SYSTEM = ("You are a patient assistant. Answer in plain words, explain terms the first time "
-          "you use them, and keep every answer short and concrete.")
+SYSTEM = (
+    "You are a patient assistant. Answer in plain words, explain terms the first time "
+    "you use them, and keep every answer short and concrete."
+)
 
 
 @pytest.mark.slow
 @pytest.mark.model
 @needs_default_model
-def test_a_real_model_trace_with_preemptions_and_prefix_hits_resimulates(
-        tmp_path: Path) -> None:
-    questions = ["What is a cloud?", "Name three fruits.", "Why is the sea salty?",
-                 "How do birds fly?", "What is rain?", "Describe a cat."]
+def test_a_real_model_trace_with_preemptions_and_prefix_hits_resimulates(tmp_path: Path) -> None:
+    questions = [
+        "What is a cloud?",
+        "Name three fruits.",
+        "Why is the sea salty?",
+        "How do birds fly?",
+        "What is rain?",
+        "Describe a cat.",
+    ]
     data: dict[str, Any] = {
-        "config": {"max_num_seqs": 6, "max_num_batched_tokens": 128, "block_size": 16,
-                   "num_gpu_blocks_override": 24, "enable_prefix_caching": True},
+        "config": {
+            "max_num_seqs": 6,
+            "max_num_batched_tokens": 128,
+            "block_size": 16,
+            "num_gpu_blocks_override": 24,
+            "enable_prefix_caching": True,
+        },
         "requests": [
-            {"id": f"q{i}", "arrival_time": 0.0,
-             "messages": [{"role": "system", "content": SYSTEM},
-                          {"role": "user", "content": q}],
-             "sampling": {"max_tokens": 40, "temperature": 0.8, "seed": i,
-                          "ignore_eos": True}}
-            for i, q in enumerate(questions)]}
+            {
+                "id": f"q{i}",
+                "arrival_time": 0.0,
+                "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
+                "sampling": {"max_tokens": 40, "temperature": 0.8, "seed": i, "ignore_eos": True},
+            }
+            for i, q in enumerate(questions)
+        ],
+    }
     w = parse_run_workload(data, "test")
     engine = build_engine(w, loaded=default_model())
     path = tmp_path / "real.trace"
-    summary = run_workload(w, engine=engine,
-                           on_engine=lambda e: open_recording(e.core, path, kind="run"))
+    summary = run_workload(
+        w, engine=engine, on_engine=lambda e: open_recording(e.core, path, kind="run")
+    )
     assert summary.num_finished == 6 and summary.num_preemptions >= 1
     assert summary.cached_tokens > 0
 
@@ -159,8 +215,9 @@ def test_a_real_model_trace_with_preemptions_and_prefix_hits_resimulates(
     assert stats.preemptions == summary.num_preemptions
     assert stats.prefix_hit_rate > 0 and stats.output_tokens == 6 * 40
     recorded = steps(path)
-    assert all(s.timings and s.timings[0].forward_ns > 0 and s.timings[0].sample_ns > 0
-               for s in recorded)
+    assert all(
+        s.timings and s.timings[0].forward_ns > 0 and s.timings[0].sample_ns > 0 for s in recorded
+    )
     result = resimulate(path)
     assert result.mode == "faithful" and result.reproduced, result.divergence
     assert result.num_steps == len(recorded)

@@ -43,8 +43,9 @@ def test_top_k_never_emits_a_token_outside_the_top_k(seed: int, k: int, temp: fl
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10_000), top_p=st.floats(0.05, 0.95), temp=st.floats(0.2, 3.0))
-def test_top_p_never_emits_a_token_outside_the_nucleus(seed: int, top_p: float,
-                                                       temp: float) -> None:
+def test_top_p_never_emits_a_token_outside_the_nucleus(
+    seed: int, top_p: float, temp: float
+) -> None:
     logits = random_logits(3, 30, seed)
     params = [SamplingParams(temperature=temp, top_p=top_p) for _ in range(3)]
     probs = torch.softmax(logits / temp, dim=-1)
@@ -78,8 +79,14 @@ def test_seeded_row_does_not_depend_on_its_neighbours() -> None:
     logits = random_logits(1, 64, 3)
     alone = Sampler(CPU, 0)(logits, batch([SamplingParams(seed=42)], [5]))
     crowd_logits = torch.cat([random_logits(3, 64, 9), logits, random_logits(2, 64, 4)])
-    crowd = [SamplingParams(), SamplingParams(top_k=3), SamplingParams(seed=1),
-             SamplingParams(seed=42), SamplingParams(temperature=0.0), SamplingParams()]
+    crowd = [
+        SamplingParams(),
+        SamplingParams(top_k=3),
+        SamplingParams(seed=1),
+        SamplingParams(seed=42),
+        SamplingParams(temperature=0.0),
+        SamplingParams(),
+    ]
     together = Sampler(CPU, 123)(crowd_logits, batch(crowd, [0, 1, 2, 5, 4, 0]))
     assert int(together[3]) == int(alone[0])
 

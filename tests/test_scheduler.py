@@ -19,8 +19,13 @@ def engine(**cfg: object) -> EngineCore:
 
 
 def request(rid: str, n: int, max_tokens: int = 4, bs: int = 16, **kw: object) -> Request:
-    return Request(rid, list(range(1000, 1000 + n)), SamplingParams(max_tokens=max_tokens),
-                   block_hasher=BlockHasher(bs), **kw)  # type: ignore[arg-type]
+    return Request(
+        rid,
+        list(range(1000, 1000 + n)),
+        SamplingParams(max_tokens=max_tokens),
+        block_hasher=BlockHasher(bs),
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def test_prompt_too_long_for_the_pool_finishes_with_error_and_others_go_on() -> None:
@@ -63,7 +68,9 @@ def test_abort_from_waiting_and_from_running_frees_blocks() -> None:
     assert e.scheduler.kv.num_free_blocks == free_before + 3
     report = e.step().report
     assert {f.request_id: f.status for f in report.finishes} == {
-        "wait": RequestStatus.FINISHED_ABORTED, "run": RequestStatus.FINISHED_ABORTED}
+        "wait": RequestStatus.FINISHED_ABORTED,
+        "run": RequestStatus.FINISHED_ABORTED,
+    }
     assert not e.has_unfinished()
     e.scheduler.kv.check_invariants()
 
@@ -73,8 +80,7 @@ def test_running_request_that_outgrows_the_pool_ends_with_error() -> None:
     w = workload([req("grow", 40, 100)], num_blocks=5, max_model_len=1000)
     results, _ = run(w)
     finishes = [f for r in results for f in r.report.finishes]
-    assert [(f.request_id, f.status) for f in finishes] == [
-        ("grow", RequestStatus.FINISHED_ERROR)]
+    assert [(f.request_id, f.status) for f in finishes] == [("grow", RequestStatus.FINISHED_ERROR)]
     assert any(p.victim == "grow" for r in results for p in r.report.preemptions)
 
 
@@ -86,9 +92,12 @@ def test_kinds_prefill_chunk_decode() -> None:
 
 
 def test_waiting_head_fails_the_full_prompt_check_and_the_rest_wait_behind_it() -> None:
-    w = workload([req("a", 100, 30), req("b", 100, 2, arrival_step=1),
-                  req("c", 10, 2, arrival_step=1)], num_blocks=12, max_num_batched_tokens=512,
-                 long_prefill_token_threshold=32)
+    w = workload(
+        [req("a", 100, 30), req("b", 100, 2, arrival_step=1), req("c", 10, 2, arrival_step=1)],
+        num_blocks=12,
+        max_num_batched_tokens=512,
+        long_prefill_token_threshold=32,
+    )
     results, _ = run(w)
     stop = results[1].report.waiting_stop
     assert stop is not None
@@ -97,17 +106,30 @@ def test_waiting_head_fails_the_full_prompt_check_and_the_rest_wait_behind_it() 
 
 
 def test_watermark_reason() -> None:
-    w = workload([req("a", 48, 20), req("b", 80, 4, arrival_step=1)], num_blocks=10,
-                 max_num_batched_tokens=256, max_num_seqs=8, watermark=0.1)
+    w = workload(
+        [req("a", 48, 20), req("b", 80, 4, arrival_step=1)],
+        num_blocks=10,
+        max_num_batched_tokens=256,
+        max_num_seqs=8,
+        watermark=0.1,
+    )
     results, _ = run(w)
     reasons = [r.report.waiting_stop.head for r in results if r.report.waiting_stop]
     assert Reason.WATERMARK in reasons
 
 
 def test_preemption_skips_the_waiting_pass_with_a_reason() -> None:
-    w = workload([req("a", 40, 40, base=90000), req("b", 40, 40, base=90000),
-                  req("c", 40, 40, arrival_step=1, base=90000), req("late", 4, 2, arrival_step=25)],
-                 num_blocks=10, max_num_batched_tokens=256, max_num_seqs=8)
+    w = workload(
+        [
+            req("a", 40, 40, base=90000),
+            req("b", 40, 40, base=90000),
+            req("c", 40, 40, arrival_step=1, base=90000),
+            req("late", 4, 2, arrival_step=25),
+        ],
+        num_blocks=10,
+        max_num_batched_tokens=256,
+        max_num_seqs=8,
+    )
     results, _ = run(w)
     step = next(r for r in results if r.report.preemptions)
     assert step.report.preemptions[0].victim == "c"
@@ -119,8 +141,13 @@ def test_preemption_skips_the_waiting_pass_with_a_reason() -> None:
 
 
 def test_priority_unschedules_a_victim_already_scheduled_this_step() -> None:
-    w = workload([req("B", 40, 40, priority=5), req("A", 48, 40, arrival_step=1, priority=1)],
-                 num_blocks=7, max_num_batched_tokens=256, max_num_seqs=8, policy="priority")
+    w = workload(
+        [req("B", 40, 40, priority=5), req("A", 48, 40, arrival_step=1, priority=1)],
+        num_blocks=7,
+        max_num_batched_tokens=256,
+        max_num_seqs=8,
+        policy="priority",
+    )
     results, _ = run(w)
     step = next(r for r in results if r.report.preemptions)
     p = step.report.preemptions[0]
@@ -129,8 +156,11 @@ def test_priority_unschedules_a_victim_already_scheduled_this_step() -> None:
 
 
 def test_spec_decode_outputs_match_the_script_and_drafts_are_verified() -> None:
-    w = workload([req("a", 20, 30), req("b", 33, 25, arrival_step=2)],
-                 num_speculative_tokens=3, num_blocks=40)
+    w = workload(
+        [req("a", 20, 30), req("b", 33, 25, arrival_step=2)],
+        num_speculative_tokens=3,
+        num_blocks=40,
+    )
     results, engine_ = run(w)
     kinds = {s.kind for r in results for s in r.report.scheduled}
     assert Kind.SPEC in kinds

@@ -20,7 +20,9 @@ def workloads(draw: st.DrawFn) -> SimWorkload:
     num_blocks = draw(st.integers(4, 64))
     max_num_seqs = draw(st.integers(1, 8))
     config: dict[str, Any] = dict(
-        block_size=bs, num_blocks=num_blocks, max_model_len=max_model_len,
+        block_size=bs,
+        num_blocks=num_blocks,
+        max_model_len=max_model_len,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max(max_num_seqs, draw(st.sampled_from([8, 32, 100, 512]))),
         long_prefill_token_threshold=draw(st.sampled_from([0, 0, 8, 24])),
@@ -36,10 +38,16 @@ def workloads(draw: st.DrawFn) -> SimWorkload:
         own = draw(st.lists(st.integers(0, 30), min_size=1, max_size=80))
         prompt = ((prefix if draw(st.booleans()) else []) + own)[: max_model_len - 1]
         max_tokens = draw(st.integers(1, 30))
-        requests.append(dict(
-            id=f"r{i}", arrival_step=draw(st.integers(0, 12)), prompt_token_ids=prompt,
-            output_token_ids=draw(st.lists(st.integers(0, 30), max_size=max_tokens)),
-            max_tokens=max_tokens, priority=draw(st.integers(0, 3))))
+        requests.append(
+            dict(
+                id=f"r{i}",
+                arrival_step=draw(st.integers(0, 12)),
+                prompt_token_ids=prompt,
+                output_token_ids=draw(st.lists(st.integers(0, 30), max_size=max_tokens)),
+                max_tokens=max_tokens,
+                priority=draw(st.integers(0, 3)),
+            )
+        )
     return parse_workload({"config": config, "requests": requests}, source="hypothesis")
 
 

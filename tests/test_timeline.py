@@ -67,7 +67,8 @@ def test_view_spells_out_the_step(demo: tuple[Recorded, Path]) -> None:
         view = tl.view(step)
         report = run.reports[step]
         assert [(view.names[s.ref], s.num_tokens) for s in view.scheduled] == [
-            (s.request_id, s.num_tokens) for s in report.scheduled]
+            (s.request_id, s.num_tokens) for s in report.scheduled
+        ]
         assert same(tl.state(step), run.states[step])
 
 
@@ -82,8 +83,7 @@ def test_step_at_time_and_bounds(demo: tuple[Recorded, Path]) -> None:
 
 def test_memory_is_bounded_by_the_caches(demo: tuple[Recorded, Path]) -> None:
     _, path = demo
-    tl = Timeline(TraceReader(path), keyframe_interval=2, max_keyframes=5,
-                  max_cached_records=10)
+    tl = Timeline(TraceReader(path), keyframe_interval=2, max_keyframes=5, max_cached_records=10)
     for step in range(tl.num_steps):
         tl.state(step)
     assert len(tl._keyframes) <= 5 and len(tl._records) <= 10
@@ -105,8 +105,9 @@ def test_live_timeline_picks_up_appended_records(tmp_path: Path) -> None:
     assert same(tl.state(tl.last_step), run.states[-1])
 
 
-def test_a_view_that_fails_leaves_the_timeline_usable(demo: tuple[Recorded, Path],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_view_that_fails_leaves_the_timeline_usable(
+    demo: tuple[Recorded, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """view() moves the working state on in place; a step that cannot be applied must not
     leave a half-applied state behind."""
     import replays.timeline as timeline_module

@@ -44,54 +44,121 @@ from recorder.schema import (
 
 H1, H2 = bytes(range(32)), bytes(range(32, 64))
 
-HEADER = Header(engine="schedtop 0.1.0 (SimRunner)", model="SmolLM2-135M q8_0",
-                config={"block_size": 16, "watermark": 0.01, "policy": "fcfs",
-                        "max_num_active_seqs": None, "enable_prefix_caching": True},
-                block_size=16, num_blocks=1024, policy="fcfs", start_time_ns=1_700_000_000 * 10**9,
-                host="node-7", redacted=False, first_step=3, snapshot_interval=64)
+HEADER = Header(
+    engine="schedtop 0.1.0 (SimRunner)",
+    model="SmolLM2-135M q8_0",
+    config={
+        "block_size": 16,
+        "watermark": 0.01,
+        "policy": "fcfs",
+        "max_num_active_seqs": None,
+        "enable_prefix_caching": True,
+    },
+    block_size=16,
+    num_blocks=1024,
+    policy="fcfs",
+    start_time_ns=1_700_000_000 * 10**9,
+    host="node-7",
+    redacted=False,
+    first_step=3,
+    snapshot_interval=64,
+)
 
 STEP = Step(
-    step=12, time_ns=123_456_789, schedule_ns=40_000, update_ns=9_000, token_budget=2048,
+    step=12,
+    time_ns=123_456_789,
+    schedule_ns=40_000,
+    update_ns=9_000,
+    token_budget=2048,
     arrivals=(
-        Arrival(7, "req-7", 5, -2, 7.0, 2, Sampling(32, 0.7, 0.9, 40, 1234, (2, 70000), True),
-                (1, 2, 3, 65536, 2**40)),
-        Arrival(8, "req-8", 33, 0, 8.5, None, Sampling(4), None, (H1, H2))),
+        Arrival(
+            7,
+            "req-7",
+            5,
+            -2,
+            7.0,
+            2,
+            Sampling(32, 0.7, 0.9, 40, 1234, (2, 70000), True),
+            (1, 2, 3, 65536, 2**40),
+        ),
+        Arrival(8, "req-8", 33, 0, 8.5, None, Sampling(4), None, (H1, H2)),
+    ),
     num_decodes=3,
-    scheduled=(Scheduled(7, 5, Kind.PREFILL, 0), Scheduled(4, 4, Kind.SPEC, 90, 3),
-               Scheduled(8, 16, Kind.CHUNK, 16)),
+    scheduled=(
+        Scheduled(7, 5, Kind.PREFILL, 0),
+        Scheduled(4, 4, Kind.SPEC, 90, 3),
+        Scheduled(8, 16, Kind.CHUNK, 16),
+    ),
     admissions=(Admission(7, 0, False), Admission(8, 16, True)),
     preemptions=(Preemption(2, 4, 100, 1), Preemption(4, 4, 90)),
     shortfalls=(Shortfall(8, 17, 16, Reason.TOKEN_BUDGET),),
     running_stop=QueueStop(Reason.KV_BLOCKS, Reason.KV_BLOCKS),
     waiting_stop=QueueStop(Reason.WATERMARK, Reason.HEAD_OF_LINE),
     finishes=(Finish(1, Status.FINISHED_STOPPED), Finish(3, Status.FINISHED_ERROR, "too long")),
-    sample_counts=(1, 1, 1, 1, 3, 0), sampled_tokens=(5, 6, 7, 8, 9, 10, 11),
+    sample_counts=(1, 1, 1, 1, 3, 0),
+    sampled_tokens=(5, 6, 7, 8, 9, 10, 11),
     other_samples=(Sample(5, 2, (1, 2)), Sample(6, 1)),
     spec_accepted=(SpecAccepted(4, 2),),
-    kv_events=KVEvents.of([
-        KVEvent(KVKind.EVICTED, None, (9, 10)), KVEvent(KVKind.ALLOCATED, 7, (9, 10, 300)),
-        KVEvent(KVKind.PREFIX_HIT, 8, (1,), num_tokens=16),
-        KVEvent(KVKind.CACHED, 8, (4, 5), (H1, H2)), KVEvent(KVKind.FREED, 2, (6, 5))]),
-    free_blocks_after_schedule=100, free_blocks=101, running=(4, 7), waiting=(8, 2),
-    timings=(Timing(11, 1000, 2_000_000, 500_000, 3000,
-                    (Kernel("paged_attention", 30, 400_000), Kernel("gemm", 90, 1_500_000))),
-             Timing(12, 900, 1_900_000, None, 2900)))
+    kv_events=KVEvents.of(
+        [
+            KVEvent(KVKind.EVICTED, None, (9, 10)),
+            KVEvent(KVKind.ALLOCATED, 7, (9, 10, 300)),
+            KVEvent(KVKind.PREFIX_HIT, 8, (1,), num_tokens=16),
+            KVEvent(KVKind.CACHED, 8, (4, 5), (H1, H2)),
+            KVEvent(KVKind.FREED, 2, (6, 5)),
+        ]
+    ),
+    free_blocks_after_schedule=100,
+    free_blocks=101,
+    running=(4, 7),
+    waiting=(8, 2),
+    timings=(
+        Timing(
+            11,
+            1000,
+            2_000_000,
+            500_000,
+            3000,
+            (Kernel("paged_attention", 30, 400_000), Kernel("gemm", 90, 1_500_000)),
+        ),
+        Timing(12, 900, 1_900_000, None, 2900),
+    ),
+)
 
 SNAPSHOT = Snapshot(
-    step=255, next_ref=9,
-    requests=(RequestSnap(4, "req-4", Status.RUNNING, 80, 10, 89, (3, 4, 5, 6, 7, 8), 1, 0,
-                          4.0, 16, 64, 2, 3, 5),
-              RequestSnap(8, "req-8", Status.WAITING, 33, 0, 0, (), 0, -1, 8.5, -1, 4)),
-    running=(4,), waiting=(8,), free_queue=(9, 10, 2, 1), cached_block_ids=(1, 3),
-    cached_hashes=(H1, H2))
+    step=255,
+    next_ref=9,
+    requests=(
+        RequestSnap(
+            4, "req-4", Status.RUNNING, 80, 10, 89, (3, 4, 5, 6, 7, 8), 1, 0, 4.0, 16, 64, 2, 3, 5
+        ),
+        RequestSnap(8, "req-8", Status.WAITING, 33, 0, 0, (), 0, -1, 8.5, -1, 4),
+    ),
+    running=(4,),
+    waiting=(8,),
+    free_queue=(9, 10, 2, 1),
+    cached_block_ids=(1, 3),
+    cached_hashes=(H1, H2),
+)
 
-FOOTER = Footer(first_step=3, step_offsets=(40, 100, 4000, 2**33), snapshot_steps=(2, 5),
-                snapshot_offsets=(12, 3000), num_steps=4, num_arrivals=9, num_finishes=2,
-                num_preemptions=1, end_time_ns=5 * 10**9)
+FOOTER = Footer(
+    first_step=3,
+    step_offsets=(40, 100, 4000, 2**33),
+    snapshot_steps=(2, 5),
+    snapshot_offsets=(12, 3000),
+    num_steps=4,
+    num_arrivals=9,
+    num_finishes=2,
+    num_preemptions=1,
+    end_time_ns=5 * 10**9,
+)
 
 
-@pytest.mark.parametrize("record", [HEADER, STEP, Step(step=0), SNAPSHOT, FOOTER, End(12345)],
-                         ids=lambda r: type(r).__name__)
+@pytest.mark.parametrize(
+    "record",
+    [HEADER, STEP, Step(step=0), SNAPSHOT, FOOTER, End(12345)],
+    ids=lambda r: type(r).__name__,
+)
 def test_every_record_type_round_trips(record: Record) -> None:
     rtype, body = encode(record)
     assert decode(rtype, body, 0) == record
@@ -137,15 +204,18 @@ def test_unknown_record_type_decodes_to_none() -> None:
     assert decode(77, msgpack.packb({0: 1}), 0) is None
 
 
-@pytest.mark.parametrize("body, message", [
-    (msgpack.packb([1, 2]), "expected a map"),
-    (msgpack.packb({1: 5}), "required field step"),
-    (msgpack.packb({0: -1}), "step: expected an unsigned integer"),
-    (msgpack.packb({0: 1, 8: b"\x93\x01"}), "admissions"),
-    (msgpack.packb({0: 1, 18: [b"\x01\x00", b"", b"\x01\x02"]}), "do not add up"),
-    (b"\xc1", "malformed msgpack"),
-    (msgpack.packb({0: 1}) + b"\x00", "malformed msgpack"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (msgpack.packb([1, 2]), "expected a map"),
+        (msgpack.packb({1: 5}), "required field step"),
+        (msgpack.packb({0: -1}), "step: expected an unsigned integer"),
+        (msgpack.packb({0: 1, 8: b"\x93\x01"}), "admissions"),
+        (msgpack.packb({0: 1, 18: [b"\x01\x00", b"", b"\x01\x02"]}), "do not add up"),
+        (b"\xc1", "malformed msgpack"),
+        (msgpack.packb({0: 1}) + b"\x00", "malformed msgpack"),
+    ],
+)
 def test_malformed_bodies_name_the_field(body: bytes, message: str) -> None:
     with pytest.raises(TraceError, match=message) as info:
         decode(RecordType.STEP, body, 4242)
@@ -154,11 +224,19 @@ def test_malformed_bodies_name_the_field(body: bytes, message: str) -> None:
 
 def test_schema_enums_match_the_engine() -> None:
     """The format's enum values are the engine's today; the recorder writes ints."""
-    for ours, theirs in [(Kind, EngineKind), (Reason, EngineReason), (Status, RequestStatus),
-                         (KVKind, KVEventKind)]:
+    for ours, theirs in [
+        (Kind, EngineKind),
+        (Reason, EngineReason),
+        (Status, RequestStatus),
+        (KVKind, KVEventKind),
+    ]:
         assert [(e.name, e.value) for e in ours] == [(e.name, e.value) for e in theirs]
 
 
 def test_every_schema_record_has_a_codec() -> None:
-    assert set(codec.BODIES) == {RecordType.HEADER, RecordType.STEP, RecordType.SNAPSHOT,
-                                 RecordType.FOOTER}
+    assert set(codec.BODIES) == {
+        RecordType.HEADER,
+        RecordType.STEP,
+        RecordType.SNAPSHOT,
+        RecordType.FOOTER,
+    }

@@ -26,8 +26,12 @@ MODES = ("live", "batch", "torn")
 def kill_at_random(path: Path, mode: str, steps_before_kill: int, delay_s: float) -> int:
     """Run the child until it has done `steps_before_kill` steps, wait `delay_s`, SIGKILL
     it. Returns the last step it reported flushed (-2 if it finished first)."""
-    child = subprocess.Popen([sys.executable, "-m", "tests.crash_child", str(path), mode],
-                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.crash_child", str(path), mode],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert child.stdout is not None
     lines: list[str] = []
     for line in child.stdout:
@@ -75,8 +79,15 @@ def check_trace(path: Path, flushed: int) -> bool:
 @pytest.mark.slow
 def test_sigkill_at_20_random_moments(tmp_path: Path) -> None:
     rng = random.Random(20240)
-    plans = [(tmp_path / f"kill{i}.trace", MODES[i % 3], rng.randint(1, 400),
-              rng.choice([0.0, rng.random() * 0.004])) for i in range(20)]
+    plans = [
+        (
+            tmp_path / f"kill{i}.trace",
+            MODES[i % 3],
+            rng.randint(1, 400),
+            rng.choice([0.0, rng.random() * 0.004]),
+        )
+        for i in range(20)
+    ]
     with ThreadPoolExecutor(max_workers=2) as pool:
         flushed = list(pool.map(lambda plan: kill_at_random(*plan), plans))
     cut = 0

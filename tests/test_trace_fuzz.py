@@ -46,9 +46,13 @@ SCALE = int(os.environ.get("SCHEDTOP_FUZZ_SCALE", "1"))
 
 def fuzz(examples: int) -> settings:
     """`examples` (times SCALE) examples, no deadline: tests never assert on wall time."""
-    return settings(max_examples=examples * SCALE, deadline=None, derandomize=SCALE == 1,
-                    database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    return settings(
+        max_examples=examples * SCALE,
+        deadline=None,
+        derandomize=SCALE == 1,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
 
 
 CASE = Path(__file__).parent / "data" / "fidelity" / "e_priority_preemption.workload.json"
@@ -90,8 +94,11 @@ def read_everything(data: bytes) -> None:
             pass
         try:
             index = reader.index()
-            for step in {index.first_step, (index.first_step + index.last_step) // 2,
-                         index.last_step}:
+            for step in {
+                index.first_step,
+                (index.first_step + index.last_step) // 2,
+                index.last_step,
+            }:
                 if index.first_step <= step <= index.last_step:
                     state_at(reader, step).to_snapshot()
         except TraceError:
@@ -109,7 +116,7 @@ def test_truncated_and_bit_flipped_traces(data: st.DataObject) -> None:
         at = data.draw(st.integers(0, len(raw) - 1))
         raw[at] ^= 1 << data.draw(st.integers(0, 7))
     if data.draw(st.booleans()):
-        raw = raw[:data.draw(st.integers(0, len(raw)))]
+        raw = raw[: data.draw(st.integers(0, len(raw)))]
     read_everything(bytes(raw))
 
 
@@ -138,8 +145,10 @@ def random_value(rng: random.Random, depth: int = 0) -> Any:
         return rng.randbytes(rng.choice([0, 1, 2, 3, 5, 9, 33, 65, rng.randrange(200)]))
     if kind in (6, 7):
         return [random_value(rng, depth + 1) for _ in range(rng.randrange(7))]
-    return {rng.choice([rng.randrange(31), "k"]): random_value(rng, depth + 1)
-            for _ in range(rng.randrange(9))}
+    return {
+        rng.choice([rng.randrange(31), "k"]): random_value(rng, depth + 1)
+        for _ in range(rng.randrange(9))
+    }
 
 
 BOMB_LIST = [
@@ -197,8 +206,11 @@ def test_hostile_msgpack_in_valid_frames(data: st.DataObject) -> None:
 def test_msgpack_bombs_take_little_memory() -> None:
     """Each bomb, at each place, read with the allocator watched."""
     for bomb in BOMB_LIST:
-        for body in (b"\x81\x12" + bomb, msgpack.packb({0: 3, 18: bomb}),
-                     msgpack.packb({0: 3, 5: bomb})):
+        for body in (
+            b"\x81\x12" + bomb,
+            msgpack.packb({0: 3, 18: bomb}),
+            msgpack.packb({0: 3, 5: bomb}),
+        ):
             for where in ("header", "step", "snapshot", "footer"):
                 raw = framed(body, where)
                 tracemalloc.start()
@@ -217,16 +229,40 @@ SMALL = st.integers(0, 12)
 
 def nonsense(draw: Any, step: Step) -> Step:
     """The step with one field replaced by a random value of the right type."""
-    field = draw(st.sampled_from(["num_decodes", "running", "waiting", "free_blocks",
-                                  "sample_counts", "kv_events", "finishes", "admissions",
-                                  "preemptions", "scheduled", "step"]))
+    field = draw(
+        st.sampled_from(
+            [
+                "num_decodes",
+                "running",
+                "waiting",
+                "free_blocks",
+                "sample_counts",
+                "kv_events",
+                "finishes",
+                "admissions",
+                "preemptions",
+                "scheduled",
+                "step",
+            ]
+        )
+    )
     if field == "kv_events":
-        events = draw(st.lists(st.builds(
-            KVEvent, st.integers(0, 4), SMALL, st.lists(st.integers(0, 40), max_size=4).map(
-                tuple), st.lists(st.binary(min_size=32, max_size=32), max_size=4).map(tuple),
-            SMALL), max_size=5))
-        value: Any = KVEvents.of([e if e.kind != 4 else dataclasses.replace(e, ref=None)
-                                  for e in events])
+        events = draw(
+            st.lists(
+                st.builds(
+                    KVEvent,
+                    st.integers(0, 4),
+                    SMALL,
+                    st.lists(st.integers(0, 40), max_size=4).map(tuple),
+                    st.lists(st.binary(min_size=32, max_size=32), max_size=4).map(tuple),
+                    SMALL,
+                ),
+                max_size=5,
+            )
+        )
+        value: Any = KVEvents.of(
+            [e if e.kind != 4 else dataclasses.replace(e, ref=None) for e in events]
+        )
     elif field in ("running", "waiting", "sample_counts"):
         value = tuple(draw(st.lists(SMALL, max_size=6)))
     elif field in ("num_decodes", "free_blocks", "step"):
@@ -258,4 +294,3 @@ def test_nonsense_records_raise_trace_errors_in_the_reducer(data: st.DataObject)
         state.picture()
     except TraceError:
         pass
-

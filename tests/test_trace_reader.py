@@ -47,15 +47,19 @@ def test_footer_index_equals_the_scanned_index(tmp_path: Path, demo: tuple[bytes
         assert a.footer is not None and b.footer is None
         ia, ib = a.index(), b.index()
         assert list(ia.step_offsets) == list(ib.step_offsets)
-        assert list(ia.snapshot_steps) == list(ib.snapshot_steps) == [15, 31, 47, 63, 79, 95,
-                                                                      111, 127, 143, 159]
+        assert (
+            list(ia.snapshot_steps)
+            == list(ib.snapshot_steps)
+            == [15, 31, 47, 63, 79, 95, 111, 127, 143, 159]
+        )
         assert list(ia.snapshot_offsets) == list(ib.snapshot_offsets)
         assert b.cut is None and not b.closed_cleanly
 
 
 @pytest.mark.parametrize("footer", [True, False])
-def test_seek_starts_at_the_nearest_snapshot(tmp_path: Path, demo: tuple[bytes, int],
-                                             footer: bool) -> None:
+def test_seek_starts_at_the_nearest_snapshot(
+    tmp_path: Path, demo: tuple[bytes, int], footer: bool
+) -> None:
     data, num_steps = demo
     path = write_trace(tmp_path, data)
     if not footer:
@@ -86,7 +90,7 @@ def test_a_cut_at_every_byte_keeps_every_whole_record(tmp_path: Path) -> None:
         with TraceReader(write_trace(tmp_path, data[:cut], "c.trace")) as reader:
             got = [e.record for e in reader.entries()]
             whole_records = [e.record for e, end in zip(entries, ends) if end <= cut]
-            assert got == whole_records[:len(got)]
+            assert got == whole_records[: len(got)]
             if cut in starts:
                 assert reader.cut is None and len(got) == len(whole_records)
             else:
@@ -95,8 +99,9 @@ def test_a_cut_at_every_byte_keeps_every_whole_record(tmp_path: Path) -> None:
                 assert len(got) == len(whole_records)
 
 
-def test_a_file_cut_inside_the_header_is_an_incomplete_trace(tmp_path: Path,
-                                                             demo: tuple[bytes, int]) -> None:
+def test_a_file_cut_inside_the_header_is_an_incomplete_trace(
+    tmp_path: Path, demo: tuple[bytes, int]
+) -> None:
     data, _ = demo
     for cut in (0, 5, PREAMBLE_SIZE, PREAMBLE_SIZE + FRAME_SIZE + 3):
         with pytest.raises(TraceError) as info:
@@ -104,29 +109,34 @@ def test_a_file_cut_inside_the_header_is_an_incomplete_trace(tmp_path: Path,
         assert info.value.incomplete
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"hello, this is a text file and not a trace", "wrong magic bytes"),
-    (preamble(2, 0) + b"\x00" * 40, "format 2.0 is newer than this schedtop reads"),
-    (preamble(0, 3) + b"\x00" * 40, "unknown trace format 0.3"),
-    (preamble() + b"\x00" * 40, "invalid record type 0"),
-    (preamble() + frame(2, encode(Step(0))[1]), "the first record is not a header"),
-    (preamble() + struct.pack("<IBI", 2**31, 1, 0), "exceeds the limit"),
-])
-def test_bad_files_raise_a_clear_trace_error(tmp_path: Path, content: bytes, message: str
-                                             ) -> None:
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"hello, this is a text file and not a trace", "wrong magic bytes"),
+        (preamble(2, 0) + b"\x00" * 40, "format 2.0 is newer than this schedtop reads"),
+        (preamble(0, 3) + b"\x00" * 40, "unknown trace format 0.3"),
+        (preamble() + b"\x00" * 40, "invalid record type 0"),
+        (preamble() + frame(2, encode(Step(0))[1]), "the first record is not a header"),
+        (preamble() + struct.pack("<IBI", 2**31, 1, 0), "exceeds the limit"),
+    ],
+)
+def test_bad_files_raise_a_clear_trace_error(tmp_path: Path, content: bytes, message: str) -> None:
     with pytest.raises(TraceError, match=message):
         TraceReader(write_trace(tmp_path, content))
 
 
-def test_a_flipped_bit_is_a_checksum_error_at_that_record(tmp_path: Path,
-                                                          demo: tuple[bytes, int]) -> None:
+def test_a_flipped_bit_is_a_checksum_error_at_that_record(
+    tmp_path: Path, demo: tuple[bytes, int]
+) -> None:
     data, _ = demo
     with TraceReader(write_trace(tmp_path, data)) as reader:
         victim = [e.offset for e in reader.entries()][40]
     broken = bytearray(data)
     broken[victim + FRAME_SIZE + 2] ^= 0x10
-    with TraceReader(write_trace(tmp_path, broken, "b.trace")) as reader, \
-            pytest.raises(TraceError, match="checksum mismatch") as info:
+    with (
+        TraceReader(write_trace(tmp_path, broken, "b.trace")) as reader,
+        pytest.raises(TraceError, match="checksum mismatch") as info,
+    ):
         list(reader.entries())
     assert info.value.offset == victim
 
@@ -204,8 +214,9 @@ def test_a_footer_pointing_nowhere_is_an_error(tmp_path: Path, demo: tuple[bytes
         TraceReader(write_trace(tmp_path, bad))
 
 
-def test_snapshot_records_in_a_scan_get_the_step_before_them(tmp_path: Path,
-                                                             demo: tuple[bytes, int]) -> None:
+def test_snapshot_records_in_a_scan_get_the_step_before_them(
+    tmp_path: Path, demo: tuple[bytes, int]
+) -> None:
     data, _ = demo
     with TraceReader(write_trace(tmp_path, data)) as reader:
         snaps = [e.record for e in reader.entries() if isinstance(e.record, Snapshot)]
@@ -218,7 +229,7 @@ def _without_footer(path: Path) -> bytes:
 
 def _without_footer_bytes(data: bytes) -> bytes:
     """The trace as a writer killed before close leaves it."""
-    end = data[-END_RECORD_SIZE + FRAME_SIZE:]
+    end = data[-END_RECORD_SIZE + FRAME_SIZE :]
     footer_offset = int.from_bytes(end[3:], "big")
     return data[:footer_offset]
 
@@ -228,8 +239,9 @@ def test_reading_and_replaying_import_nothing_from_the_engine() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, recorder, recorder.reader, recorder.info, replays.reducer; "
-            "print(sorted(m for m in sys.modules if m == 'engine' or m.startswith('engine.')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+    code = (
+        "import sys, recorder, recorder.reader, recorder.info, replays.reducer; "
+        "print(sorted(m for m in sys.modules if m == 'engine' or m.startswith('engine.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

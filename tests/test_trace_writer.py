@@ -59,8 +59,9 @@ def test_small_flushes_on_a_quick_disk_are_written_inline(tmp_path: Path) -> Non
 
 
 def test_batch_mode_buffers_until_the_size_bound(tmp_path: Path) -> None:
-    writer = TraceWriter(tmp_path / "batch.trace", live=False, flush_bytes=2000,
-                         flush_interval_s=1e9)
+    writer = TraceWriter(
+        tmp_path / "batch.trace", live=False, flush_bytes=2000, flush_interval_s=1e9
+    )
     writer.append(*encode(HEADER), boundary=True)
     sizes = []
     for step in range(300):

@@ -66,9 +66,15 @@ async def test_stepping_forwards_and_back(trace: Path, timeline: Timeline) -> No
         await at_step(pilot, 0)
         assert f"step 0 / {timeline.last_step}" in header(app)
         assert app.frame is not None and app.frame.header.mode == "PAUSED"
-        for keys, step in ((["right"], 1), (["shift+right"], 11), (["left"], 10),
-                           (["shift+right"] * 3, 40), (["shift+left"], 30), (["home"], 0),
-                           (["end"], timeline.last_step)):
+        for keys, step in (
+            (["right"], 1),
+            (["shift+right"], 11),
+            (["left"], 10),
+            (["shift+right"] * 3, 40),
+            (["shift+left"], 30),
+            (["home"], 0),
+            (["end"], timeline.last_step),
+        ):
             await pilot.press(*keys)
             await at_step(pilot, step)
             state = timeline.state(step)
@@ -76,9 +82,11 @@ async def test_stepping_forwards_and_back(trace: Path, timeline: Timeline) -> No
             assert frame.header.running == len(state.running)
             assert frame.header.waiting == len(state.waiting)
             assert frame.header.free_blocks == len(state.free)
-            assert {r.request_id for r in frame.requests if r.state in
-                    ("running", "waiting", "preempted")} == \
-                {r.request_id for r in state.requests.values()}
+            assert {
+                r.request_id
+                for r in frame.requests
+                if r.state in ("running", "waiting", "preempted")
+            } == {r.request_id for r in state.requests.values()}
             text = header(app)
             assert f"step {step:,} / {timeline.last_step}" in text
             assert f"running {len(state.running)}/16" in text
@@ -92,9 +100,9 @@ def map_glyphs(app: object) -> list[str]:
     g, label = blocks.geometry, blocks.label_width
     assert g.zoom == "wide"
     out = []
-    for line in widget_text(blocks).splitlines()[:g.lines]:
-        out += list(line[label:label + 2 * g.cols:2])
-    return out[:blocks.vm.num_blocks]
+    for line in widget_text(blocks).splitlines()[: g.lines]:
+        out += list(line[label : label + 2 * g.cols : 2])
+    return out[: blocks.vm.num_blocks]
 
 
 def expected_glyphs(state: State) -> list[str]:
@@ -102,8 +110,7 @@ def expected_glyphs(state: State) -> list[str]:
     glyphs = ["╳"]
     for b in range(1, state.num_blocks):
         held = len(owners[b])
-        glyphs.append("▓" if held > 1 else "█" if held else
-                      "▒" if b in state.block_hashes else "·")
+        glyphs.append("▓" if held > 1 else "█" if held else "▒" if b in state.block_hashes else "·")
     return glyphs
 
 
@@ -132,8 +139,9 @@ async def test_go_to_a_step_a_move_and_a_time(trace: Path, timeline: Timeline) -
 
 
 @app_test
-async def test_the_preemption_breakpoint_lands_where_find_does(trace: Path,
-                                                               timeline: Timeline) -> None:
+async def test_the_preemption_breakpoint_lands_where_find_does(
+    trace: Path, timeline: Timeline
+) -> None:
     hits = []
     at = -1
     while (hit := find(timeline, [PREEMPT], at)) is not None:
@@ -154,7 +162,7 @@ async def test_the_preemption_breakpoint_lands_where_find_does(trace: Path,
             assert f"breakpoint hit at step {hit}: preempt" in text
             assert "PREEMPT" in text
         log = app.query_one(EventLog)
-        shown = log.events[-log.size.height:]
+        shown = log.events[-log.size.height :]
         row = next(i for i, e in enumerate(shown) if e.step < hits[-1])
         await pilot.click(EventLog, offset=(10, row))  # an event's line: its step
         await at_step(pilot, shown[row].step)
@@ -167,8 +175,7 @@ async def test_the_preemption_breakpoint_lands_where_find_does(trace: Path,
         await pilot.press("g", *str(hits[-1]), "enter")
         await at_step(pilot, hits[-1])
         await pilot.press("n")  # no later hit: it stays, and says so
-        await wait_until(pilot, lambda: any("no breakpoint hit after" in t
-                                            for _, t in app.notices))
+        await wait_until(pilot, lambda: any("no breakpoint hit after" in t for _, t in app.notices))
         assert app.frame.header.step == hits[-1]
         for hit in reversed(hits[:-1]):
             await pilot.press("N")
@@ -181,7 +188,8 @@ async def test_the_preemption_breakpoint_lands_where_find_does(trace: Path,
 
 @app_test
 async def test_breakpoints_given_on_the_command_line_and_in_the_dialog(
-        trace: Path, timeline: Timeline) -> None:
+    trace: Path, timeline: Timeline
+) -> None:
     free = parse("free<10")
     app = make_app(trace, breakpoints=(free,))
     async with app.run_test(size=SIZE) as pilot:
@@ -227,8 +235,9 @@ async def test_filtering_requests(trace: Path, timeline: Timeline) -> None:
 
 
 @app_test
-async def test_following_a_request_jumps_between_its_events(trace: Path,
-                                                            timeline: Timeline) -> None:
+async def test_following_a_request_jumps_between_its_events(
+    trace: Path, timeline: Timeline
+) -> None:
     rid = "req-18"  # preempted in the demo, then resumed
     events = [parse(f"{k}:{rid}") for k in ("admit", "preempt", "first-token", "finish")]
     app = make_app(trace)
@@ -322,8 +331,13 @@ async def test_playing_and_zooming(trace: Path, timeline: Timeline) -> None:
         await wait_until(pilot, lambda: app.frame.header.mode == "PLAYING")
         assert "PLAYING  10 steps/s" in header(app)
         await pilot.press("plus", "plus", "plus", "plus")  # 200 steps/s: to the end
-        await wait_until(pilot, lambda: app.frame.header.step == timeline.last_step
-                         and app.frame.header.mode == "PAUSED", timeout=30)
+        await wait_until(
+            pilot,
+            lambda: (
+                app.frame.header.step == timeline.last_step and app.frame.header.mode == "PAUSED"
+            ),
+            timeout=30,
+        )
         blocks = app.query_one(BlockMap)
         zooms = []
         assert blocks.geometry.zoom == "wide"  # 95 blocks fit at two cells each
@@ -341,27 +355,27 @@ async def test_live_mode_picks_up_appended_records(tmp_path: Path, trace: Path) 
     with TraceReader(trace) as reader:
         offsets = reader.index().step_offsets
     growing = tmp_path / "growing.trace"
-    growing.write_bytes(data[:offsets[20]])  # steps 0..19, whole records only
+    growing.write_bytes(data[: offsets[20]])  # steps 0..19, whole records only
     app = make_app(growing, live=True)
     async with app.run_test(size=SIZE) as pilot:
         await at_step(pilot, 19)
         assert app.frame.header.mode == "LIVE"
         assert "step 19 / 19" in header(app)
         with open(growing, "ab") as f:
-            f.write(data[offsets[20]:offsets[61] + 3])  # and a record cut mid-frame
+            f.write(data[offsets[20] : offsets[61] + 3])  # and a record cut mid-frame
         await at_step(pilot, 60)
         assert "step 60 / 60" in header(app) and "LIVE" in header(app)
         await pilot.press("left")  # stepping back stops following...
         await at_step(pilot, 59)
         with open(growing, "ab") as f:
-            f.write(data[offsets[61] + 3:offsets[90]])
+            f.write(data[offsets[61] + 3 : offsets[90]])
         await wait_until(pilot, lambda: app.frame.header.last_step == 89)
         assert app.frame.header.step == 59 and app.frame.header.mode == "PAUSED"
         await pilot.press("F")  # ...and F follows again
         await at_step(pilot, 89)
         assert app.frame.header.mode == "LIVE"
         with open(growing, "ab") as f:
-            f.write(data[offsets[90]:])  # the rest, footer and END included
+            f.write(data[offsets[90] :])  # the rest, footer and END included
         last = len(offsets) - 1
         await wait_until(pilot, lambda: app.frame.header.ended)
         await at_step(pilot, last)

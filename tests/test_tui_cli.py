@@ -73,7 +73,7 @@ def test_a_corrupt_trace_names_the_byte(tmp_path: Path, good: Path) -> None:
     data = bytearray(good.read_bytes())
     data[offset + 12] ^= 0xFF  # inside step 40's body: its checksum no longer matches
     path = tmp_path / "corrupt.trace"
-    path.write_bytes(bytes(data[:len(data) - 200]))  # and no footer: the reader scans
+    path.write_bytes(bytes(data[: len(data) - 200]))  # and no footer: the reader scans
     line = one_line_error(schedtop("replay", str(path)))
     assert f"at byte {offset}: checksum mismatch" in line
 
@@ -144,13 +144,23 @@ def test_demo_headless_runs_the_simulated_engine_in_another_process(trace_dir: P
 def test_demo_runs_the_real_engine_by_default(tmp_path: Path) -> None:
     path = tmp_path / "x.trace"
     assert engine_command(path, sim=False, pace=25) == [
-        sys.executable, "-m", "tui.cli", "run", "--trace", str(path)]
-    assert engine_command(path, sim=True, pace=25)[3:] == ["sim", "--trace", str(path),
-                                                           "--pace", "25"]
+        sys.executable,
+        "-m",
+        "tui.cli",
+        "run",
+        "--trace",
+        str(path),
+    ]
+    assert engine_command(path, sim=True, pace=25)[3:] == [
+        "sim",
+        "--trace",
+        str(path),
+        "--pace",
+        "25",
+    ]
 
 
-def test_sim_pace_sleeps_between_steps(tmp_path: Path,
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sim_pace_sleeps_between_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     case = Path(__file__).parent / "data" / "fidelity" / "a_decode_plus_arrival.workload.json"
     now = [1000.0]
     sleeps: list[float] = []

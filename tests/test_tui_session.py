@@ -83,13 +83,19 @@ def test_frames_agree_with_the_timeline_at_every_step(trace: Path) -> None:
         frame = s.frame()
         state = tl.state(step)
         assert frame.header.step == step
-        live = {r.request_id: r for r in frame.requests if r.state in
-                ("waiting", "running", "preempted")}
+        live = {
+            r.request_id: r
+            for r in frame.requests
+            if r.state in ("waiting", "running", "preempted")
+        }
         assert set(live) == {r.request_id for r in state.requests.values()}
         for r in state.requests.values():
             row = live[r.request_id]
-            assert (row.computed, row.blocks, row.preemptions) == \
-                (r.num_computed_tokens, len(r.block_ids), r.num_preemptions)
+            assert (row.computed, row.blocks, row.preemptions) == (
+                r.num_computed_tokens,
+                len(r.block_ids),
+                r.num_preemptions,
+            )
         owners = state.block_owners()
         for b in range(1, state.num_blocks):
             cls = frame.blocks.cls[b]
@@ -101,8 +107,11 @@ def test_frames_agree_with_the_timeline_at_every_step(trace: Path) -> None:
         rec = tl.record(step)
         assert frame.batch.budget == rec.token_budget
         assert sum(e.tokens for e in frame.batch.entries) == rec.num_scheduled_tokens
-        finished = {r.request_id for r in frame.requests if r.state in
-                    ("stopped", "length", "aborted", "error")}
+        finished = {
+            r.request_id
+            for r in frame.requests
+            if r.state in ("stopped", "length", "aborted", "error")
+        }
         assert len(finished) == len(rec.finishes)
 
 
@@ -121,9 +130,23 @@ def test_the_reducer_is_pure(trace: Path) -> None:
 
 def _ctx(frame: Frame):  # type: ignore[no-untyped-def]
     from tui.viewmodel import Context
+
     h = frame.header
-    return Context(h.step, h.trace, h.first_step, h.last_step, h.max_num_seqs, h.mode,
-                   h.speed, h.breakpoints, h.followed, h.live, h.ended, h.idle_s, h.search_at)
+    return Context(
+        h.step,
+        h.trace,
+        h.first_step,
+        h.last_step,
+        h.max_num_seqs,
+        h.mode,
+        h.speed,
+        h.breakpoints,
+        h.followed,
+        h.live,
+        h.ended,
+        h.idle_s,
+        h.search_at,
+    )
 
 
 def test_why_a_request_waits_comes_from_the_step_record(trace: Path) -> None:
@@ -167,7 +190,8 @@ def test_filtering_and_sorting_rows(trace: Path) -> None:
     waiting = table_rows(rows, "waiting")
     assert waiting and all(r.state == "waiting" for r in waiting)
     assert table_rows(rows, "req-1 running") == tuple(
-        r for r in rows if "req-1" in r.request_id and r.state == "running")
+        r for r in rows if "req-1" in r.request_id and r.state == "running"
+    )
     by_blocks = table_rows(rows, sort="blocks", reverse=True)
     assert [r.blocks for r in by_blocks] == sorted((r.blocks for r in rows), reverse=True)
     assert table_rows(rows, "no-such-request") == ()
@@ -245,8 +269,9 @@ def test_history_stays_bounded(trace: Path) -> None:
     history = History(capacity=32)
     history.fill(tl, 0, tl.last_step)
     assert len(history) == 32
-    assert [d.step for d in history.window(0, tl.last_step)] == \
-        list(range(tl.last_step - 31, tl.last_step + 1))
+    assert [d.step for d in history.window(0, tl.last_step)] == list(
+        range(tl.last_step - 31, tl.last_step + 1)
+    )
     assert sum(d.preemptions for d in History(1000).window(0, 10)) == 0
 
 
@@ -255,16 +280,21 @@ def test_live_frames_are_coalesced_to_the_newest_step(trace: Path, tmp_path: Pat
     with TraceReader(trace) as reader:
         offsets = reader.index().step_offsets
     growing = tmp_path / "g.trace"
-    growing.write_bytes(data[:offsets[10]])
+    growing.write_bytes(data[: offsets[10]])
     clock = Clock()
-    s = Session(Timeline(TraceReader(growing), live=True), name="g", live=True, clock=clock,
-                history=History(capacity=64))
+    s = Session(
+        Timeline(TraceReader(growing), live=True),
+        name="g",
+        live=True,
+        clock=clock,
+        history=History(capacity=64),
+    )
     frames: list[Frame] = []
     source = FrameSource(s, lambda: None, lambda *_: None)
     frame = source.run_once()
     assert frame is not None and frame.header.step == 9 and frame.header.mode == "LIVE"
     with open(growing, "ab") as f:
-        f.write(data[offsets[10]:offsets[150]])  # 140 steps at once
+        f.write(data[offsets[10] : offsets[150]])  # 140 steps at once
     frame = source.run_once()
     assert frame is not None and frame.header.step == 149  # one frame, for the newest
     frames.append(frame)

@@ -29,8 +29,9 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def big_pool(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo workload on a pool of 2048 blocks: too many for one cell each."""
-    return fixed_trace(tmp_path_factory.mktemp("snap"), demo_workload(num_blocks=2048),
-                       name="pool2048.trace")
+    return fixed_trace(
+        tmp_path_factory.mktemp("snap"), demo_workload(num_blocks=2048), name="pool2048.trace"
+    )
 
 
 def test_main_screen_at_a_preemption(snap_compare: Any, demo: Path) -> None:
@@ -43,8 +44,9 @@ def test_main_screen_at_a_preemption(snap_compare: Any, demo: Path) -> None:
         app.selected_block = 40
         await pilot.pause(0.05)
 
-    assert snap_compare(make_app(demo, breakpoints=(parse("preempt"),)), terminal_size=SIZE,
-                        run_before=run_before)
+    assert snap_compare(
+        make_app(demo, breakpoints=(parse("preempt"),)), terminal_size=SIZE, run_before=run_before
+    )
 
 
 def _at_pool_step(zooms: int):  # type: ignore[no-untyped-def]

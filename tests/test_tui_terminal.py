@@ -28,8 +28,9 @@ class Tmux:
         self.socket = name
 
     def __call__(self, *args: str) -> str:
-        return subprocess.run(["tmux", "-L", self.socket, *args], check=True,
-                              capture_output=True, text=True).stdout
+        return subprocess.run(
+            ["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True
+        ).stdout
 
     def screen(self) -> str:
         return self("capture-pane", "-p", "-t", "app")
@@ -56,8 +57,11 @@ def tmux() -> Iterator[Tmux]:
 
 def test_replay_in_a_real_terminal(tmux: Tmux, tmp_path: Path) -> None:
     trace = tmp_path / "kv.trace"
-    subprocess.run([sys.executable, "-m", "tui.cli", "sim", str(CASE), "--trace", str(trace)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "tui.cli", "sim", str(CASE), "--trace", str(trace)],
+        check=True,
+        capture_output=True,
+    )
     tl = Timeline(TraceReader(trace))
     preempted = find(tl, [parse("preempt")], -1)
     assert preempted is not None
@@ -65,8 +69,18 @@ def test_replay_in_a_real_terminal(tmux: Tmux, tmp_path: Path) -> None:
     # COLUMNS and LINES from the test's environment would override the window's size.
     command = f"env -u COLUMNS -u LINES {sys.executable} -m tui.cli replay {trace}"
     env = {"TERM": "xterm-256color", "COLORTERM": "truecolor"}
-    tmux("new-session", "-d", "-s", "app", "-x", "120", "-y", "40",
-         *[arg for k, v in env.items() for arg in ("-e", f"{k}={v}")], command)
+    tmux(
+        "new-session",
+        "-d",
+        "-s",
+        "app",
+        "-x",
+        "120",
+        "-y",
+        "40",
+        *[arg for k, v in env.items() for arg in ("-e", f"{k}={v}")],
+        command,
+    )
     last = tl.last_step
     screen = tmux.wait_for(lambda s: f"step 0 / {last}" in s, "step 0")
     assert "PAUSED" in screen and "kv.trace" in screen

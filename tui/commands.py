@@ -102,5 +102,19 @@ class Stop:
     """End the worker."""
 
 
-Command = (Move | Goto | GotoTime | GotoEdge | TogglePlay | Speed | FindBreak | FindRequest
-           | SetBreakpoints | ToggleBreakpoint | FollowRequest | Cancel | FrameTaken | Stop)
+Command = (
+    Move
+    | Goto
+    | GotoTime
+    | GotoEdge
+    | TogglePlay
+    | Speed
+    | FindBreak
+    | FindRequest
+    | SetBreakpoints
+    | ToggleBreakpoint
+    | FollowRequest
+    | Cancel
+    | FrameTaken
+    | Stop
+)

@@ -31,8 +31,7 @@ class DemoError(Exception):
 def engine_command(path: Path, sim: bool, pace: float) -> list[str]:
     """The engine process: the real model (`schedtop run`) or the simulated one."""
     if sim:
-        return [sys.executable, "-m", "tui.cli", "sim", "--trace", str(path),
-                "--pace", f"{pace:g}"]
+        return [sys.executable, "-m", "tui.cli", "sim", "--trace", str(path), "--pace", f"{pace:g}"]
     return [sys.executable, "-m", "tui.cli", "run", "--trace", str(path)]
 
 
@@ -45,9 +44,12 @@ class Engine:
         self.log = self.path.with_suffix(".log")
         self.sim = sim
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(engine_command(self.path, sim, pace),
-                                         stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                engine_command(self.path, sim, pace),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
 
     def wait_for_trace(self) -> None:
         """Until the trace has its header; DemoError if the engine dies first."""
@@ -64,16 +66,18 @@ class Engine:
                 self.log.unlink(missing_ok=True)  # its gist is in the message
                 raise DemoError(message)
             if time.monotonic() > deadline:
-                raise DemoError(f"the engine wrote no trace in {OPEN_TIMEOUT_S:.0f} s "
-                                f"(its output: {self.log})")
+                raise DemoError(
+                    f"the engine wrote no trace in {OPEN_TIMEOUT_S:.0f} s (its output: {self.log})"
+                )
             time.sleep(0.05)
 
     def failure(self, what: str) -> str:
         code = self.proc.wait()
         tail = [line.strip() for line in self.output().splitlines() if line.strip()][-2:]
         hint = "" if self.sim else " (try `schedtop demo --sim`, the simulated engine)"
-        return (f"the engine {what} (exit status {code}){hint}: "
-                + (" / ".join(tail) if tail else "no output"))
+        return f"the engine {what} (exit status {code}){hint}: " + (
+            " / ".join(tail) if tail else "no output"
+        )
 
     def output(self) -> str:
         try:
@@ -128,5 +132,7 @@ def progress(timeline: Timeline, history: History, preemptions: int) -> str:
     if d is None:
         return f"step {timeline.last_step}"
     usable = timeline.header.num_blocks - 1
-    return (f"step {d.step:>6}  running {d.running:>4}  waiting {d.waiting:>4}  "
-            f"free blocks {d.free_blocks:>5}/{usable}  preemptions {preemptions}")
+    return (
+        f"step {d.step:>6}  running {d.running:>4}  waiting {d.waiting:>4}  "
+        f"free blocks {d.free_blocks:>5}/{usable}  preemptions {preemptions}"
+    )

@@ -54,6 +54,5 @@ def parse_goto(text: str) -> tuple[str, int]:
     try:
         n = int(t)
     except ValueError:
-        raise ValueError(f"{text!r}: not a step, a move (+N, -N) or a time "
-                         "(1.5s, 250ms)") from None
+        raise ValueError(f"{text!r}: not a step, a move (+N, -N) or a time (1.5s, 250ms)") from None
     return ("move", n) if t[0] in "+-" else ("step", n)

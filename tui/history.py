@@ -19,8 +19,11 @@ from replays.state import State
 from replays.timeline import Timeline
 
 _FINISH_WORDS: dict[int, str] = {
-    Status.FINISHED_STOPPED: "stopped", Status.FINISHED_LENGTH_CAPPED: "length",
-    Status.FINISHED_ABORTED: "aborted", Status.FINISHED_ERROR: "error"}
+    Status.FINISHED_STOPPED: "stopped",
+    Status.FINISHED_LENGTH_CAPPED: "length",
+    Status.FINISHED_ABORTED: "aborted",
+    Status.FINISHED_ERROR: "error",
+}
 _LISTED = 4  # events of one kind in one step listed one by one; more are summarised
 
 
@@ -49,8 +52,7 @@ class Digest:
     events: tuple[Event, ...]  # what happened in it
 
 
-def digest(rec: Step, names: Mapping[int, str], after: State,
-           prev_time_ns: int | None) -> Digest:
+def digest(rec: Step, names: Mapping[int, str], after: State, prev_time_ns: int | None) -> Digest:
     """The digest of step `rec`: `names` gives the ids of the requests it mentions that
     were there before it (arrivals name themselves), `after` is the state after it."""
     arrived = {a.ref: a.request_id for a in rec.arrivals}
@@ -59,37 +61,60 @@ def digest(rec: Step, names: Mapping[int, str], after: State,
         return names.get(ref) or arrived.get(ref, f"#{ref}")
 
     step_ns = 0 if prev_time_ns is None else max(0, rec.time_ns - prev_time_ns)
-    return Digest(rec.step, rec.time_ns, step_ns, len(after.running), len(after.waiting),
-                  rec.free_blocks, len(rec.preemptions), rec.num_scheduled_tokens,
-                  tuple(step_events(rec, name)))
+    return Digest(
+        rec.step,
+        rec.time_ns,
+        step_ns,
+        len(after.running),
+        len(after.waiting),
+        rec.free_blocks,
+        len(rec.preemptions),
+        rec.num_scheduled_tokens,
+        tuple(step_events(rec, name)),
+    )
 
 
 def step_events(rec: Step, name: Callable[[int], str]) -> Iterable[Event]:
     """The event lines of one step: arrivals, admissions, preemptions, finishes."""
     s = rec.step
-    arrivals = [(a.request_id, f"{a.request_id} arrived: {a.num_prompt_tokens} prompt tokens"
-                 + (f", priority {a.priority}" if a.priority else ""))
-                for a in rec.arrivals]
+    arrivals = [
+        (
+            a.request_id,
+            f"{a.request_id} arrived: {a.num_prompt_tokens} prompt tokens"
+            + (f", priority {a.priority}" if a.priority else ""),
+        )
+        for a in rec.arrivals
+    ]
     yield from _listed(s, "arrive", arrivals, "arrived")
     admits = []
     for a in rec.admissions:
         rid = name(a.ref)
         verb = "resumed" if a.resumed else "admitted"
-        admits.append((rid, f"{rid} {verb}" + (f", {a.cached_tokens} tokens cached"
-                                              if a.cached_tokens else "")))
+        admits.append(
+            (
+                rid,
+                f"{rid} {verb}" + (f", {a.cached_tokens} tokens cached" if a.cached_tokens else ""),
+            )
+        )
     yield from _listed(s, "admit", admits, "admitted")
     for p in rec.preemptions:
         victim, cause = name(p.victim), name(p.for_request)
-        why = ("no KV room for itself" if p.victim == p.for_request
-               else f"for {cause}, which needed KV blocks")
-        yield Event(s, "preempt", f"{victim} preempted {why}: {p.tokens_lost} tokens lost",
-                    (victim,) if p.victim == p.for_request else (victim, cause))
+        why = (
+            "no KV room for itself"
+            if p.victim == p.for_request
+            else f"for {cause}, which needed KV blocks"
+        )
+        yield Event(
+            s,
+            "preempt",
+            f"{victim} preempted {why}: {p.tokens_lost} tokens lost",
+            (victim,) if p.victim == p.for_request else (victim, cause),
+        )
     finishes = []
     for f in rec.finishes:
         rid = name(f.ref)
         how = _FINISH_WORDS.get(f.status, "finished")
-        finishes.append((rid, f"{rid} finished: {how}" + (f" ({f.message})" if f.message
-                                                          else "")))
+        finishes.append((rid, f"{rid} finished: {how}" + (f" ({f.message})" if f.message else "")))
     yield from _listed(s, "finish", finishes, "finished")
 
 
@@ -170,8 +195,13 @@ class History:
         made = 0
         prev = self._digests.get(start - 1)
         # The first step's time counts from the start of the recording.
-        prev_time = (prev.time_ns if prev is not None
-                     else timeline.time_ns(start - 1) if start > timeline.first_step else 0)
+        prev_time = (
+            prev.time_ns
+            if prev is not None
+            else timeline.time_ns(start - 1)
+            if start > timeline.first_step
+            else 0
+        )
         s = start
         while s <= hi and s not in self._digests:
             before = timeline.state(s - 1)
@@ -191,8 +221,13 @@ class History:
         if step in self._digests:
             return
         prev = self._digests.get(step - 1)
-        prev_time = (prev.time_ns if prev is not None else timeline.time_ns(step - 1)
-                     if step > timeline.first_step else 0)
+        prev_time = (
+            prev.time_ns
+            if prev is not None
+            else timeline.time_ns(step - 1)
+            if step > timeline.first_step
+            else 0
+        )
         self._put(digest(timeline.record(step), names, timeline.state(step), prev_time))
 
     def _put(self, d: Digest) -> None:
@@ -217,4 +252,3 @@ def _mentioned(rec: Step) -> Iterable[int]:
         yield p.for_request
     for f in rec.finishes:
         yield f.ref
-

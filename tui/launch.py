@@ -32,8 +32,9 @@ class NoTerminal(Exception):
     """The app needs a terminal and there is none."""
 
 
-def open_session(path: str | os.PathLike[str], *, live: bool,
-                 breakpoints: tuple[Predicate, ...] = ()) -> Session:
+def open_session(
+    path: str | os.PathLike[str], *, live: bool, breakpoints: tuple[Predicate, ...] = ()
+) -> Session:
     """A Session over the trace at `path`, checked down to its first step's state.
     Raises TraceError for a file that cannot be shown."""
     try:
@@ -64,8 +65,9 @@ def open_session(path: str | os.PathLike[str], *, live: bool,
 def run_app(session: Session) -> None:
     """Show `session` in the app until the user quits."""
     if not sys.stdout.isatty():
-        raise NoTerminal("the schedtop app needs a terminal; `schedtop info TRACE` prints "
-                         "a summary instead")
+        raise NoTerminal(
+            "the schedtop app needs a terminal; `schedtop info TRACE` prints a summary instead"
+        )
     from tui.app import SchedtopApp
 
     SchedtopApp(session).run()
@@ -97,9 +99,11 @@ def choose(directory: Path | None = None) -> Choice | None:
     else the newest readable trace, to replay; None when there is none."""
     directory = trace_dir() if directory is None else directory
     try:
-        names = sorted((p for p in directory.iterdir()
-                        if p.name.endswith(SUFFIX) and p.is_file()),
-                       key=lambda p: p.name, reverse=True)[:_CANDIDATES]
+        names = sorted(
+            (p for p in directory.iterdir() if p.name.endswith(SUFFIX) and p.is_file()),
+            key=lambda p: p.name,
+            reverse=True,
+        )[:_CANDIDATES]
     except OSError:
         return None
     finished: Path | None = None
@@ -115,12 +119,14 @@ def choose(directory: Path | None = None) -> Choice | None:
 
 def nothing_to_attach(directory: Path) -> str:
     """What `schedtop` says when there is no trace to show."""
-    return (f"schedtop: no trace in {directory} to show. Start an engine that records one:\n"
-            "  schedtop demo          the engine on the built-in workload, shown live\n"
-            "  schedtop demo --sim    the same with the simulated model\n"
-            "  schedtop run           the engine on the default model (records a trace)\n"
-            "  schedtop sim           the scheduler with a simulated model (records a trace)\n"
-            "then run `schedtop` again, or `schedtop replay TRACE` for a trace elsewhere.")
+    return (
+        f"schedtop: no trace in {directory} to show. Start an engine that records one:\n"
+        "  schedtop demo          the engine on the built-in workload, shown live\n"
+        "  schedtop demo --sim    the same with the simulated model\n"
+        "  schedtop run           the engine on the default model (records a trace)\n"
+        "  schedtop sim           the scheduler with a simulated model (records a trace)\n"
+        "then run `schedtop` again, or `schedtop replay TRACE` for a trace elsewhere."
+    )
 
 
 def _alive(pid: int) -> bool:

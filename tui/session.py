@@ -49,8 +49,12 @@ AHEAD = 32  # history steps made past the window's end at a time (stepping forwa
 RATE_STEPS = 16  # tokens per second are averaged over this many steps
 
 _REQUEST_KINDS = ("admit", "preempt", "first-token", "finish")
-_KIND_WORDS = {"admit": "admitted", "preempt": "preempted", "first-token": "first token",
-               "finish": "finished"}
+_KIND_WORDS = {
+    "admit": "admitted",
+    "preempt": "preempted",
+    "first-token": "first token",
+    "finish": "finished",
+}
 
 
 @dataclass(slots=True)
@@ -66,10 +70,16 @@ class _Search:
 class Session:
     """One trace being viewed: its Timeline, the cursor, the settings, the history."""
 
-    def __init__(self, timeline: Timeline, *, name: str, live: bool = False,
-                 breakpoints: tuple[Predicate, ...] = (),
-                 clock: Callable[[], float] = time.monotonic,
-                 history: History | None = None) -> None:
+    def __init__(
+        self,
+        timeline: Timeline,
+        *,
+        name: str,
+        live: bool = False,
+        breakpoints: tuple[Predicate, ...] = (),
+        clock: Callable[[], float] = time.monotonic,
+        history: History | None = None,
+    ) -> None:
         self.tl = timeline
         self.name = name
         self.live = live
@@ -99,9 +109,14 @@ class Session:
         self._before_names: dict[int, str] = {}  # the cursor step's requests, named
         cut = timeline.cut
         if cut is not None:
-            self.notices.append(("warning", f"the trace is cut at byte {cut.offset:,} "
-                                            f"({cut.reason}): it ends at step "
-                                            f"{timeline.last_step}"))
+            self.notices.append(
+                (
+                    "warning",
+                    f"the trace is cut at byte {cut.offset:,} "
+                    f"({cut.reason}): it ends at step "
+                    f"{timeline.last_step}",
+                )
+            )
 
     # -- commands ----------------------------------------------------------------------------
 
@@ -219,8 +234,7 @@ class Session:
         self._carry = due - int(due)
         self._played_at = now
         target = min(self.cursor + steps, tl.last_step)
-        hit = find(tl, self.breakpoints, self.cursor, limit=target) if self.breakpoints \
-            else None
+        hit = find(tl, self.breakpoints, self.cursor, limit=target) if self.breakpoints else None
         if hit is not None:
             self.playing = False
             self._land(hit, tuple(self.breakpoints), None)
@@ -231,12 +245,14 @@ class Session:
             self.playing = False
             self.following = self.live
 
-    def _start_search(self, preds: tuple[Predicate, ...], backward: bool,
-                      request: str | None) -> None:
+    def _start_search(
+        self, preds: tuple[Predicate, ...], backward: bool, request: str | None
+    ) -> None:
         self.playing = False
         if not preds:
-            self.notices.append(("warning", "no breakpoints: press b to break on "
-                                            "preemptions, B for others"))
+            self.notices.append(
+                ("warning", "no breakpoints: press b to break on preemptions, B for others")
+            )
             return
         self.following = False
         self.search = _Search(preds, backward, self.cursor, request)
@@ -259,10 +275,12 @@ class Session:
             self._land(hit, search.predicates, search.request)
         elif done:
             self.search = None
-            what = (f"no {'earlier' if search.backward else 'later'} event of "
-                    f"{search.request}" if search.request else
-                    f"no breakpoint hit {'before' if search.backward else 'after'} step "
-                    f"{self.cursor}")
+            what = (
+                f"no {'earlier' if search.backward else 'later'} event of {search.request}"
+                if search.request
+                else f"no breakpoint hit {'before' if search.backward else 'after'} step "
+                f"{self.cursor}"
+            )
             self.notices.append(("information", what))
         else:
             search.at = limit
@@ -275,8 +293,7 @@ class Session:
         held = [p for p in preds if find(self.tl, [p], step - 1, limit=step) == step]
         if request is not None:
             words = ", ".join(_KIND_WORDS[p.kind] for p in held) or "an event"
-            self.notes.append(Event(step, "break", f"{request}: {words} (step {step})",
-                                    (request,)))
+            self.notes.append(Event(step, "break", f"{request}: {words} (step {step})", (request,)))
         else:
             names = ", ".join(str(p) for p in held or preds)
             self.notes.append(Event(step, "break", f"breakpoint hit at step {step}: {names}"))
@@ -324,9 +341,15 @@ class Session:
             first = max(min(lo, self._followed_to + 1), i - CATCHUP + 1, tl.first_step)
             skipped = first - self._followed_to - 1
             if skipped > 0:
-                self.notes.append(Event(first, "note", f"{skipped:,} steps not read: the "
-                                                       "engine writes faster than this view "
-                                                       "reads"))
+                self.notes.append(
+                    Event(
+                        first,
+                        "note",
+                        f"{skipped:,} steps not read: the "
+                        "engine writes faster than this view "
+                        "reads",
+                    )
+                )
             self.history.fill(tl, first, i - 1)
             step = self._step_input(i)
             self.history.add_step(tl, i, self._before_names)
@@ -344,15 +367,30 @@ class Session:
         self.dirty = False
         step_ns, rate = self._rates(i)
         ctx = Context(
-            seq=self.seq, trace=self.name, first_step=tl.first_step, last_step=tl.last_step,
-            max_num_seqs=_int(tl.header.config.get("max_num_seqs")), mode=self.mode,
-            speed=self.speed, breakpoints=tuple(str(p) for p in self.breakpoints),
-            followed=self.followed, live=self.live, ended=tl.finished,
+            seq=self.seq,
+            trace=self.name,
+            first_step=tl.first_step,
+            last_step=tl.last_step,
+            max_num_seqs=_int(tl.header.config.get("max_num_seqs")),
+            mode=self.mode,
+            speed=self.speed,
+            breakpoints=tuple(str(p) for p in self.breakpoints),
+            followed=self.followed,
+            live=self.live,
+            ended=tl.finished,
             idle_s=self._idle_shown or None,
             search_at=None if self.search is None else self.search.at,
-            step_ns=step_ns, tokens_per_s=rate)
-        return build_frame(state, step, self.history.window(lo, hi),
-                           self.history.recent(i, LOG_STEPS), tuple(self.notes), ctx)
+            step_ns=step_ns,
+            tokens_per_s=rate,
+        )
+        return build_frame(
+            state,
+            step,
+            self.history.window(lo, hi),
+            self.history.recent(i, LOG_STEPS),
+            tuple(self.notes),
+            ctx,
+        )
 
     def _fill(self, lo: int, hi: int) -> None:
         """Digest steps lo..hi, and the next AHEAD too when hi is past what is known

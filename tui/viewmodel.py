@@ -22,8 +22,12 @@ from tui.history import Digest, Event
 # Block classes in BlockMapVM.cls; the held ones (USED, SHARED) are those >= USED.
 NULL, FREE, CACHED, USED, SHARED = range(5)
 
-KIND_NAMES: dict[int, str] = {Kind.PREFILL: "prefill", Kind.CHUNK: "chunk", Kind.DECODE: "decode",
-              Kind.SPEC: "spec"}
+KIND_NAMES: dict[int, str] = {
+    Kind.PREFILL: "prefill",
+    Kind.CHUNK: "chunk",
+    Kind.DECODE: "decode",
+    Kind.SPEC: "spec",
+}
 BATCH_KINDS = ("prefill", "chunk", "decode", "spec")
 
 REASONS: dict[int, str] = {
@@ -41,9 +45,14 @@ REASONS: dict[int, str] = {
 }
 
 STATES: dict[int, str] = {
-    Status.WAITING: "waiting", Status.RUNNING: "running", Status.PREEMPTED: "preempted",
-    Status.FINISHED_STOPPED: "stopped", Status.FINISHED_LENGTH_CAPPED: "length",
-    Status.FINISHED_ABORTED: "aborted", Status.FINISHED_ERROR: "error"}
+    Status.WAITING: "waiting",
+    Status.RUNNING: "running",
+    Status.PREEMPTED: "preempted",
+    Status.FINISHED_STOPPED: "stopped",
+    Status.FINISHED_LENGTH_CAPPED: "length",
+    Status.FINISHED_ABORTED: "aborted",
+    Status.FINISHED_ERROR: "error",
+}
 FINISHED_STATES = frozenset(("stopped", "length", "aborted", "error"))
 
 
@@ -194,15 +203,27 @@ class Context:
     max_events: int = 200  # event log lines kept
 
 
-def build_frame(state: State, step: StepInput | None, history: Sequence[Digest],
-                log: Sequence[Digest], notes: Sequence[Event], ctx: Context) -> Frame:
+def build_frame(
+    state: State,
+    step: StepInput | None,
+    history: Sequence[Digest],
+    log: Sequence[Digest],
+    notes: Sequence[Event],
+    ctx: Context,
+) -> Frame:
     """The frame for the state after `step` (None: before the first step). `history` holds
     the digests of the sparklines' window of steps around it, `log` those of the steps up
     to it whose events the log shows, both in order; `notes` are the session's own events
     (breakpoint hits), merged into the log by step."""
-    return Frame(ctx.seq, _header(state, step, ctx), _rows(state, step),
-                 _blocks(state), _batch(step), _sparks(state.step, history),
-                 _events(state.step, log, notes, ctx.max_events))
+    return Frame(
+        ctx.seq,
+        _header(state, step, ctx),
+        _rows(state, step),
+        _blocks(state),
+        _batch(step),
+        _sparks(state.step, history),
+        _events(state.step, log, notes, ctx.max_events),
+    )
 
 
 # -- header ------------------------------------------------------------------------------------
@@ -211,15 +232,29 @@ def build_frame(state: State, step: StepInput | None, history: Sequence[Digest],
 def _header(state: State, step: StepInput | None, ctx: Context) -> HeaderVM:
     rec = None if step is None else step.view.record
     return HeaderVM(
-        trace=ctx.trace, step=state.step, first_step=ctx.first_step, last_step=ctx.last_step,
-        time_ns=0 if rec is None else rec.time_ns, step_ns=ctx.step_ns,
+        trace=ctx.trace,
+        step=state.step,
+        first_step=ctx.first_step,
+        last_step=ctx.last_step,
+        time_ns=0 if rec is None else rec.time_ns,
+        step_ns=ctx.step_ns,
         budget_used=0 if rec is None else rec.num_scheduled_tokens,
         budget=0 if rec is None else rec.token_budget,
-        running=len(state.running), waiting=len(state.waiting),
-        max_num_seqs=ctx.max_num_seqs, free_blocks=len(state.free),
-        usable_blocks=state.num_blocks - 1, tokens_per_s=ctx.tokens_per_s,
-        mode=ctx.mode, speed=ctx.speed, breakpoints=ctx.breakpoints, followed=ctx.followed,
-        live=ctx.live, ended=ctx.ended, idle_s=ctx.idle_s, search_at=ctx.search_at)
+        running=len(state.running),
+        waiting=len(state.waiting),
+        max_num_seqs=ctx.max_num_seqs,
+        free_blocks=len(state.free),
+        usable_blocks=state.num_blocks - 1,
+        tokens_per_s=ctx.tokens_per_s,
+        mode=ctx.mode,
+        speed=ctx.speed,
+        breakpoints=ctx.breakpoints,
+        followed=ctx.followed,
+        live=ctx.live,
+        ended=ctx.ended,
+        idle_s=ctx.idle_s,
+        search_at=ctx.search_at,
+    )
 
 
 # -- requests ------------------------------------------------------------------------------------
@@ -241,21 +276,35 @@ def _rows(state: State, step: StepInput | None) -> tuple[RequestRow, ...]:
         arrived, first, token = r.arrival_step, r.first_scheduled_step, r.first_token_step
         tokens, kind = sched.get(ref, none)
         output = r.num_output_tokens
-        rows.append(RequestRow(
-            ref, r.request_id, states.get(r.status, "?"), r.num_computed_tokens,
-            r.num_prompt_tokens + output, output, r.max_tokens, len(r.block_ids),
-            r.num_preemptions, r.priority,
-            None if arrived < 0 else (first - arrived if first >= 0 else i + 1 - arrived),
-            arrived >= 0 > first, token - arrived if arrived >= 0 and token >= 0 else None,
-            tokens, kind, why.get(ref, "")))
+        rows.append(
+            RequestRow(
+                ref,
+                r.request_id,
+                states.get(r.status, "?"),
+                r.num_computed_tokens,
+                r.num_prompt_tokens + output,
+                output,
+                r.max_tokens,
+                len(r.block_ids),
+                r.num_preemptions,
+                r.priority,
+                None if arrived < 0 else (first - arrived if first >= 0 else i + 1 - arrived),
+                arrived >= 0 > first,
+                token - arrived if arrived >= 0 and token >= 0 else None,
+                tokens,
+                kind,
+                why.get(ref, ""),
+            )
+        )
     if step is not None and step.gone:
         rows.extend(_finished_row(r, i, step.view, sched.get(r.ref)) for r in step.gone)
         rows.sort(key=lambda row: row.ref)
     return tuple(rows)
 
 
-def _finished_row(r: ReqState, step: int, view: StepView,
-                  sched: tuple[int, str] | None) -> RequestRow:
+def _finished_row(
+    r: ReqState, step: int, view: StepView, sched: tuple[int, str] | None
+) -> RequestRow:
     """A request that finished in `step`; `r` is how it was before the step."""
     f = next(f for f in view.record.finishes if f.ref == r.ref)
     how = STATES.get(f.status, "finished")
@@ -272,11 +321,23 @@ def _finished_row(r: ReqState, step: int, view: StepView,
     queued = None if arrived < 0 else (first if first >= 0 else step + 1) - arrived
     tokens, kind = sched if sched is not None else (0, "")
     return RequestRow(
-        r.ref, r.request_id, how, computed, r.num_prompt_tokens + output, output,
-        r.max_tokens, 0,  # its blocks are freed in its last step
-        r.num_preemptions, r.priority, queued, False,
-        token - arrived if arrived >= 0 and token >= 0 else None, tokens, kind,
-        f"finished: {how}" + (f" ({f.message})" if f.message else ""))
+        r.ref,
+        r.request_id,
+        how,
+        computed,
+        r.num_prompt_tokens + output,
+        output,
+        r.max_tokens,
+        0,  # its blocks are freed in its last step
+        r.num_preemptions,
+        r.priority,
+        queued,
+        False,
+        token - arrived if arrived >= 0 and token >= 0 else None,
+        tokens,
+        kind,
+        f"finished: {how}" + (f" ({f.message})" if f.message else ""),
+    )
 
 
 def reasons(state: State, view: StepView) -> dict[int, str]:
@@ -290,8 +351,11 @@ def reasons(state: State, view: StepView) -> dict[int, str]:
         text = REASONS.get(s.reason, f"reason {s.reason}")
         why[s.ref] = text if s.got == 0 else f"{text} ({s.got}/{s.wanted})"
     for p in rec.preemptions:
-        why[p.victim] = ("preempted: no KV room for itself" if p.victim == p.for_request
-                         else f"preempted for {names.get(p.for_request, p.for_request)}")
+        why[p.victim] = (
+            "preempted: no KV room for itself"
+            if p.victim == p.for_request
+            else f"preempted for {names.get(p.for_request, p.for_request)}"
+        )
     scheduled = {e.ref for e in view.scheduled}
     for stop, queue in ((rec.running_stop, state.running), (rec.waiting_stop, state.waiting)):
         if stop is None:
@@ -326,9 +390,17 @@ def _blocks(state: State) -> BlockMapVM:
     for b in hashes:
         if cls[b] == FREE:
             cls[b] = CACHED
-    return BlockMapVM(n, state.block_size, bytes(cls), _frozen(owner), _frozen(index),
-                      MappingProxyType(shared), MappingProxyType(tables),
-                      MappingProxyType(dict(hashes)), _frozen(state.free.next[:]))
+    return BlockMapVM(
+        n,
+        state.block_size,
+        bytes(cls),
+        _frozen(owner),
+        _frozen(index),
+        MappingProxyType(shared),
+        MappingProxyType(tables),
+        MappingProxyType(dict(hashes)),
+        _frozen(state.free.next[:]),
+    )
 
 
 def _frozen(a: array[int]) -> Sequence[int]:
@@ -343,21 +415,34 @@ def _batch(step: StepInput | None) -> BatchVM:
     if step is None:
         return BatchVM(0, (), tuple((k, 0) for k in BATCH_KINDS))
     names = step.view.names
-    entries = tuple(BatchEntry(e.ref, names.get(e.ref, str(e.ref)),
-                               KIND_NAMES.get(e.kind, "?"), e.num_tokens, e.num_spec_tokens)
-                    for e in step.view.scheduled)
+    entries = tuple(
+        BatchEntry(
+            e.ref,
+            names.get(e.ref, str(e.ref)),
+            KIND_NAMES.get(e.kind, "?"),
+            e.num_tokens,
+            e.num_spec_tokens,
+        )
+        for e in step.view.scheduled
+    )
     totals = dict.fromkeys(BATCH_KINDS, 0)
     for e in entries:
         totals[e.kind] = totals.get(e.kind, 0) + e.tokens
-    return BatchVM(step.view.record.token_budget, entries,
-                   tuple((k, totals[k]) for k in BATCH_KINDS))
+    return BatchVM(
+        step.view.record.token_budget, entries, tuple((k, totals[k]) for k in BATCH_KINDS)
+    )
 
 
 # -- history -------------------------------------------------------------------------------------
 
 
-SERIES = (("running", ""), ("waiting", ""), ("free blocks", ""), ("step time", "ms"),
-          ("preempted", ""))
+SERIES = (
+    ("running", ""),
+    ("waiting", ""),
+    ("free blocks", ""),
+    ("step time", "ms"),
+    ("preempted", ""),
+)
 
 
 def _sparks(step: int, history: Sequence[Digest]) -> SparksVM:
@@ -372,12 +457,16 @@ def _sparks(step: int, history: Sequence[Digest]) -> SparksVM:
         tuple(d.step_ns / 1e6 for d in history),
         tuple(float(d.preemptions) for d in history),
     )
-    return SparksVM(first, cursor, tuple(Series(name, values, unit)
-                                         for (name, unit), values in zip(SERIES, columns)))
+    return SparksVM(
+        first,
+        cursor,
+        tuple(Series(name, values, unit) for (name, unit), values in zip(SERIES, columns)),
+    )
 
 
-def _events(step: int, history: Sequence[Digest], notes: Sequence[Event],
-            limit: int) -> tuple[Event, ...]:
+def _events(
+    step: int, history: Sequence[Digest], notes: Sequence[Event], limit: int
+) -> tuple[Event, ...]:
     """The log up to the shown step: the steps' events and the notes, oldest first."""
     out: list[Event] = []
     for d in history:
@@ -392,8 +481,18 @@ def _events(step: int, history: Sequence[Digest], notes: Sequence[Event],
 # -- what the UI asks of a frame -------------------------------------------------------------------
 
 
-SORT_KEYS = ("arrival", "id", "state", "tokens", "blocks", "preempted", "priority", "queued",
-             "ttft", "step")
+SORT_KEYS = (
+    "arrival",
+    "id",
+    "state",
+    "tokens",
+    "blocks",
+    "preempted",
+    "priority",
+    "queued",
+    "ttft",
+    "step",
+)
 _STATE_ORDER = {"running": 0, "preempted": 1, "waiting": 2}
 
 
@@ -413,15 +512,21 @@ def _sort_key(key: str):  # type: ignore[no-untyped-def]
     }[key]
 
 
-def table_rows(rows: Sequence[RequestRow], query: str = "", sort: str = "arrival",
-               reverse: bool = False) -> tuple[RequestRow, ...]:
+def table_rows(
+    rows: Sequence[RequestRow], query: str = "", sort: str = "arrival", reverse: bool = False
+) -> tuple[RequestRow, ...]:
     """The rows the table shows: those matching every word of `query` (a word matches a
     substring of the id, the state, the scheduled kind or the reason), sorted by `sort`."""
     words = query.lower().split()
     if words:
-        rows = [r for r in rows
-                if all(w in r.request_id.lower() or w in r.state or w in r.kind
-                       or w in r.why.lower() for w in words)]
+        rows = [
+            r
+            for r in rows
+            if all(
+                w in r.request_id.lower() or w in r.state or w in r.kind or w in r.why.lower()
+                for w in words
+            )
+        ]
     return tuple(sorted(rows, key=_sort_key(sort), reverse=reverse))
 
 
@@ -453,8 +558,7 @@ def block_info(frame: Frame, block: int) -> BlockInfo | None:
         hi = lo + vm.block_size if first is None else min(lo + vm.block_size, first.total)
         tokens = (lo, max(lo, hi))
     rank = free_rank(vm, block) if vm.cls[block] in (FREE, CACHED) else None
-    return BlockInfo(block, vm.cls[block], names, len(refs), vm.hashes.get(block), tokens,
-                     rank)
+    return BlockInfo(block, vm.cls[block], names, len(refs), vm.hashes.get(block), tokens, rank)
 
 
 def free_rank(vm: BlockMapVM, block: int) -> int | None:

@@ -28,8 +28,7 @@ class FrameSource:
     """Runs a Session in a thread of its own (`run`, the thread's body) and hands its
     frames to one consumer. `send` and `take` are the only calls another thread makes."""
 
-    def __init__(self, session: Session, on_frame: Callable[[], None],
-                 on_notice: Notify) -> None:
+    def __init__(self, session: Session, on_frame: Callable[[], None], on_notice: Notify) -> None:
         self.session = session
         self._on_frame = on_frame  # called (from the worker thread) when a frame is ready
         self._on_notice = on_notice
@@ -108,8 +107,9 @@ class FrameSource:
     def _next_commands(self, timeout: float | None) -> list[Command]:
         """Every queued command, waiting up to `timeout` for the first (None: forever)."""
         try:
-            first = (self._commands.get_nowait() if timeout == 0
-                     else self._commands.get(timeout=timeout))
+            first = (
+                self._commands.get_nowait() if timeout == 0 else self._commands.get(timeout=timeout)
+            )
         except queue.Empty:
             return []
         out = [first]

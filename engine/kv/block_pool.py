@@ -118,8 +118,12 @@ class BlockPool:
                 evicted.append(block)
             block.ref_cnt = 1
         if evicted:
-            self.events.add(KVEventKind.EVICTED, None, [b.block_id for b in evicted],
-                            [self._uncache(b) for b in evicted])
+            self.events.add(
+                KVEventKind.EVICTED,
+                None,
+                [b.block_id for b in evicted],
+                [self._uncache(b) for b in evicted],
+            )
         return blocks
 
     def _uncache(self, block: KVBlock) -> bytes:
@@ -139,8 +143,9 @@ class BlockPool:
                 self.free_queue.remove(block)
             block.ref_cnt += 1
 
-    def cache_full_blocks(self, request_id: str, blocks: list[KVBlock],
-                          hashes: list[bytes]) -> None:
+    def cache_full_blocks(
+        self, request_id: str, blocks: list[KVBlock], hashes: list[bytes]
+    ) -> None:
         for block, h in zip(blocks, hashes):
             assert block.block_hash is None, f"block {block.block_id} is already cached"
             block.block_hash = h
@@ -176,9 +181,11 @@ class BlockPool:
         for block in self.blocks[1:]:
             assert block.ref_cnt == refs.get(block.block_id, 0), (
                 f"block {block.block_id}: ref_cnt {block.ref_cnt} but "
-                f"{refs.get(block.block_id, 0)} tables hold it")
+                f"{refs.get(block.block_id, 0)} tables hold it"
+            )
         assert len(free_set) + len(refs) == len(self.blocks) - 1, "free + owned != usable"
         for h, entry in self.cached.items():
             for bid, block in entry.items():
                 assert block.block_id == bid and block.block_hash == h, (
-                    f"hash map entry for block {bid} is stale")
+                    f"hash map entry for block {bid} is stale"
+                )

@@ -34,8 +34,15 @@ class KVEventLog:
     of events per step), and a recorder can take whole columns at once. Iterating yields
     KVEvent objects, in order."""
 
-    __slots__ = ("kinds", "request_ids", "sizes", "block_ids", "cached_hashes",
-                 "evicted_hashes", "hit_tokens")
+    __slots__ = (
+        "kinds",
+        "request_ids",
+        "sizes",
+        "block_ids",
+        "cached_hashes",
+        "evicted_hashes",
+        "hit_tokens",
+    )
 
     def __init__(self) -> None:
         self.kinds: list[KVEventKind] = []  # one per event
@@ -46,8 +53,14 @@ class KVEventLog:
         self.evicted_hashes: list[bytes] = []  # the dropped hashes of EVICTED events
         self.hit_tokens: list[int] = []  # one per PREFIX_HIT: tokens covered
 
-    def add(self, kind: KVEventKind, request_id: str | None, block_ids: Iterable[int],
-            hashes: Iterable[bytes] = (), num_tokens: int = 0) -> None:
+    def add(
+        self,
+        kind: KVEventKind,
+        request_id: str | None,
+        block_ids: Iterable[int],
+        hashes: Iterable[bytes] = (),
+        num_tokens: int = 0,
+    ) -> None:
         n = len(self.block_ids)
         self.block_ids.extend(block_ids)
         self.sizes.append(len(self.block_ids) - n)
@@ -69,15 +82,15 @@ class KVEventLog:
     def __iter__(self) -> Iterator[KVEvent]:
         at = cached = evicted = hits = 0
         for kind, rid, size in zip(self.kinds, self.request_ids, self.sizes):
-            blocks = tuple(self.block_ids[at:at + size])
+            blocks = tuple(self.block_ids[at : at + size])
             at += size
             hashes: tuple[bytes, ...] = ()
             tokens = 0
             if kind is KVEventKind.CACHED:
-                hashes = tuple(self.cached_hashes[cached:cached + size])
+                hashes = tuple(self.cached_hashes[cached : cached + size])
                 cached += size
             elif kind is KVEventKind.EVICTED:
-                hashes = tuple(self.evicted_hashes[evicted:evicted + size])
+                hashes = tuple(self.evicted_hashes[evicted : evicted + size])
                 evicted += size
             elif kind is KVEventKind.PREFIX_HIT:
                 tokens = self.hit_tokens[hits]

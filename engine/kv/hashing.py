@@ -27,7 +27,7 @@ def hash_prompt_blocks(token_ids: list[int], block_size: int) -> list[bytes]:
     hashes: list[bytes] = []
     parent = ROOT_HASH
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block(parent, token_ids[start:start + block_size])
+        parent = hash_block(parent, token_ids[start : start + block_size])
         hashes.append(parent)
     return hashes
 
@@ -47,5 +47,5 @@ class BlockHasher:
         start = len(hashes) * bs
         while start + bs <= len(tokens):
             parent = hashes[-1] if hashes else ROOT_HASH
-            hashes.append(hash_block(parent, tokens[start:start + bs]))
+            hashes.append(hash_block(parent, tokens[start : start + bs]))
             start += bs

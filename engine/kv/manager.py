@@ -22,8 +22,14 @@ _NO_BLOCKS: list[KVBlock] = []  # shared "nothing allocated" result; never mutat
 class KVCacheManager:
     """Block tables for requests, prefix-cache lookup and the admission arithmetic."""
 
-    def __init__(self, block_size: int, num_blocks: int, max_model_len: int,
-                 enable_caching: bool = True, watermark_blocks: int = 0) -> None:
+    def __init__(
+        self,
+        block_size: int,
+        num_blocks: int,
+        max_model_len: int,
+        enable_caching: bool = True,
+        watermark_blocks: int = 0,
+    ) -> None:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
@@ -65,8 +71,7 @@ class KVCacheManager:
             hits.append(block)
         return hits, len(hits) * self.block_size
 
-    def blocks_needed(self, request: Request, num_tokens: int,
-                      new_computed: list[KVBlock]) -> int:
+    def blocks_needed(self, request: Request, num_tokens: int, new_computed: list[KVBlock]) -> int:
         """Free blocks that giving `request` room for `num_tokens` tokens would consume."""
         held = self.req_to_blocks.get(request.request_id)
         num_held = len(held) if held else 0
@@ -77,12 +82,16 @@ class KVCacheManager:
         # A hit on a free cached block pulls it out of the free queue.
         return new + sum(1 for b in new_computed if b.ref_cnt == 0)
 
-    def allocate_slots(self, request: Request, num_new_tokens: int,
-                       num_new_computed_tokens: int = 0,
-                       new_computed: list[KVBlock] | None = None,
-                       num_lookahead_tokens: int = 0,
-                       full_sequence_must_fit: bool = False,
-                       has_scheduled_reqs: bool = True) -> list[KVBlock] | None:
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed: list[KVBlock] | None = None,
+        num_lookahead_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        has_scheduled_reqs: bool = True,
+    ) -> list[KVBlock] | None:
         """Give `request` slots for `num_new_tokens` more tokens (plus lookahead slots).
 
         Returns the newly allocated blocks, or None (nothing changed) when they do not fit.
@@ -90,11 +99,14 @@ class KVCacheManager:
         being admitted; they are appended to its table first.
         """
         new_computed = new_computed or []
-        num_computed = min(request.num_computed_tokens + num_new_computed_tokens,
-                           self.max_model_len)
+        num_computed = min(
+            request.num_computed_tokens + num_new_computed_tokens, self.max_model_len
+        )
         watermark = 0
-        if has_scheduled_reqs and request.status in (RequestStatus.WAITING,
-                                                     RequestStatus.PREEMPTED):
+        if has_scheduled_reqs and request.status in (
+            RequestStatus.WAITING,
+            RequestStatus.PREEMPTED,
+        ):
             watermark = self.watermark_blocks
         free = self.pool.num_free_blocks
         if full_sequence_must_fit:
@@ -111,9 +123,12 @@ class KVCacheManager:
             self.pool.touch(new_computed)
             table.extend(new_computed)
             self.num_cached_block[rid] = len(table)
-            self.pool.events.add(KVEventKind.PREFIX_HIT, rid,
-                                 [b.block_id for b in new_computed],
-                                 num_tokens=num_new_computed_tokens)
+            self.pool.events.add(
+                KVEventKind.PREFIX_HIT,
+                rid,
+                [b.block_id for b in new_computed],
+                num_tokens=num_new_computed_tokens,
+            )
         num_new_blocks = cdiv(num_slots, self.block_size) - len(table)
         new_blocks: list[KVBlock] = []
         if num_new_blocks > 0:
@@ -125,8 +140,9 @@ class KVCacheManager:
             self.cache_blocks(request, min(num_computed + num_new_tokens, request.num_tokens))
         return new_blocks
 
-    def allocate_running(self, request: Request, num_new_tokens: int,
-                         num_lookahead_tokens: int = 0) -> list[KVBlock] | None:
+    def allocate_running(
+        self, request: Request, num_new_tokens: int, num_lookahead_tokens: int = 0
+    ) -> list[KVBlock] | None:
         """`allocate_slots` for a request that is already running: it has no new prefix
         hits, no watermark and no admission check, so the same decision takes far less
         work. This runs for every running request every step."""

@@ -116,9 +116,13 @@ def runner_options(options: dict[str, Any]) -> Any:
         raise WorkloadError(f"config: {e}") from None
 
 
-def build_engine(workload: RunWorkload, model: str | Path | None = None,
-                 overrides: dict[str, Any] | None = None, sink: EventSink = NULL_SINK,
-                 loaded: LoadedModel | None = None) -> LLMEngine:
+def build_engine(
+    workload: RunWorkload,
+    model: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    sink: EventSink = NULL_SINK,
+    loaded: LoadedModel | None = None,
+) -> LLMEngine:
     """The engine a workload asks for. `loaded` reuses an already loaded model."""
     from engine.model.llm_engine import LLMEngine
     from engine.model.loader import load_model
@@ -134,12 +138,17 @@ def build_engine(workload: RunWorkload, model: str | Path | None = None,
     return engine
 
 
-def run_workload(workload: RunWorkload, model: str | Path | None = None,
-                 overrides: dict[str, Any] | None = None,
-                 outputs_path: str | Path | None = None, sink: EventSink = NULL_SINK,
-                 on_progress: Progress | None = None, show_progress: bool = False,
-                 engine: LLMEngine | None = None,
-                 on_engine: Callable[[LLMEngine], None] | None = None) -> RunSummary:
+def run_workload(
+    workload: RunWorkload,
+    model: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    outputs_path: str | Path | None = None,
+    sink: EventSink = NULL_SINK,
+    on_progress: Progress | None = None,
+    show_progress: bool = False,
+    engine: LLMEngine | None = None,
+    on_engine: Callable[[LLMEngine], None] | None = None,
+) -> RunSummary:
     """Run `workload` on the real engine and summarise it; with `outputs_path`, write one
     JSON line per request (written only if the whole run succeeds). `show_progress` draws
     a spinner and a progress bar on stderr; `engine` reuses a built engine (tests).
@@ -151,18 +160,27 @@ def run_workload(workload: RunWorkload, model: str | Path | None = None,
             with loading("loading the model"):
                 engine = build_engine(workload, model, overrides, sink)
         with progress_bar(len(workload.requests)) as bar:
-            return run_workload(workload, outputs_path=outputs_path, on_progress=bar,
-                                engine=engine, on_engine=on_engine)
+            return run_workload(
+                workload,
+                outputs_path=outputs_path,
+                on_progress=bar,
+                engine=engine,
+                on_engine=on_engine,
+            )
     if engine is None:
         engine = build_engine(workload, model, overrides, sink)
     if on_engine is not None:
         on_engine(engine)
     runner = engine.runner
-    summary = RunSummary(model=engine.model.spec.name, setup=(
-        f"{runner.device.type}, {str(runner.model.dtype).removeprefix('torch.')}, attention "
-        f"{runner.model.attention.name}, KV {engine.config.num_blocks} blocks x "
-        f"{engine.config.block_size} tokens ({runner.kv.nbytes / 2**30:.2f} GiB)"),
-        num_requests=len(workload.requests))
+    summary = RunSummary(
+        model=engine.model.spec.name,
+        setup=(
+            f"{runner.device.type}, {str(runner.model.dtype).removeprefix('torch.')}, attention "
+            f"{runner.model.attention.name}, KV {engine.config.num_blocks} blocks x "
+            f"{engine.config.block_size} tokens ({runner.kv.nbytes / 2**30:.2f} GiB)"
+        ),
+        num_requests=len(workload.requests),
+    )
     outputs = _drive(engine, workload.requests, summary, on_progress)
     engine.close()
     for out in outputs.values():
@@ -172,8 +190,12 @@ def run_workload(workload: RunWorkload, model: str | Path | None = None,
     return summary
 
 
-def _drive(engine: LLMEngine, requests: list[WorkloadRequest], summary: RunSummary,
-           on_progress: Progress | None) -> dict[str, RequestOutput]:
+def _drive(
+    engine: LLMEngine,
+    requests: list[WorkloadRequest],
+    summary: RunSummary,
+    on_progress: Progress | None,
+) -> dict[str, RequestOutput]:
     """Add each request when its arrival time comes; step while there is work."""
     clock = engine.clock
     done: dict[str, RequestOutput] = {}
@@ -213,11 +235,19 @@ def _add(engine: LLMEngine, r: WorkloadRequest, t0: float) -> RequestOutput:
     arrival = t0 + r.arrival_time
     try:
         params = SamplingParams(**r.sampling)
-        engine.add_request(r.id, r.prompt_input, params, arrival_time=arrival,
-                           priority=r.priority)
+        engine.add_request(r.id, r.prompt_input, params, arrival_time=arrival, priority=r.priority)
     except (RequestError, ValueError, TypeError) as e:
-        return RequestOutput(r.id, [], [], "", True, "error", finish_message=str(e),
-                             arrival_time=arrival, finish_time=arrival)
+        return RequestOutput(
+            r.id,
+            [],
+            [],
+            "",
+            True,
+            "error",
+            finish_message=str(e),
+            arrival_time=arrival,
+            finish_time=arrival,
+        )
     return engine.output(r.id)
 
 
@@ -238,11 +268,16 @@ def _observe(s: RunSummary, out: RequestOutput) -> None:
 def output_record(out: RequestOutput) -> dict[str, Any]:
     """One line of the --outputs file (docs/workload-format.md)."""
     record: dict[str, Any] = {
-        "id": out.request_id, "prompt_token_ids": out.prompt_token_ids,
-        "output_token_ids": out.output_token_ids, "text": out.text,
-        "finish_reason": out.finish_reason, "num_preemptions": out.num_preemptions,
-        "num_cached_tokens": out.num_cached_tokens, "ttft_s": out.ttft_s,
-        "tpot_s": out.tpot_s}
+        "id": out.request_id,
+        "prompt_token_ids": out.prompt_token_ids,
+        "output_token_ids": out.output_token_ids,
+        "text": out.text,
+        "finish_reason": out.finish_reason,
+        "num_preemptions": out.num_preemptions,
+        "num_cached_tokens": out.num_cached_tokens,
+        "ttft_s": out.ttft_s,
+        "tpot_s": out.tpot_s,
+    }
     if out.finish_message:
         record["error"] = out.finish_message
     return record

@@ -35,6 +35,7 @@ def keep_freed_memory() -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
-    _done = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and \
-        bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    _done = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+        mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    )
     return _done

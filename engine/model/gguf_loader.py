@@ -22,14 +22,30 @@ from engine.model.weights import EMBED, FINAL_NORM, LM_HEAD, Weights, check_weig
 GGUF_MAGIC = b"GGUF"
 # Architectures read, and whether llama.cpp's converter permuted their Q/K rows.
 ARCHITECTURES = {"llama": True, "qwen2": False}
-_READ_ERRORS = (ValueError, KeyError, IndexError, TypeError, OSError, struct.error,
-                UnicodeDecodeError, OverflowError)
-_GLOBAL_NAMES = {"token_embd.weight": EMBED, "output_norm.weight": FINAL_NORM,
-                 "output.weight": LM_HEAD}
+_READ_ERRORS = (
+    ValueError,
+    KeyError,
+    IndexError,
+    TypeError,
+    OSError,
+    struct.error,
+    UnicodeDecodeError,
+    OverflowError,
+)
+_GLOBAL_NAMES = {
+    "token_embd.weight": EMBED,
+    "output_norm.weight": FINAL_NORM,
+    "output.weight": LM_HEAD,
+}
 _BLOCK_NAMES = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
 _MISSING = object()
@@ -45,8 +61,10 @@ def load_gguf(path: Path) -> tuple[ModelSpec, Weights, ModelTokenizer]:
         meta = _Metadata(reader.fields, path)
         arch = meta.text("general.architecture")
         if arch not in ARCHITECTURES:
-            raise ModelError(f"{path}: architecture {arch!r} is not supported (supported: "
-                             f"{', '.join(ARCHITECTURES)})")
+            raise ModelError(
+                f"{path}: architecture {arch!r} is not supported (supported: "
+                f"{', '.join(ARCHITECTURES)})"
+            )
         tensors = {t.name: t for t in reader.tensors}
         spec = _spec(meta, arch, tensors, path)
         vocab = _vocab(meta)
@@ -116,8 +134,10 @@ def _spec(meta: _Metadata, arch: str, tensors: dict[str, Any], path: Path) -> Mo
     if embed is None:
         raise ModelError(f"{path}: tensor token_embd.weight is missing")
     head_dim = meta.integer(f"{arch}.attention.key_length", hidden // heads)
-    if meta.get(f"{arch}.rope.scaling.type", None) not in (None, "none") or \
-            "rope_freqs.weight" in tensors:
+    if (
+        meta.get(f"{arch}.rope.scaling.type", None) not in (None, "none")
+        or "rope_freqs.weight" in tensors
+    ):
         raise ModelError(f"{path}: RoPE scaling is not supported")
     return ModelSpec(
         name=meta.text("general.name", path.stem) or path.stem,
@@ -138,17 +158,23 @@ def _spec(meta: _Metadata, arch: str, tensors: dict[str, Any], path: Path) -> Mo
 
 def _vocab(meta: _Metadata) -> GGUFVocab:
     tokens = meta.array("tokenizer.ggml.tokens")
-    types = meta.array("tokenizer.ggml.token_type") if "tokenizer.ggml.token_type" in \
-        meta.fields else [1] * len(tokens)
+    types = (
+        meta.array("tokenizer.ggml.token_type")
+        if "tokenizer.ggml.token_type" in meta.fields
+        else [1] * len(tokens)
+    )
     if len(types) != len(tokens):
-        raise ModelError(f"{meta.path}: tokenizer.ggml.token_type has {len(types)} entries "
-                         f"for {len(tokens)} tokens")
+        raise ModelError(
+            f"{meta.path}: tokenizer.ggml.token_type has {len(types)} entries "
+            f"for {len(tokens)} tokens"
+        )
     return GGUFVocab(
         model=meta.text("tokenizer.ggml.model"),
         pre=meta.text("tokenizer.ggml.pre", "default") or "default",
         tokens=tokens,
         token_types=[int(t) for t in types],
-        merges=meta.array("tokenizer.ggml.merges") if "tokenizer.ggml.merges" in meta.fields
+        merges=meta.array("tokenizer.ggml.merges")
+        if "tokenizer.ggml.merges" in meta.fields
         else [],
         bos_token_id=meta.integer("tokenizer.ggml.bos_token_id", None),
         eos_token_id=meta.integer("tokenizer.ggml.eos_token_id", None),
@@ -162,26 +188,36 @@ def hf_name(gguf_name: str, path: Path | str = "") -> str:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     parts = gguf_name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and \
-            parts[2] in _BLOCK_NAMES and parts[3] in ("weight", "bias"):
+    if (
+        len(parts) == 4
+        and parts[0] == "blk"
+        and parts[1].isdigit()
+        and parts[2] in _BLOCK_NAMES
+        and parts[3] in ("weight", "bias")
+    ):
         return f"model.layers.{int(parts[1])}.{_BLOCK_NAMES[parts[2]]}.{parts[3]}"
-    raise ModelError(f"{path}: unexpected tensor {gguf_name!r} (not a plain Llama-family "
-                     "model?)")
+    raise ModelError(f"{path}: unexpected tensor {gguf_name!r} (not a plain Llama-family model?)")
 
 
 def unpermute_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     """Undo llama.cpp's per-head interleaving of Q/K rows (and biases): within each head,
     rows (pair, half) become (half, pair), which is the rotate-half layout."""
     rows = w.shape[0]
-    return w.reshape(num_heads, rows // num_heads // 2, 2, *w.shape[1:]) \
-        .swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(num_heads, rows // num_heads // 2, 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def permute_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     """llama.cpp's permutation (the inverse of unpermute_rows): for writing test files."""
     rows = w.shape[0]
-    return w.reshape(num_heads, 2, rows // num_heads // 2, *w.shape[1:]) \
-        .swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(num_heads, 2, rows // num_heads // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def _weights(tensors: dict[str, Any], spec: ModelSpec, permuted: bool, path: Path) -> Weights:
@@ -193,8 +229,9 @@ def _weights(tensors: dict[str, Any], spec: ModelSpec, permuted: bool, path: Pat
         try:
             arr = dequantize(t.data, t.tensor_type)
         except NotImplementedError:
-            raise ModelError(f"{path}: tensor {name} has type {t.tensor_type.name}, which "
-                             "cannot be dequantized") from None
+            raise ModelError(
+                f"{path}: tensor {name} has type {t.tensor_type.name}, which cannot be dequantized"
+            ) from None
         arr = np.ascontiguousarray(arr, dtype=np.float32).reshape(shape)
         target = hf_name(name, path)
         if permuted and (".attn_q." in name or ".attn_k." in name):

@@ -49,12 +49,16 @@ def spec_from_config(cfg: Any, name: str) -> ModelSpec:
         raise ModelError(f"{name}/config.json: expected a JSON object")
     model_type = cfg.get("model_type")
     if model_type not in MODEL_TYPES:
-        raise ModelError(f"{name}: model_type {model_type!r} is not supported (supported: "
-                         f"{', '.join(MODEL_TYPES)})")
+        raise ModelError(
+            f"{name}: model_type {model_type!r} is not supported (supported: "
+            f"{', '.join(MODEL_TYPES)})"
+        )
     # Older configs: rope_theta + rope_scaling; newer ones: rope_parameters.
     rope: dict[str, Any] = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    if not isinstance(rope, dict) or rope.get("rope_type", rope.get("type", "default")) \
-            != "default":
+    if (
+        not isinstance(rope, dict)
+        or rope.get("rope_type", rope.get("type", "default")) != "default"
+    ):
         raise ModelError(f"{name}: RoPE scaling {rope!r} is not supported")
     if cfg.get("mlp_bias"):
         raise ModelError(f"{name}: mlp_bias is not supported")
@@ -113,23 +117,39 @@ def _tokenizer(path: Path) -> ModelTokenizer:
         tok = Tokenizer.from_file(str(file))
     except Exception as e:  # noqa: BLE001 - the Rust parser raises a bare Exception
         raise ModelError(f"{file}: not a valid tokenizer.json: {e}") from None
-    cfg = _read_json(path / "tokenizer_config.json") \
-        if (path / "tokenizer_config.json").is_file() else {}
-    gen = _read_json(path / "generation_config.json") \
-        if (path / "generation_config.json").is_file() else {}
+    cfg = (
+        _read_json(path / "tokenizer_config.json")
+        if (path / "tokenizer_config.json").is_file()
+        else {}
+    )
+    gen = (
+        _read_json(path / "generation_config.json")
+        if (path / "generation_config.json").is_file()
+        else {}
+    )
     bos = _token_id(tok, cfg.get("bos_token"))
     eos_ids = _eos_ids(tok, cfg, gen)
     template = cfg.get("chat_template")
     if isinstance(template, list):  # named templates: take the default one
-        template = next((t.get("template") for t in template
-                         if isinstance(t, dict) and t.get("name") == "default"), None)
+        template = next(
+            (
+                t.get("template")
+                for t in template
+                if isinstance(t, dict) and t.get("name") == "default"
+            ),
+            None,
+        )
     jinja = path / "chat_template.jinja"
     if template is None and jinja.is_file():
         template = jinja.read_text()
-    return ModelTokenizer(tok, bos, eos_ids[0] if eos_ids else None,
-                          bool(cfg.get("add_bos_token", False)),
-                          template if isinstance(template, str) else None,
-                          extra_eos_token_ids=tuple(eos_ids[1:]))
+    return ModelTokenizer(
+        tok,
+        bos,
+        eos_ids[0] if eos_ids else None,
+        bool(cfg.get("add_bos_token", False)),
+        template if isinstance(template, str) else None,
+        extra_eos_token_ids=tuple(eos_ids[1:]),
+    )
 
 
 def _token_id(tok: Any, token: Any) -> int | None:

@@ -34,8 +34,14 @@ class StepInputs:
 class InputBatch:
     """Rows of per-request state, plus the buffers one step's inputs are built in."""
 
-    def __init__(self, max_num_reqs: int, max_model_len: int, block_size: int,
-                 max_num_tokens: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        max_num_reqs: int,
+        max_model_len: int,
+        block_size: int,
+        max_num_tokens: int,
+        device: torch.device,
+    ) -> None:
         self.block_size = block_size
         self.device = device
         self.max_model_len = max_model_len
@@ -67,7 +73,7 @@ class InputBatch:
         row = self.row_of.pop(req_id, None)
         if row is not None:
             self.params[row] = None
-            self.block_table[row, :self.num_blocks[row]] = 0  # pad with the null block
+            self.block_table[row, : self.num_blocks[row]] = 0  # pad with the null block
             self.num_blocks[row] = 0
             self.free_rows.append(row)
 
@@ -97,13 +103,14 @@ class InputBatch:
         for nr in out.scheduled_new_reqs:
             self.add(nr)
         cached = out.scheduled_cached_reqs
-        for rid, blocks, computed in zip(cached.req_ids, cached.new_block_ids,
-                                         cached.num_computed_tokens):
+        for rid, blocks, computed in zip(
+            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
+        ):
             row = self.row_of[rid]
             self.num_computed[row] = computed
             if blocks:
                 start = self.num_blocks[row]
-                self.block_table[row, start:start + len(blocks)] = blocks
+                self.block_table[row, start : start + len(blocks)] = blocks
                 self.num_blocks[row] = start + len(blocks)
 
     def append_sampled(self, rows: np.ndarray, tokens: np.ndarray) -> None:
@@ -121,9 +128,8 @@ class InputBatch:
         req_ids = list(out.num_scheduled_tokens)
         num_reqs = len(req_ids)
         rows = np.fromiter((self.row_of[r] for r in req_ids), dtype=np.int64, count=num_reqs)
-        n_sched = np.fromiter(out.num_scheduled_tokens.values(), dtype=np.int64,
-                              count=num_reqs)
-        qsl = self.query_start_loc[:num_reqs + 1]
+        n_sched = np.fromiter(out.num_scheduled_tokens.values(), dtype=np.int64, count=num_reqs)
+        qsl = self.query_start_loc[: num_reqs + 1]
         np.cumsum(n_sched, out=qsl[1:])
         num_tokens = int(qsl[-1])
         computed = self.num_computed[rows]
@@ -134,13 +140,14 @@ class InputBatch:
         token_rows = rows[req]
         self.input_ids[:num_tokens] = self.token_ids[token_rows, pos]
         bs = self.block_size
-        self.slot_mapping[:num_tokens] = \
+        self.slot_mapping[:num_tokens] = (
             self.block_table[token_rows, pos // bs].astype(np.int64) * bs + pos % bs
+        )
         seq_lens = self.seq_lens[:num_reqs]
         seq_lens[:] = computed + n_sched
         self.num_computed[rows] = seq_lens
         max_seq = int(seq_lens.max())
-        table = self.block_table[rows, :-(-max_seq // bs)]
+        table = self.block_table[rows, : -(-max_seq // bs)]
         # A request samples when this step reaches the end of its known tokens.
         sample_mask = seq_lens >= self.num_tokens[rows]
         sample_rows = rows[sample_mask]

@@ -10,8 +10,21 @@ import torch
 from engine.model.errors import ModelError
 from engine.model.spec import ModelSpec
 
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
-          "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "tb": 10**12}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "tb": 10**12,
+}
 DEFAULT_CPU_KV_MEMORY = 2**30  # 1 GiB: about 23k tokens of SmolLM2-135M in fp32
 
 
@@ -35,14 +48,15 @@ def bytes_per_block(spec: ModelSpec, block_size: int, dtype: torch.dtype) -> int
     return 2 * spec.num_layers * block_size * spec.num_kv_heads * spec.head_dim * elem
 
 
-def blocks_for_memory(memory: int, spec: ModelSpec, block_size: int,
-                      dtype: torch.dtype) -> int:
+def blocks_for_memory(memory: int, spec: ModelSpec, block_size: int, dtype: torch.dtype) -> int:
     """How many blocks fit in `memory` bytes; fewer than two is a ModelError."""
     per_block = bytes_per_block(spec, block_size, dtype)
     n = memory // per_block
     if n < 2:
-        raise ModelError(f"a KV cache of {memory} bytes holds {n} blocks of {per_block} "
-                         "bytes; it needs at least 2 (block 0 is the null block)")
+        raise ModelError(
+            f"a KV cache of {memory} bytes holds {n} blocks of {per_block} "
+            "bytes; it needs at least 2 (block 0 is the null block)"
+        )
     return int(n)
 
 
@@ -53,8 +67,10 @@ def cuda_kv_memory(device: torch.device, utilization: float, activation_peak: in
     used = total - free
     budget = int(total * utilization) - used - activation_peak
     if budget <= 0:
-        raise ModelError(f"--gpu-memory-utilization={utilization}: {used / 2**30:.1f} GiB of "
-                         f"{total / 2**30:.1f} GiB is already in use; no room for a KV cache")
+        raise ModelError(
+            f"--gpu-memory-utilization={utilization}: {used / 2**30:.1f} GiB of "
+            f"{total / 2**30:.1f} GiB is already in use; no room for a KV cache"
+        )
     return budget
 
 
@@ -62,12 +78,26 @@ class KVCache:
     """The paged KV pool. Block 0 is the null block: block tables are padded with it and
     it stays zero, so padded reads are finite and masked away."""
 
-    def __init__(self, spec: ModelSpec, num_blocks: int, block_size: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.storage = torch.zeros(spec.num_layers, 2, num_blocks, block_size,
-                                   spec.num_kv_heads, spec.head_dim, dtype=dtype, device=device)
+        self.storage = torch.zeros(
+            spec.num_layers,
+            2,
+            num_blocks,
+            block_size,
+            spec.num_kv_heads,
+            spec.head_dim,
+            dtype=dtype,
+            device=device,
+        )
         self.layers = [(self.storage[i, 0], self.storage[i, 1]) for i in range(spec.num_layers)]
 
     @property

@@ -24,9 +24,15 @@ class AttentionBackend(Protocol):
 
     name: str
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor: ...
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor: ...
 
 
 @dataclass
@@ -52,8 +58,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def rope_tables(spec: ModelSpec, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin for every position, [max_position, head_dim / 2], fp32."""
     dim = spec.head_dim
-    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64)
-                                          .float() / dim))
+    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     freqs = torch.arange(spec.max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
     return freqs.cos().to(device), freqs.sin().to(device)
 
@@ -68,8 +73,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class LlamaModel:
     """A Llama-family decoder that computes a flat batch of tokens over paged KV."""
 
-    def __init__(self, spec: ModelSpec, weights: Weights, attention: AttentionBackend,
-                 device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        weights: Weights,
+        attention: AttentionBackend,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
         self.spec = spec
         self.attention = attention
         self.device = device
@@ -85,15 +96,15 @@ class LlamaModel:
         cos, sin = rope_tables(spec, device)
         self.cos, self.sin = cos.to(dtype), sin.to(dtype)
 
-    def _layer(self, i: int, weights: Weights,
-               take: Callable[[str], torch.Tensor]) -> _Layer:
+    def _layer(self, i: int, weights: Weights, take: Callable[[str], torch.Tensor]) -> _Layer:
         p = layer_prefix(i)
         a, m = p + "self_attn.", p + "mlp."
         qkv = torch.cat([weights[a + n + "_proj.weight"] for n in "qkv"])
         bias = None
         if self.spec.attention_bias:
-            bias = torch.cat([weights[a + n + "_proj.bias"] for n in "qkv"]) \
-                .to(device=self.device, dtype=self.dtype)
+            bias = torch.cat([weights[a + n + "_proj.bias"] for n in "qkv"]).to(
+                device=self.device, dtype=self.dtype
+            )
         gate_up = torch.cat([weights[m + "gate_proj.weight"], weights[m + "up_proj.weight"]])
         return _Layer(
             input_norm=take(p + "input_layernorm.weight"),
@@ -105,9 +116,13 @@ class LlamaModel:
             down=take(m + "down_proj.weight"),
         )
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                meta: AttentionMetadata,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
         """Hidden states [T, H] after the last block (before the final norm)."""
         spec = self.spec
         h = F.embedding(input_ids, self.embed)
@@ -119,8 +134,8 @@ class LlamaModel:
             x = rms_norm(h, layer.input_norm, spec.rms_norm_eps)
             qkv = F.linear(x, layer.qkv, layer.qkv_bias)
             q = qkv[:, :q_size].view(n_tok, spec.num_heads, spec.head_dim)
-            k = qkv[:, q_size:q_size + kv_size].view(n_tok, spec.num_kv_heads, spec.head_dim)
-            v = qkv[:, q_size + kv_size:].view(n_tok, spec.num_kv_heads, spec.head_dim)
+            k = qkv[:, q_size : q_size + kv_size].view(n_tok, spec.num_kv_heads, spec.head_dim)
+            v = qkv[:, q_size + kv_size :].view(n_tok, spec.num_kv_heads, spec.head_dim)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             attn = self.attention.forward(q, k, v.contiguous(), k_cache, v_cache, meta)
             h = h + F.linear(attn.reshape(n_tok, q_size), layer.o_proj)

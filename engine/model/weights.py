@@ -27,21 +27,27 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
         shapes[LM_HEAD] = (spec.vocab_size, h)
     for i in range(spec.num_layers):
         p = layer_prefix(i)
-        shapes.update({
-            p + "input_layernorm.weight": (h,),
-            p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (spec.q_size, h),
-            p + "self_attn.k_proj.weight": (spec.kv_size, h),
-            p + "self_attn.v_proj.weight": (spec.kv_size, h),
-            p + "self_attn.o_proj.weight": (h, spec.q_size),
-            p + "mlp.gate_proj.weight": (i_size, h),
-            p + "mlp.up_proj.weight": (i_size, h),
-            p + "mlp.down_proj.weight": (h, i_size),
-        })
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (spec.q_size, h),
+                p + "self_attn.k_proj.weight": (spec.kv_size, h),
+                p + "self_attn.v_proj.weight": (spec.kv_size, h),
+                p + "self_attn.o_proj.weight": (h, spec.q_size),
+                p + "mlp.gate_proj.weight": (i_size, h),
+                p + "mlp.up_proj.weight": (i_size, h),
+                p + "mlp.down_proj.weight": (h, i_size),
+            }
+        )
         if spec.attention_bias:
-            shapes.update({p + "self_attn.q_proj.bias": (spec.q_size,),
-                           p + "self_attn.k_proj.bias": (spec.kv_size,),
-                           p + "self_attn.v_proj.bias": (spec.kv_size,)})
+            shapes.update(
+                {
+                    p + "self_attn.q_proj.bias": (spec.q_size,),
+                    p + "self_attn.k_proj.bias": (spec.kv_size,),
+                    p + "self_attn.v_proj.bias": (spec.kv_size,),
+                }
+            )
     return shapes
 
 
@@ -53,9 +59,11 @@ def check_weights(spec: ModelSpec, weights: Weights, source: str) -> None:
         if got is None:
             raise ModelError(f"{source}: tensor {name} is missing")
         if tuple(got.shape) != shape:
-            raise ModelError(f"{source}: tensor {name} has shape {tuple(got.shape)}, "
-                             f"expected {shape}")
+            raise ModelError(
+                f"{source}: tensor {name} has shape {tuple(got.shape)}, expected {shape}"
+            )
     extra = sorted(set(weights) - set(want))
     if extra:
-        raise ModelError(f"{source}: unexpected tensor {extra[0]} (not a plain Llama-family "
-                         "model?)")
+        raise ModelError(
+            f"{source}: unexpected tensor {extra[0]} (not a plain Llama-family model?)"
+        )

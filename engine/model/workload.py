@@ -23,12 +23,28 @@ from engine.sim.workload import WorkloadError, parse_requests
 # Workload/CLI names that differ from EngineConfig's field names.
 ENGINE_ALIASES = {"scheduling_policy": "policy"}
 ENGINE_KEYS = {f for f in EngineConfig().to_dict() if f != "num_blocks"} | set(ENGINE_ALIASES)
-RUNNER_KEYS = {"device", "dtype", "attention_backend", "kv_cache_memory",
-               "gpu_memory_utilization", "num_gpu_blocks_override", "profile_every", "seed",
-               "num_threads"}
+RUNNER_KEYS = {
+    "device",
+    "dtype",
+    "attention_backend",
+    "kv_cache_memory",
+    "gpu_memory_utilization",
+    "num_gpu_blocks_override",
+    "profile_every",
+    "seed",
+    "num_threads",
+}
 OTHER_KEYS = {"model"}
-SAMPLING_KEYS = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int,
-                 "seed": int, "ignore_eos": bool, "stop_token_ids": list, "priority": int}
+SAMPLING_KEYS = {
+    "max_tokens": int,
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "seed": int,
+    "ignore_eos": bool,
+    "stop_token_ids": list,
+    "priority": int,
+}
 
 
 @dataclass(frozen=True)
@@ -93,8 +109,9 @@ def check_option_names(options: dict[str, Any], where: str) -> None:
     known = ENGINE_KEYS | RUNNER_KEYS | OTHER_KEYS
     for key in options:
         if key not in known:
-            raise WorkloadError(f"{where}: unknown option {key!r}; known: "
-                                + ", ".join(sorted(known)))
+            raise WorkloadError(
+                f"{where}: unknown option {key!r}; known: " + ", ".join(sorted(known))
+            )
 
 
 def _request(r: Any, index: int, source: str) -> WorkloadRequest:
@@ -105,22 +122,28 @@ def _request(r: Any, index: int, source: str) -> WorkloadRequest:
         raise WorkloadError(f"{where}: missing 'id'")
     rid = str(r["id"])
     where = f"{source}: request {rid!r}"
-    unknown = set(r) - {"id", "prompt", "messages", "prompt_token_ids", "arrival_time",
-                        "sampling"}
+    unknown = set(r) - {"id", "prompt", "messages", "prompt_token_ids", "arrival_time", "sampling"}
     if unknown:
         raise WorkloadError(f"{where}: unknown field {sorted(unknown)[0]!r}")
     given = [k for k in ("prompt", "messages", "prompt_token_ids") if k in r]
     if len(given) != 1:
-        raise WorkloadError(f"{where}: give exactly one of 'prompt', 'messages', "
-                            "'prompt_token_ids'")
+        raise WorkloadError(
+            f"{where}: give exactly one of 'prompt', 'messages', 'prompt_token_ids'"
+        )
     arrival = r.get("arrival_time", 0.0)
     if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or arrival < 0:
         raise WorkloadError(f"{where}: arrival_time={arrival!r}: expected seconds >= 0")
     sampling = _sampling(r.get("sampling", {}), where)
     priority = sampling.pop("priority", 0)
-    return WorkloadRequest(rid, prompt=_prompt(r, where), messages=_messages(r, where),
-                           prompt_token_ids=_token_ids(r, where), arrival_time=float(arrival),
-                           sampling=sampling, priority=priority)
+    return WorkloadRequest(
+        rid,
+        prompt=_prompt(r, where),
+        messages=_messages(r, where),
+        prompt_token_ids=_token_ids(r, where),
+        arrival_time=float(arrival),
+        sampling=sampling,
+        priority=priority,
+    )
 
 
 def _prompt(r: dict[str, Any], where: str) -> str | None:
@@ -135,10 +158,12 @@ def _messages(r: dict[str, Any], where: str) -> list[dict[str, str]] | None:
     if value is None:
         return None
     if not isinstance(value, list) or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str)
-            and isinstance(m.get("content"), str) for m in value):
-        raise WorkloadError(f"{where}: 'messages' must be a list of {{role, content}} "
-                            "objects with string values")
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in value
+    ):
+        raise WorkloadError(
+            f"{where}: 'messages' must be a list of {{role, content}} objects with string values"
+        )
     return value
 
 
@@ -146,8 +171,9 @@ def _token_ids(r: dict[str, Any], where: str) -> list[int] | None:
     value = r.get("prompt_token_ids")
     if value is None:
         return None
-    if not isinstance(value, list) or any(isinstance(t, bool) or not isinstance(t, int)
-                                          for t in value):
+    if not isinstance(value, list) or any(
+        isinstance(t, bool) or not isinstance(t, int) for t in value
+    ):
         raise WorkloadError(f"{where}: 'prompt_token_ids' must be a list of integers")
     return value
 
@@ -159,8 +185,9 @@ def _sampling(value: Any, where: str) -> dict[str, Any]:
     for key, raw in value.items():
         want = SAMPLING_KEYS.get(key)
         if want is None:
-            raise WorkloadError(f"{where}: sampling: unknown key {key!r}; known: "
-                                + ", ".join(SAMPLING_KEYS))
+            raise WorkloadError(
+                f"{where}: sampling: unknown key {key!r}; known: " + ", ".join(SAMPLING_KEYS)
+            )
         if want is float and isinstance(raw, int) and not isinstance(raw, bool):
             raw = float(raw)
         if key == "seed" and raw is None:

@@ -36,14 +36,19 @@ def load(path: str | Path | None, settings: Iterable[str] = ()) -> SimWorkload:
     return load_workload(path or demo_workload_path(), parse_settings(settings))
 
 
-def run_sim(workload: SimWorkload, decisions_path: str | Path | None = None,
-            sink: EventSink = NULL_SINK,
-            on_engine: Callable[[EngineCore], None] | None = None) -> SimSummary:
+def run_sim(
+    workload: SimWorkload,
+    decisions_path: str | Path | None = None,
+    sink: EventSink = NULL_SINK,
+    on_engine: Callable[[EngineCore], None] | None = None,
+) -> SimSummary:
     """Simulate `workload`; write the decisions file only if the whole run succeeds.
     `on_engine` gets the engine before its first step (a recorder attaches there)."""
     if decisions_path is None:
         return simulate(workload, sink, on_engine=on_engine)
     with atomic_output(decisions_path) as f:
+
         def write(result: StepResult, engine: EngineCore) -> None:
             f.write(json.dumps(decision_record(result, engine)) + "\n")
+
         return simulate(workload, sink, on_step=write, on_engine=on_engine)

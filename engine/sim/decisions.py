@@ -20,8 +20,10 @@ def decision_record(result: StepResult, engine: EngineCore) -> dict[str, Any]:
         "total_scheduled": rep.num_scheduled_tokens,
         "preempted": [p.victim for p in rep.preemptions],
         "preemptions": [[p.victim, p.for_request] for p in rep.preemptions],
-        "admitted": {a.request_id: {"cached_tokens": a.cached_tokens, "resumed": a.resumed}
-                     for a in rep.admissions},
+        "admitted": {
+            a.request_id: {"cached_tokens": a.cached_tokens, "resumed": a.resumed}
+            for a in rep.admissions
+        },
         "sampled": {rid: toks[-1] for rid, toks in rep.sampled.items()},
         "finished": finished,
         "finish_reasons": {f.request_id: FINISH_REASONS[f.status] for f in rep.finishes},
@@ -30,6 +32,7 @@ def decision_record(result: StepResult, engine: EngineCore) -> dict[str, Any]:
         "running": rep.running,
         "waiting": rep.waiting,
         "num_computed_tokens": {rid: r.num_computed_tokens for rid, r in sched.requests.items()},
-        "block_tables": {rid: ids for rid in sched.requests
-                         if (ids := sched.kv.get_block_ids(rid))},
+        "block_tables": {
+            rid: ids for rid in sched.requests if (ids := sched.kv.get_block_ids(rid))
+        },
     }

@@ -48,24 +48,34 @@ class SimSummary:
             self.preemptions[p.victim] = self.preemptions.get(p.victim, 0) + 1
         for f in rep.finishes:
             self.finish_step[f.request_id] = rep.step
-            self.finish_reason[f.request_id] = {3: "stop", 4: "length", 5: "abort",
-                                                6: "error"}[int(f.status)]
+            self.finish_reason[f.request_id] = {3: "stop", 4: "length", 5: "abort", 6: "error"}[
+                int(f.status)
+            ]
 
 
 def make_engine(workload: SimWorkload, sink: EventSink = NULL_SINK) -> EngineCore:
     cfg = workload.config
-    runner = SimRunner({r.id: r.output_token_ids for r in workload.requests},
-                       num_speculative_tokens=cfg.num_speculative_tokens)
+    runner = SimRunner(
+        {r.id: r.output_token_ids for r in workload.requests},
+        num_speculative_tokens=cfg.num_speculative_tokens,
+    )
     return EngineCore(cfg, runner, sink)
 
 
 def make_request(r, rank: int, hasher: BlockHasher) -> Request:  # type: ignore[no-untyped-def]
-    return Request(r.id, r.prompt_token_ids, SamplingParams(max_tokens=r.max_tokens),
-                   arrival_time=float(rank), priority=r.priority, block_hasher=hasher)
+    return Request(
+        r.id,
+        r.prompt_token_ids,
+        SamplingParams(max_tokens=r.max_tokens),
+        arrival_time=float(rank),
+        priority=r.priority,
+        block_hasher=hasher,
+    )
 
 
-def run_steps(workload: SimWorkload, engine: EngineCore,
-              on_arrival: Callable[[Request], None] | None = None) -> Iterator[StepResult]:
+def run_steps(
+    workload: SimWorkload, engine: EngineCore, on_arrival: Callable[[Request], None] | None = None
+) -> Iterator[StepResult]:
     """Drive `engine` through `workload`, yielding each step's result."""
     hasher = BlockHasher(workload.config.block_size)
     arrivals: dict[int, list[Request]] = {}
@@ -75,8 +85,9 @@ def run_steps(workload: SimWorkload, engine: EngineCore,
     step = idle = 0
     while step <= last_arrival or engine.has_unfinished():
         if step >= workload.max_steps:
-            raise WorkloadError(f"{workload.source}: still running at max_steps="
-                                f"{workload.max_steps}")
+            raise WorkloadError(
+                f"{workload.source}: still running at max_steps={workload.max_steps}"
+            )
         for req in arrivals.pop(step, ()):
             engine.add_request(req)
             if on_arrival is not None:
@@ -84,15 +95,19 @@ def run_steps(workload: SimWorkload, engine: EngineCore,
         result = engine.step()
         idle = 0 if result.report.scheduled else idle + 1
         if idle >= STALL_STEPS and step > last_arrival:
-            raise WorkloadError(f"{workload.source}: nothing scheduled for {STALL_STEPS} "
-                                f"steps at step {step}")
+            raise WorkloadError(
+                f"{workload.source}: nothing scheduled for {STALL_STEPS} steps at step {step}"
+            )
         yield result
         step += 1
 
 
-def simulate(workload: SimWorkload, sink: EventSink = NULL_SINK,
-             on_step: Callable[[StepResult, EngineCore], None] | None = None,
-             on_engine: Callable[[EngineCore], None] | None = None) -> SimSummary:
+def simulate(
+    workload: SimWorkload,
+    sink: EventSink = NULL_SINK,
+    on_step: Callable[[StepResult, EngineCore], None] | None = None,
+    on_engine: Callable[[EngineCore], None] | None = None,
+) -> SimSummary:
     """Run the whole workload; `on_step` sees every step (decisions writers, tests), and
     `on_engine` the engine before its first step (where observers attach)."""
     engine = make_engine(workload, sink)

@@ -16,8 +16,13 @@ from engine.outputs import ModelRunnerOutput, SchedulerOutput
 class SimRunner:
     """Scripted outputs, per request id; a script shorter than needed is padded with 0."""
 
-    def __init__(self, scripts: dict[str, list[int]], num_speculative_tokens: int = 0,
-                 acceptance_rate: float = 0.7, seed: int = 0) -> None:
+    def __init__(
+        self,
+        scripts: dict[str, list[int]],
+        num_speculative_tokens: int = 0,
+        acceptance_rate: float = 0.7,
+        seed: int = 0,
+    ) -> None:
         self.scripts = scripts
         self.k = num_speculative_tokens
         self.acceptance_rate = acceptance_rate

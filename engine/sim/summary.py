@@ -24,7 +24,8 @@ def format_summary(s: SimSummary, max_rows: int = 40) -> str:
         lines.append(
             f"{rid[:12]:<12} {arrive:>6} {_steps(first, arrive):>6} {_steps(token, arrive):>5} "
             f"{s.finish_step.get(rid, '-'):>6} {s.preemptions.get(rid, 0):>7}  "
-            f"{s.finish_reason.get(rid, '-')}")
+            f"{s.finish_reason.get(rid, '-')}"
+        )
     if len(rows) > max_rows:
         lines.append(f"... {len(rows) - max_rows} more")
     lines.append("(queued: steps from arrival to first scheduled; ttft: to first token)")

@@ -1,8 +1,8 @@
 """The simulation workload format (the fidelity cases' format), parsed and validated.
 
-    {"description": "...", "config": {engine knobs, plus "max_steps"},
-     "requests": [{"id": "A", "arrival_step": 0, "prompt_token_ids": [...],
-                   "output_token_ids": [...], "max_tokens": 12, "priority": 0}]}
+{"description": "...", "config": {engine knobs, plus "max_steps"},
+ "requests": [{"id": "A", "arrival_step": 0, "prompt_token_ids": [...],
+               "output_token_ids": [...], "max_tokens": 12, "priority": 0}]}
 """
 
 from __future__ import annotations
@@ -59,13 +59,15 @@ def load_workload(path: str | Path, overrides: dict[str, Any] | None = None) -> 
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise WorkloadError(f"{path}: not valid JSON: {e.msg} at line {e.lineno} "
-                            f"column {e.colno}") from None
+        raise WorkloadError(
+            f"{path}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
+        ) from None
     return parse_workload(data, overrides, source=str(path))
 
 
-def parse_workload(data: Any, overrides: dict[str, Any] | None = None,
-                   source: str = "workload") -> SimWorkload:
+def parse_workload(
+    data: Any, overrides: dict[str, Any] | None = None, source: str = "workload"
+) -> SimWorkload:
     if not isinstance(data, dict):
         raise WorkloadError(f"{source}: expected a JSON object at the top level")
     raw_cfg = data.get("config", {})
@@ -80,8 +82,9 @@ def parse_workload(data: Any, overrides: dict[str, Any] | None = None,
     max_steps = _int(raw_cfg.get("max_steps", 100_000), f"{source}: config.max_steps", 1)
     parsed = parse_requests(data, source, _request)
     order = sorted(range(len(parsed)), key=lambda i: (parsed[i].arrival_step, i))
-    return SimWorkload(str(data.get("description", "")), config, max_steps,
-                       [parsed[i] for i in order], source)
+    return SimWorkload(
+        str(data.get("description", "")), config, max_steps, [parsed[i] for i in order], source
+    )
 
 
 class _HasId(Protocol):
@@ -92,8 +95,9 @@ class _HasId(Protocol):
 R = TypeVar("R", bound=_HasId)
 
 
-def parse_requests(data: dict[str, Any], source: str,
-                   parse: Callable[[Any, int, str], R]) -> list[R]:
+def parse_requests(
+    data: dict[str, Any], source: str, parse: Callable[[Any, int, str], R]
+) -> list[R]:
     """A workload's `requests` list, each entry parsed by `parse(entry, index, source)`;
     ids must be unique (both workload formats share this rule)."""
     reqs = data.get("requests")
@@ -136,9 +140,14 @@ def _request(r: Any, index: int, source: str) -> SimRequest:
     prompt = _tokens(r.get("prompt_token_ids"), f"{where}: prompt_token_ids")
     outputs = _tokens(r.get("output_token_ids", []), f"{where}: output_token_ids")
     max_tokens = _int(r.get("max_tokens", len(outputs)), f"{where}: max_tokens", 1)
-    return SimRequest(rid, _int(r.get("arrival_step", 0), f"{where}: arrival_step", 0),
-                      prompt, outputs + [0] * (max_tokens - len(outputs)), max_tokens,
-                      _int(r.get("priority", 0), f"{where}: priority", None))
+    return SimRequest(
+        rid,
+        _int(r.get("arrival_step", 0), f"{where}: arrival_step", 0),
+        prompt,
+        outputs + [0] * (max_tokens - len(outputs)),
+        max_tokens,
+        _int(r.get("priority", 0), f"{where}: priority", None),
+    )
 
 
 def _int(value: Any, what: str, minimum: int | None) -> int:

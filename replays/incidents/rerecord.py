@@ -20,8 +20,11 @@ def rerecord() -> list[Path]:
     written = []
     for workload in sorted(HERE.glob("*.workload.json")):
         trace = HERE / workload.name.replace(".workload.json", ".trace")
-        subprocess.run([sys.executable, "-m", "tui.cli", "sim", str(workload), "--trace",
-                        str(trace)], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "tui.cli", "sim", str(workload), "--trace", str(trace)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         written.append(trace)
     return written
 

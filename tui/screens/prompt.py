@@ -19,7 +19,8 @@ T = TypeVar("T")
 BREAKPOINT_HELP = (
     "comma-separated; empty clears them all:\n"
     "  preempt  preempt:ID  admit:ID  first-token:ID  finish:ID\n"
-    "  free<N (blocks)  slow>MS (a step)  wait>STEPS (queued)  util<PERCENT")
+    "  free<N (blocks)  slow>MS (a step)  wait>STEPS (queued)  util<PERCENT"
+)
 GOTO_HELP = "a step (120), a move (+10, -10), or a time since the start (1.5s, 250ms)"
 
 
@@ -29,8 +30,7 @@ class PromptScreen(ModalScreen[T | None], Generic[T]):
 
     BINDINGS = [Binding("escape", "cancel", "cancel")]
 
-    def __init__(self, title: str, hint: str, parse: Callable[[str], T],
-                 value: str = "") -> None:
+    def __init__(self, title: str, hint: str, parse: Callable[[str], T], value: str = "") -> None:
         super().__init__()
         self._title, self._hint, self._parse, self._value = title, hint, parse, value
 
@@ -67,5 +67,4 @@ def parse_breakpoints(text: str) -> tuple[Predicate, ...]:
 
 
 def breakpoints_screen(current: tuple[str, ...]) -> PromptScreen[tuple[Predicate, ...]]:
-    return PromptScreen("breakpoints", BREAKPOINT_HELP, parse_breakpoints,
-                        ", ".join(current))
+    return PromptScreen("breakpoints", BREAKPOINT_HELP, parse_breakpoints, ", ".join(current))

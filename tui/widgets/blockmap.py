@@ -26,15 +26,22 @@ from tui.viewmodel import CACHED, FREE, NULL, SHARED, USED, BlockMapVM
 from tui.widgets import palette
 
 ZOOMS = ("wide", "block", "half", "fit")
-ZOOM_TITLES = {"wide": "1 block per 2 cells", "block": "1 block per cell",
-               "half": "2 blocks per cell",
-               "fit": "aggregate: {} blocks per cell"}
+ZOOM_TITLES = {
+    "wide": "1 block per 2 cells",
+    "block": "1 block per cell",
+    "half": "2 blocks per cell",
+    "fit": "aggregate: {} blocks per cell",
+}
 _GLYPHS = {NULL: "╳", FREE: "·", CACHED: "▒", USED: "█", SHARED: "▓"}
 _SHADES = " ░▒▓█"
 _LABEL = palette.style("#5c6370")
 _HALF_FREE = "#2f343f"  # a free block where it has no glyph: close to the background
-_CLASS_COLOURS = {NULL: palette.NULL, FREE: palette.FREE, CACHED: palette.CACHED,
-                  SHARED: palette.SHARED}
+_CLASS_COLOURS = {
+    NULL: palette.NULL,
+    FREE: palette.FREE,
+    CACHED: palette.CACHED,
+    SHARED: palette.SHARED,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +69,15 @@ def geometry(num_blocks: int, cols: int, rows: int, zoom: str | None) -> Geometr
     whole pool fits)."""
     cols, rows = max(2, cols), max(1, rows)
     if zoom is None:
-        zoom = ("wide" if num_blocks <= cols // 2 * rows else
-                "block" if num_blocks <= cols * rows else
-                "half" if num_blocks <= 2 * cols * rows else "fit")
+        zoom = (
+            "wide"
+            if num_blocks <= cols // 2 * rows
+            else "block"
+            if num_blocks <= cols * rows
+            else "half"
+            if num_blocks <= 2 * cols * rows
+            else "fit"
+        )
     if zoom == "wide":
         return Geometry(zoom, cols // 2, 1, -(-num_blocks // (cols // 2)), 2)
     if zoom == "block":
@@ -133,14 +146,19 @@ class BlockMap(ScrollView, can_focus=True, inherit_bindings=False):
         region = self.scrollable_content_region
         key = (n, region.width, region.height, self.zoom)
         if self._geometry is None or self._geometry[0] != key:  # asked for once a line
-            self._geometry = (key, geometry(n, region.width - self.label_width,
-                                            region.height, self.zoom))
+            self._geometry = (
+                key,
+                geometry(n, region.width - self.label_width, region.height, self.zoom),
+            )
         return self._geometry[1]
 
     def _relayout(self, look: bool = True) -> None:
         vm = self.vm
-        hl = frozenset(vm.tables.get(self.highlight, ())) \
-            if vm is not None and self.highlight is not None else frozenset()
+        hl = (
+            frozenset(vm.tables.get(self.highlight, ()))
+            if vm is not None and self.highlight is not None
+            else frozenset()
+        )
         if look or hl != self._hl_cells:
             self._look += 1
         self._hl_cells = hl
@@ -221,11 +239,15 @@ class BlockMap(ScrollView, can_focus=True, inherit_bindings=False):
             return Strip.blank(self._pass[0])
         per_line = self._pass[1].per_line
         lo = line * per_line
-        cls = vm.cls[lo:lo + per_line]
-        owners = cast(memoryview, vm.owner)[lo:lo + per_line].tobytes()
+        cls = vm.cls[lo : lo + per_line]
+        owners = cast(memoryview, vm.owner)[lo : lo + per_line].tobytes()
         cached = self._lines.get(line)
-        if cached is not None and cached[0] == self._look and cached[1] == cls \
-                and cached[2] == owners:
+        if (
+            cached is not None
+            and cached[0] == self._look
+            and cached[1] == cls
+            and cached[2] == owners
+        ):
             return cached[3]
         strip = self._draw(line)
         self._lines[line] = (self._look, cls, owners, strip)
@@ -245,15 +267,19 @@ class BlockMap(ScrollView, can_focus=True, inherit_bindings=False):
         elif g.zoom == "half":
             cells = [self._half_cell(vm, b) for b in range(lo, hi, 2)]
         else:
-            cells = [self._fit_cell(vm, b, min(b + g.per_cell, hi))
-                     for b in range(lo, hi, g.per_cell)]
+            cells = [
+                self._fit_cell(vm, b, min(b + g.per_cell, hi)) for b in range(lo, hi, g.per_cell)
+            ]
         label = f"{lo:>{self.label_width - 1}} "
         segments = [Segment(label, _LABEL), *_merge(cells)]
         used = len(label) + len(cells)  # every glyph is one cell wide
         if used < width:
             segments.append(Segment(" " * (width - used)))
-        return Strip(segments, max(width, used)).crop(0, width) if used > width \
+        return (
+            Strip(segments, max(width, used)).crop(0, width)
+            if used > width
             else Strip(segments, width)
+        )
 
     def _colour(self, vm: BlockMapVM, b: int, cls: int) -> str:
         colour = palette.owner(vm.owner[b]) if cls == USED else _CLASS_COLOURS[cls]
@@ -264,8 +290,9 @@ class BlockMap(ScrollView, can_focus=True, inherit_bindings=False):
     def _block_cell(self, vm: BlockMapVM, b: int) -> tuple[str, Style]:
         cls = vm.cls[b]
         hl = b in self._hl_cells
-        return _GLYPHS[cls], palette.style(self._colour(vm, b, cls), reverse=b == self.selected,
-                                           bold=hl, underline=hl)
+        return _GLYPHS[cls], palette.style(
+            self._colour(vm, b, cls), reverse=b == self.selected, bold=hl, underline=hl
+        )
 
     def _wide_cell(self, vm: BlockMapVM, b: int) -> tuple[tuple[str, Style], ...]:
         """A block in two cells (a small pool fills the pane and is easier to click)."""
@@ -299,7 +326,8 @@ class BlockMap(ScrollView, can_focus=True, inherit_bindings=False):
         if held == 0:
             cached = run.count(CACHED) * 2 >= n
             return ("▒" if cached else "·"), palette.style(
-                palette.CACHED if cached else palette.FREE, reverse=chosen)
+                palette.CACHED if cached else palette.FREE, reverse=chosen
+            )
         first = run.find(USED)
         colour = palette.SHARED if first < 0 else palette.owner(vm.owner[lo + first])
         hl_cells = self._hl_cells

@@ -10,9 +10,13 @@ from tui.viewmodel import CACHED, FREE, NULL, SHARED, USED, Frame, block_info
 from tui.widgets import palette
 from tui.widgets.lines import TextLines
 
-_LEGEND = ((palette.OWNERS[3], "█", "used"), (palette.SHARED, "▓", "shared"),
-           (palette.CACHED, "▒", "cached-free"), (palette.FREE, "·", "free"),
-           (palette.NULL, "╳", "null"))
+_LEGEND = (
+    (palette.OWNERS[3], "█", "used"),
+    (palette.SHARED, "▓", "shared"),
+    (palette.CACHED, "▒", "cached-free"),
+    (palette.FREE, "·", "free"),
+    (palette.NULL, "╳", "null"),
+)
 
 
 class BlockDetail(TextLines):
@@ -42,8 +46,7 @@ def legend() -> list[Text]:
     for colour, glyph, name in _LEGEND:
         t.append(glyph, style=colour)
         t.append(f" {name}  ")
-    return [t, Text("click a block (or j k h l) for its owners, hash and tokens",
-                    style="#7f848e")]
+    return [t, Text("click a block (or j k h l) for its owners, hash and tokens", style="#7f848e")]
 
 
 def describe(frame: Frame, block: int) -> Text:
@@ -62,8 +65,9 @@ def describe(frame: Frame, block: int) -> Text:
         t.append(what, style=palette.CACHED if info.cls == CACHED else palette.FREE)
         t.append(f"  {info.free_rank} free blocks go before it")
     else:
-        names = ", ".join(info.owners[:3]) + (f" +{len(info.owners) - 3}"
-                                               if len(info.owners) > 3 else "")
+        names = ", ".join(info.owners[:3]) + (
+            f" +{len(info.owners) - 3}" if len(info.owners) > 3 else ""
+        )
         colour = palette.SHARED if info.cls == SHARED else None
         t.append("shared by " if info.cls == SHARED else "held by ", style=colour)
         t.append(names, style="bold")
@@ -82,6 +86,8 @@ def run(frame: Frame, lo: int, hi: int) -> Text:
     counts = {c: classes.count(c) for c in (USED, SHARED, CACHED, FREE)}
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append(f"cell: blocks {lo}–{hi - 1}: ", style="#7f848e")
-    t.append(f"{counts[USED] + counts[SHARED]} used ({counts[SHARED]} shared), "
-             f"{counts[CACHED]} cached, {counts[FREE]} free")
+    t.append(
+        f"{counts[USED] + counts[SHARED]} used ({counts[SHARED]} shared), "
+        f"{counts[CACHED]} cached, {counts[FREE]} free"
+    )
     return t

@@ -10,8 +10,14 @@ from tui.history import Event
 from tui.widgets import palette
 from tui.widgets.lines import StepClicked, TextLines
 
-_TAGS = {"arrive": "arrive", "admit": "admit", "preempt": "PREEMPT", "finish": "finish",
-         "break": "BREAK", "note": "note"}
+_TAGS = {
+    "arrive": "arrive",
+    "admit": "admit",
+    "preempt": "PREEMPT",
+    "finish": "finish",
+    "break": "BREAK",
+    "note": "note",
+}
 
 
 class EventLog(TextLines):
@@ -28,12 +34,12 @@ class EventLog(TextLines):
     def on_click(self, event: Click) -> None:
         """A click on an event goes to its step."""
         at = event.get_content_offset(self)
-        shown = self.events[-max(1, self.size.height):]
+        shown = self.events[-max(1, self.size.height) :]
         if at is not None and 0 <= at.y < len(shown):
             self.post_message(StepClicked(shown[at.y].step))
 
     def lines(self, width: int, height: int) -> list[Text]:
-        shown = self.events[-max(1, height):]
+        shown = self.events[-max(1, height) :]
         if not shown:
             return [Text("no events in the steps before this one", style="italic #7f848e")]
         return [line(e, e.step == self.step, self.followed) for e in shown]

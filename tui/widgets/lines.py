@@ -42,8 +42,11 @@ class TextLines(Widget):
         width, height = self.size
         cache = self._cache
         if cache is None or cache[:2] != (width, height):
-            self._cache = (width, height,
-                           [self._strip(t, width) for t in self.lines(width, height)])
+            self._cache = (
+                width,
+                height,
+                [self._strip(t, width) for t in self.lines(width, height)],
+            )
         return super().render_lines(crop)
 
     def render_line(self, y: int) -> Strip:
@@ -56,6 +59,8 @@ class TextLines(Widget):
         text.no_wrap = True
         text.overflow = "ellipsis"
         text.truncate(width, pad=True)
-        segments = [Segment(s.text, base + s.style if s.style else base)
-                    for s in text.render(self.app.console)]
+        segments = [
+            Segment(s.text, base + s.style if s.style else base)
+            for s in text.render(self.app.console)
+        ]
         return Strip(segments, width)

@@ -51,13 +51,22 @@ _CURSOR_BG = "#3e4451"
 
 def cells(row: RequestRow) -> tuple[str, ...]:
     """A row's text, column by column."""
-    queued = "—" if row.queued is None else f"{row.queued}+" if row.still_queued \
-        else str(row.queued)
+    queued = (
+        "—" if row.queued is None else f"{row.queued}+" if row.still_queued else str(row.queued)
+    )
     return (
-        row.request_id, row.state, f"{row.computed}/{row.total}",
-        f"{row.output}/{row.max_tokens}", str(row.blocks), str(row.preemptions),
-        str(row.priority), queued, "—" if row.ttft is None else str(row.ttft),
-        f"+{row.scheduled} {row.kind}" if row.scheduled else "", row.why)
+        row.request_id,
+        row.state,
+        f"{row.computed}/{row.total}",
+        f"{row.output}/{row.max_tokens}",
+        str(row.blocks),
+        str(row.preemptions),
+        str(row.priority),
+        queued,
+        "—" if row.ttft is None else str(row.ttft),
+        f"+{row.scheduled} {row.kind}" if row.scheduled else "",
+        row.why,
+    )
 
 
 @cache
@@ -79,8 +88,11 @@ def layout(width: int) -> tuple[tuple[Column, int, int], ...]:
 def _fit(text: str, width: int, right: bool) -> str:
     """`text` in exactly `width` cells: cut with an ellipsis, or padded."""
     if not text.isascii():  # wide characters: measure cells, not characters
-        return set_cell_size(text, width) if cell_len(text) > width or not right \
+        return (
+            set_cell_size(text, width)
+            if cell_len(text) > width or not right
             else " " * (width - cell_len(text)) + text
+        )
     if len(text) > width:
         return text[: max(0, width - 1)] + "…" if width > 1 else text[:width]
     return text.rjust(width) if right else text.ljust(width)
@@ -195,13 +207,16 @@ class RequestTable(ScrollView, can_focus=True, inherit_bindings=False):
         followed = row.request_id == self.followed
         bg = _CURSOR_BG if selected else None
         base = palette.style("#dcdfe4" if selected else "#abb2bf", bg, bold=followed)
-        segments = [Segment("▶" if followed else " ", palette.style("#ffffff", bg, bold=True)),
-                    Segment("■", palette.style(palette.owner(row.ref), bg)),
-                    Segment(" ", base)]
+        segments = [
+            Segment("▶" if followed else " ", palette.style("#ffffff", bg, bold=True)),
+            Segment("■", palette.style(palette.owner(row.ref), bg)),
+            Segment(" ", base),
+        ]
         used = _GUTTER
         for (col, _, w), text in zip(layout(width), cells(row)):
-            segments.append(Segment(_fit(text, w, col.right) + " ",
-                                    self._style(col, row, base, bg)))
+            segments.append(
+                Segment(_fit(text, w, col.right) + " ", self._style(col, row, base, bg))
+            )
             used += w + 1
         return _strip(segments, used, width, base)
 

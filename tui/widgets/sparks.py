@@ -61,7 +61,7 @@ def _line(series: Series, cursor: int, width: int, colour: str) -> Text:
     shown = values[lo:hi]
     top = max(shown, default=0.0)
     t = Text(no_wrap=True)
-    t.append(series.name[:_LABEL - 1].ljust(_LABEL), style="#abb2bf")
+    t.append(series.name[: _LABEL - 1].ljust(_LABEL), style="#abb2bf")
     for i, v in enumerate(shown):
         level = 0 if top <= 0 else round(v / top * (len(_BARS) - 1))
         char = _BARS[level] if v > 0 or top <= 0 else " "

@@ -35,8 +35,13 @@ class AttentionMetadata:
         return np.diff(self.query_start_loc_cpu)
 
 
-def build_metadata(query_lens: np.ndarray, seq_lens: np.ndarray, block_table: np.ndarray,
-                   slot_mapping: np.ndarray, device: torch.device) -> AttentionMetadata:
+def build_metadata(
+    query_lens: np.ndarray,
+    seq_lens: np.ndarray,
+    block_table: np.ndarray,
+    slot_mapping: np.ndarray,
+    device: torch.device,
+) -> AttentionMetadata:
     """Metadata from host arrays (tests and tools; the runner fills persistent buffers)."""
     qsl = np.zeros(len(query_lens) + 1, dtype=np.int32)
     np.cumsum(query_lens, out=qsl[1:])

@@ -73,8 +73,13 @@ def decode_groups(lengths: np.ndarray, block_size: int) -> list[np.ndarray]:
     return best
 
 
-def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
     """Store this step's keys and values [T, Hkv, D] into their slots."""
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
@@ -90,11 +95,17 @@ class TorchAttention:
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim**-0.5
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D]; caches [num_blocks, block_size, Hkv, D].
         Returns [T, Hq, D]."""
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
@@ -105,7 +116,7 @@ class TorchAttention:
         for group in plan.decodes:
             out[group.token_idx] = self._decode(q, k_cache, v_cache, group)
         for p in plan.prefills:
-            out[p.start:p.end] = self._prefill(q, k, v, k_cache, v_cache, p)
+            out[p.start : p.end] = self._prefill(q, k, v, k_cache, v_cache, p)
         return out
 
     def _plan(self, meta: AttentionMetadata, block_size: int, device: torch.device) -> _Plan:
@@ -119,8 +130,9 @@ class TorchAttention:
         decodes = []
         if len(decode_rows):
             for group in decode_groups(seq_lens[decode_rows].astype(np.int64), block_size):
-                decodes.append(self._plan_decodes(qsl, seq_lens, table, decode_rows[group],
-                                                  block_size, device))
+                decodes.append(
+                    self._plan_decodes(qsl, seq_lens, table, decode_rows[group], block_size, device)
+                )
         prefills = []
         for r in np.flatnonzero(q_lens > 1):
             start, end = int(qsl[r]), int(qsl[r + 1])
@@ -135,17 +147,25 @@ class TorchAttention:
             prefills.append(_Prefill(start, end, context, block_ids, mask))
         return _Plan(decodes, prefills)
 
-    def _plan_decodes(self, qsl: np.ndarray, seq_lens: np.ndarray, table: np.ndarray,
-                      decode_rows: np.ndarray, block_size: int,
-                      device: torch.device) -> _Decodes:
+    def _plan_decodes(
+        self,
+        qsl: np.ndarray,
+        seq_lens: np.ndarray,
+        table: np.ndarray,
+        decode_rows: np.ndarray,
+        block_size: int,
+        device: torch.device,
+    ) -> _Decodes:
         """Gather indices that lay each (request, KV head) out as a contiguous [L, D]
         run: attention then sees plain dense tensors, and the query heads of a group act
         as the query positions of one KV head (no GQA expansion)."""
         lens = seq_lens[decode_rows].astype(np.int64)
         nb = int(-(-lens.max() // block_size))
         length = nb * block_size
-        slots = (table[decode_rows, :nb].astype(np.int64)[:, :, None] * block_size
-                 + np.arange(block_size)).reshape(len(decode_rows), length)
+        slots = (
+            table[decode_rows, :nb].astype(np.int64)[:, :, None] * block_size
+            + np.arange(block_size)
+        ).reshape(len(decode_rows), length)
         heads = np.arange(self.num_kv_heads)
         rows = slots[:, None, :] * self.num_kv_heads + heads[None, :, None]
         mask = np.where(np.arange(length)[None, :] < lens[:, None], 0.0, -np.inf)
@@ -153,41 +173,53 @@ class TorchAttention:
             token_idx=torch.from_numpy(qsl[decode_rows].astype(np.int64)).to(device),
             rows=torch.from_numpy(rows.reshape(-1)).to(device),
             length=length,
-            mask=torch.from_numpy(mask.astype(np.float32))[:, None, None, :].to(device))
+            mask=torch.from_numpy(mask.astype(np.float32))[:, None, None, :].to(device),
+        )
 
-    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                d: _Decodes) -> torch.Tensor:
+    def _decode(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: _Decodes
+    ) -> torch.Tensor:
         num_reqs = d.token_idx.shape[0]
         shape = (num_reqs, self.num_kv_heads, d.length, self.head_dim)
         keys = k_cache.view(-1, self.head_dim).index_select(0, d.rows).view(shape)
         values = v_cache.view(-1, self.head_dim).index_select(0, d.rows).view(shape)
         group = self.num_heads // self.num_kv_heads
-        query = q.index_select(0, d.token_idx).view(num_reqs, self.num_kv_heads, group,
-                                                    self.head_dim)
-        out = F.scaled_dot_product_attention(query, keys, values,
-                                             attn_mask=d.mask.to(q.dtype), scale=self.scale)
+        query = q.index_select(0, d.token_idx).view(
+            num_reqs, self.num_kv_heads, group, self.head_dim
+        )
+        out = F.scaled_dot_product_attention(
+            query, keys, values, attn_mask=d.mask.to(q.dtype), scale=self.scale
+        )
         return out.reshape(num_reqs, self.num_heads, self.head_dim)
 
-    def _gather(self, cache: torch.Tensor, block_ids: torch.Tensor,
-                num_reqs: int) -> torch.Tensor:
+    def _gather(self, cache: torch.Tensor, block_ids: torch.Tensor, num_reqs: int) -> torch.Tensor:
         """[B * nb] block ids -> [B, Hkv, nb * block_size, D] (a strided view)."""
         flat = cache.view(cache.shape[0], -1).index_select(0, block_ids)
         return flat.view(num_reqs, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)
 
-    def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 k_cache: torch.Tensor, v_cache: torch.Tensor, p: _Prefill) -> torch.Tensor:
-        query = q[p.start:p.end].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
+    def _prefill(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        p: _Prefill,
+    ) -> torch.Tensor:
+        query = q[p.start : p.end].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
         if p.block_ids is None:
             # No context: this step's own keys are the whole sequence.
-            keys = k[p.start:p.end].transpose(0, 1).unsqueeze(0)
-            values = v[p.start:p.end].transpose(0, 1).unsqueeze(0)
-            out = F.scaled_dot_product_attention(query, keys, values, is_causal=True,
-                                                 scale=self.scale, enable_gqa=True)
+            keys = k[p.start : p.end].transpose(0, 1).unsqueeze(0)
+            values = v[p.start : p.end].transpose(0, 1).unsqueeze(0)
+            out = F.scaled_dot_product_attention(
+                query, keys, values, is_causal=True, scale=self.scale, enable_gqa=True
+            )
         else:
             assert p.mask is not None
             seq_len = p.mask.shape[1]
             keys = self._gather(k_cache, p.block_ids, 1)[:, :, :seq_len]
             values = self._gather(v_cache, p.block_ids, 1)[:, :, :seq_len]
-            out = F.scaled_dot_product_attention(query, keys, values, attn_mask=p.mask,
-                                                 scale=self.scale, enable_gqa=True)
+            out = F.scaled_dot_product_attention(
+                query, keys, values, attn_mask=p.mask, scale=self.scale, enable_gqa=True
+            )
         return out.squeeze(0).transpose(0, 1)

@@ -25,10 +25,23 @@ MIN_DOT = 16  # tl.dot needs at least 16 rows, columns and depth on a GPU
 
 
 @triton.jit  # type: ignore[untyped-decorator]
-def _store_kv(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
-              stride_kt, stride_kh, stride_vt, stride_vh,
-              stride_cb, stride_cs, stride_ch, block_size,
-              HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+def _store_kv(
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    block_size,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+):
     """One program per (new token, KV head): copy its K and V rows into its slot."""
     t = tl.program_id(0)
     h = tl.program_id(1)
@@ -46,13 +59,31 @@ def _store_kv(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
 
 
 @triton.jit  # type: ignore[untyped-decorator]
-def _paged_attention(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
-                     block_table_ptr, query_start_loc_ptr, seq_lens_ptr, scale,
-                     stride_qt, stride_qh, stride_ot, stride_oh,
-                     stride_cb, stride_cs, stride_ch, stride_bt,
-                     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-                     BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
+def _paged_attention(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    block_table_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_bt,
+    BLOCK_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     """One program per (request, tile of BLOCK_M query tokens, KV head)."""
     r = tl.program_id(0)
     tile = tl.program_id(1)
@@ -95,8 +126,9 @@ def _paged_attention(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
             m_i = m_new
         acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         o_off = (q_start + m)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
-        tl.store(out_ptr + o_off, acc.to(out_ptr.dtype.element_ty),
-                 mask=row_ok[:, None] & dmask[None, :])
+        tl.store(
+            out_ptr + o_off, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dmask[None, :]
+        )
 
 
 def next_pow2(n: int) -> int:
@@ -121,29 +153,65 @@ class TritonAttention:
         self.group = num_heads // num_kv_heads
         self.group_pad = next_pow2(self.group)
         self.head_dim_pad = max(MIN_DOT, next_pow2(head_dim))
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim**-0.5
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D]; caches [num_blocks, block_size, Hkv, D]."""
         num_tokens = q.shape[0]
         block_size = k_cache.shape[1]
         if num_tokens:
             _store_kv[(num_tokens, self.num_kv_heads)](
-                k, v, k_cache, v_cache, meta.slot_mapping,
-                k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_size,
-                HEAD_DIM=self.head_dim, HEAD_DIM_PAD=self.head_dim_pad)
+                k,
+                v,
+                k_cache,
+                v_cache,
+                meta.slot_mapping,
+                k.stride(0),
+                k.stride(1),
+                v.stride(0),
+                v.stride(1),
+                k_cache.stride(0),
+                k_cache.stride(1),
+                k_cache.stride(2),
+                block_size,
+                HEAD_DIM=self.head_dim,
+                HEAD_DIM_PAD=self.head_dim_pad,
+            )
         out = torch.empty_like(q)
         block_m = block_m_for(meta.max_query_len, self.group_pad)
         grid = (meta.num_reqs, triton.cdiv(meta.max_query_len, block_m), self.num_kv_heads)
         table = meta.block_table
         _paged_attention[grid](
-            q, k_cache, v_cache, out, table, meta.query_start_loc, meta.seq_lens, self.scale,
-            q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), table.stride(0),
-            BLOCK_SIZE=block_size, GROUP=self.group, GROUP_PAD=self.group_pad,
-            HEAD_DIM=self.head_dim, HEAD_DIM_PAD=self.head_dim_pad, BLOCK_M=block_m,
-            PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+            q,
+            k_cache,
+            v_cache,
+            out,
+            table,
+            meta.query_start_loc,
+            meta.seq_lens,
+            self.scale,
+            q.stride(0),
+            q.stride(1),
+            out.stride(0),
+            out.stride(1),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            table.stride(0),
+            BLOCK_SIZE=block_size,
+            GROUP=self.group,
+            GROUP_PAD=self.group_pad,
+            HEAD_DIM=self.head_dim,
+            HEAD_DIM_PAD=self.head_dim_pad,
+            BLOCK_M=block_m,
+            PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        )
         return out
