@@ -33,6 +33,7 @@ import msgpack
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from engine.config import EngineConfig  # noqa: E402
 from engine.core import EngineCore  # noqa: E402
 from engine.report import StepReport  # noqa: E402
 from engine.sim.driver import make_engine, run_steps  # noqa: E402
@@ -53,14 +54,24 @@ def workload(steps: int) -> SimWorkload:
     rng = random.Random(0)
     system = [rng.randrange(VOCAB) for _ in range(64)]
     out = steps + 64
-    requests = [dict(id=f"req-{i:04d}", arrival_step=0,
-                     prompt_token_ids=system + [rng.randrange(VOCAB)
-                                                for _ in range(64 + i % 16)],
-                     output_token_ids=[rng.randrange(VOCAB) for _ in range(out)],
-                     max_tokens=out) for i in range(RUNNING)]
+    requests = [
+        dict(
+            id=f"req-{i:04d}",
+            arrival_step=0,
+            prompt_token_ids=system + [rng.randrange(VOCAB) for _ in range(64 + i % 16)],
+            output_token_ids=[rng.randrange(VOCAB) for _ in range(out)],
+            max_tokens=out,
+        )
+        for i in range(RUNNING)
+    ]
     blocks_needed = RUNNING * (144 + out) // 16
-    config = dict(block_size=16, num_blocks=blocks_needed * 3 // 2, max_num_seqs=RUNNING,
-                  max_num_batched_tokens=8192, max_model_len=4096)
+    config = dict(
+        block_size=16,
+        num_blocks=blocks_needed * 3 // 2,
+        max_num_seqs=RUNNING,
+        max_num_batched_tokens=8192,
+        max_model_len=4096,
+    )
     return parse_workload({"config": config, "requests": requests}, source="bench")
 
 
@@ -89,8 +100,9 @@ class _Timed:
         self.inner.close()
 
 
-def twin_run(w: SimWorkload, steps: int, trace: Path | None, recorded_first: bool
-             ) -> tuple[list[float], list[float], float]:
+def twin_run(
+    w: SimWorkload, steps: int, trace: Path | None, recorded_first: bool
+) -> tuple[list[float], list[float], float]:
     """Per-step wall times of a plain engine and of its twin (recording into `trace`, or
     plain as well when it is None), and the recorder's CPU share of its engine's time."""
     engines = [make_engine(w), make_engine(w)]
@@ -106,7 +118,7 @@ def twin_run(w: SimWorkload, steps: int, trace: Path | None, recorded_first: boo
     times: tuple[list[float], list[float]] = ([], [])
     cpu = time.process_time()
     for i in range(steps):
-        for k in ((0, 1) if i % 2 else (1, 0)):
+        for k in (0, 1) if i % 2 else (1, 0):
             start = time.perf_counter()
             next(runs[k])
             times[k].append(time.perf_counter() - start)
@@ -124,11 +136,17 @@ def naive_size(report: StepReport, engine: EngineCore) -> int:
     state = engine.snapshot()
     fields = dataclasses.asdict(dataclasses.replace(report, kv_events=[]))
     fields["kv_events"] = [dataclasses.asdict(e) for e in report.kv_events]
-    return len(msgpack.packb({
-        "report": fields,
-        "requests": [dataclasses.asdict(r) for r in state.requests],
-        "running": state.running, "waiting": state.waiting,
-    }, use_bin_type=True))
+    return len(
+        msgpack.packb(
+            {
+                "report": fields,
+                "requests": [dataclasses.asdict(r) for r in state.requests],
+                "running": state.running,
+                "waiting": state.waiting,
+            },
+            use_bin_type=True,
+        )
+    )
 
 
 def sizes(w: SimWorkload, steps: int, redact: bool, trace: Path) -> dict[str, float]:
@@ -152,26 +170,79 @@ def sizes(w: SimWorkload, steps: int, redact: bool, trace: Path) -> dict[str, fl
             step_bytes.append(size)
         elif isinstance(rec, Snapshot) and last - steps < rec.step <= last:
             snap_bytes.append(size)
-    return dict(step=statistics.mean(step_bytes), snap=sum(snap_bytes) / steps,
-                snap_each=statistics.mean(snap_bytes) if snap_bytes else 0.0,
-                naive=statistics.mean(naive))
+    return dict(
+        step=statistics.mean(step_bytes),
+        snap=sum(snap_bytes) / steps,
+        snap_each=statistics.mean(snap_bytes) if snap_bytes else 0.0,
+        naive=statistics.mean(naive),
+    )
 
 
-def real_model_row() -> str:
-    # TODO(model): once engine.model lands, time the real default model here the same way
-    # (fresh engine, warm-up, alternate runs with and without open_recording), target
-    # <= 1% added time per step, and check that step records carry forward/sample timings.
+def real_model_row(steps: int, tmp: Path) -> str:
+    """The default model, 32 requests decoding: a plain engine and a recording twin,
+    stepped alternately, as above. At real step times the recorder's share is small, so
+    its own CPU time (inside on_step) is the precise figure; the wall ratio is there to
+    show nothing else moved."""
     try:
-        import engine.model  # noqa: F401
-    except ImportError:
-        return "real default model        not measured: engine.model is not in this tree yet"
-    return "real default model        TODO: wire the real runner into this benchmark"
+        from engine.model.llm_engine import LLMEngine
+        from engine.model.loader import default_model_path, load_model
+        from engine.model.options import RunnerOptions
+        from engine.request import SamplingParams
+
+        default_model_path()
+    except Exception as e:  # noqa: BLE001 - any reason is "cannot measure here"
+        return f"real default model        not measured: {e}"
+    import torch
+
+    loaded = load_model()
+    config = EngineConfig(
+        block_size=16,
+        num_blocks=1024,
+        max_num_seqs=32,
+        max_num_batched_tokens=2048,
+        max_model_len=2048,
+    )
+    options = RunnerOptions(num_gpu_blocks_override=1024, num_threads=torch.get_num_threads())
+    engines = [LLMEngine(loaded, config, options), LLMEngine(loaded, config, options)]
+    timed = _Timed(Recorder(engines[1].core, TraceWriter(tmp / "real.trace")))
+    engines[1].core.sink = timed
+    rng = random.Random(0)
+    prompts = [[rng.randrange(17, VOCAB) for _ in range(48)] for _ in range(32)]
+    params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
+    for e in engines:
+        for i, p in enumerate(prompts):
+            e.add_request(f"r{i}", p, params)
+        for _ in range(4):  # the prefill and a few decodes: steady state from here
+            e.step()
+    timed.seconds = 0.0
+    times: tuple[list[float], list[float]] = ([], [])
+    for i in range(steps):
+        for k in (0, 1) if i % 2 else (1, 0):
+            start = time.perf_counter()
+            engines[k].step()
+            times[k].append(time.perf_counter() - start)
+    for e in engines:
+        e.close()
+    plain, rec = statistics.median(times[0]), statistics.median(times[1])
+    share = timed.seconds / sum(times[1])
+    return (
+        f"real default model, 32 decoding, {steps} steps: {plain * 1e3:.1f} ms/step alone, "
+        f"{rec * 1e3:.1f} ms recorded ({rec / plain - 1:+.1%} wall);\n"
+        f"  {'':26}recorder's own time {timed.seconds / steps * 1e6:.0f} us/step = "
+        f"{share:.2%} of the step   (target <= 1%)"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="runs of each kind (default 5)")
     parser.add_argument("--steps", type=int, default=512, help="timed steps per run")
+    parser.add_argument(
+        "--real-steps",
+        type=int,
+        default=48,
+        help="timed steps of the default model per engine (0: skip)",
+    )
     args = parser.parse_args()
     w = workload(args.steps)
     tmp = Path(tempfile.mkdtemp(prefix="recorder-bench-"))
@@ -188,14 +259,21 @@ def main() -> None:
     t["share"] = statistics.median(shares)
     full = sizes(w, args.steps, False, tmp / "sizes.trace")
     red = sizes(w, args.steps, True, tmp / "redacted.trace")
-    _print(args, w, t, full, red)
+    real = real_model_row(args.real_steps, tmp) if args.real_steps else "real model: skipped"
+    _print(args, w, t, full, red, real)
     for p in tmp.iterdir():
         p.unlink()
     tmp.rmdir()
 
 
-def _print(args: argparse.Namespace, w: SimWorkload, t: dict[str, float],
-           full: dict[str, float], red: dict[str, float]) -> None:
+def _print(
+    args: argparse.Namespace,
+    w: SimWorkload,
+    t: dict[str, float],
+    full: dict[str, float],
+    red: dict[str, float],
+    real: str,
+) -> None:
     cfg = w.config
     total = full["step"] + full["snap"]
 
@@ -219,14 +297,13 @@ def _print(args: argparse.Namespace, w: SimWorkload, t: dict[str, float],
         f"  control: plain vs plain   {'':10} {control('median'):>8} {'':10}"
         f" {control('mean'):>8}   (the method's noise)",
         f"  recorder's own CPU share  {'':10} {t['share']:+8.1%}",
-        f"  {real_model_row()}",
+        f"  {real}",
         "",
         "bytes per steady decode step          token ids    redacted",
         f"  step records                      {full['step']:9,.0f}   {red['step']:9,.0f}",
         f"  snapshots, amortized              {full['snap']:9,.0f}   {red['snap']:9,.0f}"
         f"   (one every 256 steps: {full['snap_each'] / 1024:,.0f} KiB)",
-        f"  total                             {total:9,.0f}"
-        f"   {red['step'] + red['snap']:9,.0f}",
+        f"  total                             {total:9,.0f}   {red['step'] + red['snap']:9,.0f}",
         f"  naive: a map per step, all state  {full['naive']:9,.0f}",
         f"  naive / step records              {full['naive'] / full['step']:8.0f}x"
         "   (target >= 10x, step records <= 2,048 B)",
