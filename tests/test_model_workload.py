@@ -211,6 +211,7 @@ def test_schedtop_run_end_to_end(tiny_gguf: Path, tmp_path: Path) -> None:
         (["--workload", "/no/such/w.json"], "no such file"),
         (["--max-num-seqs", "0"], "max_num_seqs=0"),
         (["--kv-cache-memory", "lots"], "expected a size"),
+        (["--outputs", "/no/such/dir/o.jsonl"], "no directory /no/such/dir"),
     ],
 )
 def test_schedtop_run_errors_are_one_line_and_exit_2(

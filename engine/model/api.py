@@ -7,6 +7,7 @@ observe every step of a real run exactly as it observes a simulated one."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -153,6 +154,8 @@ def run_workload(
     JSON line per request (written only if the whole run succeeds). `show_progress` draws
     a spinner and a progress bar on stderr; `engine` reuses a built engine (tests).
     `on_engine` gets the engine before its first step (a recorder attaches there)."""
+    if outputs_path is not None:
+        check_output_dir(outputs_path)
     if show_progress:
         from engine.model.progress import loading, progress_bar
 
@@ -188,6 +191,15 @@ def run_workload(
     if outputs_path is not None:
         _write_outputs(outputs_path, [outputs[r.id] for r in workload.requests])
     return summary
+
+
+def check_output_dir(path: str | Path) -> None:
+    """Fail before the run, not after it, when its output file could not be created."""
+    parent = Path(path).parent
+    if not parent.is_dir():
+        raise WorkloadError(f"{path}: cannot write: no directory {parent}")
+    if not os.access(parent, os.W_OK):
+        raise WorkloadError(f"{path}: cannot write: {parent} is not writable")
 
 
 def _drive(
