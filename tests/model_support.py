@@ -111,6 +111,12 @@ def tiny_engine(
     return LLMEngine(model or tiny_model(), EngineConfig(**base), options)
 
 
+def write_tiny_gguf(directory: Path) -> Path:
+    """The tiny random model as a GGUF file in `directory`."""
+    spec = tiny_spec()
+    return write_gguf(directory / "tiny.gguf", spec, tiny_weights(spec))
+
+
 def write_gguf(
     path: Path,
     spec: ModelSpec,

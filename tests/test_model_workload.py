@@ -21,7 +21,7 @@ from engine.model.api import (
 )
 from engine.model.workload import parse_run_workload
 from engine.sim.workload import WorkloadError
-from tests.model_support import tiny_spec, tiny_weights, write_gguf
+from tests.model_support import write_tiny_gguf
 from tui.cli import main
 
 OUTPUT_KEYS = {
@@ -39,8 +39,7 @@ OUTPUT_KEYS = {
 
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    spec = tiny_spec()
-    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", spec, tiny_weights(spec))
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf"))
 
 
 def workload(requests: list[dict[str, Any]], **config: Any) -> dict[str, Any]:

@@ -21,13 +21,7 @@ from recorder.schema import Step
 from replays.diff import diff_traces, format_diff
 from replays.resim import resimulate
 from replays.stats import trace_stats
-from tests.model_support import (
-    default_model,
-    needs_default_model,
-    tiny_spec,
-    tiny_weights,
-    write_gguf,
-)
+from tests.model_support import default_model, needs_default_model, write_tiny_gguf
 from tui.cli import main
 
 TINY_OPTIONS = [
@@ -46,8 +40,7 @@ TINY_OPTIONS = [
 
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    spec = tiny_spec()
-    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", spec, tiny_weights(spec))
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf"))
 
 
 @pytest.fixture()

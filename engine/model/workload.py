@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.sim.workload import WorkloadError, parse_requests
+from engine.sim.workload import WorkloadError, parse_requests, request_id
 
 # Workload/CLI names that differ from EngineConfig's field names.
 ENGINE_ALIASES = {"scheduling_policy": "policy"}
@@ -115,13 +115,7 @@ def check_option_names(options: dict[str, Any], where: str) -> None:
 
 
 def _request(r: Any, index: int, source: str) -> WorkloadRequest:
-    where = f"{source}: requests[{index}]"
-    if not isinstance(r, dict):
-        raise WorkloadError(f"{where}: expected an object")
-    if "id" not in r:
-        raise WorkloadError(f"{where}: missing 'id'")
-    rid = str(r["id"])
-    where = f"{source}: request {rid!r}"
+    rid, where = request_id(r, index, source)
     unknown = set(r) - {"id", "prompt", "messages", "prompt_token_ids", "arrival_time", "sampling"}
     if unknown:
         raise WorkloadError(f"{where}: unknown field {sorted(unknown)[0]!r}")

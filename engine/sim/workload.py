@@ -129,14 +129,19 @@ def atomic_output(path: str | Path) -> Iterator[TextIO]:
             tmp.unlink()
 
 
-def _request(r: Any, index: int, source: str) -> SimRequest:
+def request_id(r: Any, index: int, source: str) -> tuple[str, str]:
+    """A request entry's id, and how error messages name the entry from then on."""
     where = f"{source}: requests[{index}]"
     if not isinstance(r, dict):
         raise WorkloadError(f"{where}: expected an object")
     if "id" not in r:
         raise WorkloadError(f"{where}: missing 'id'")
     rid = str(r["id"])
-    where = f"{source}: request {rid!r}"
+    return rid, f"{source}: request {rid!r}"
+
+
+def _request(r: Any, index: int, source: str) -> SimRequest:
+    rid, where = request_id(r, index, source)
     prompt = _tokens(r.get("prompt_token_ids"), f"{where}: prompt_token_ids")
     outputs = _tokens(r.get("output_token_ids", []), f"{where}: output_token_ids")
     max_tokens = _int(r.get("max_tokens", len(outputs)), f"{where}: max_tokens", 1)
