@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 
 @pytest.fixture(autouse=True)
-def _private_trace_dir(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Tests that look inside the trace directory set their own (under tmp_path) after this.
-    monkeypatch.setenv("SCHEDTOP_TRACE_DIR", str(tmp_path_factory.mktemp("traces")))
+def trace_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The default trace directory for this test: under tmp_path, not created yet."""
+    directory = tmp_path / "traces"
+    monkeypatch.setenv("SCHEDTOP_TRACE_DIR", str(directory))
+    return directory

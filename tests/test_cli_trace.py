@@ -16,14 +16,6 @@ FIDELITY = Path(__file__).parent / "data" / "fidelity"
 CASE = str(FIDELITY / "c_kv_pressure_prefix.workload.json")
 
 
-@pytest.fixture(autouse=True)
-def trace_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test writes its default traces under tmp_path, never into ~/.cache."""
-    directory = tmp_path / "traces"
-    monkeypatch.setenv("SCHEDTOP_TRACE_DIR", str(directory))
-    return directory
-
-
 def schedtop(*args: str) -> Result:
     return CliRunner().invoke(main, list(args))
 

@@ -498,10 +498,7 @@ def test_flushed_step_lags_in_batch_mode_and_catches_up_in_live_mode(tmp_path: P
     live.finish()
 
 
-def test_open_recording_writes_into_the_trace_directory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("SCHEDTOP_TRACE_DIR", str(tmp_path / "traces"))
+def test_open_recording_writes_into_the_trace_directory(trace_dir: Path) -> None:
     from engine.sim.driver import make_engine, run_steps
 
     w = load_workload(FIDELITY / "a_decode_plus_arrival.workload.json")
@@ -509,7 +506,7 @@ def test_open_recording_writes_into_the_trace_directory(
     recorder = open_recording(engine, kind="sim")
     list(run_steps(w, engine))
     engine.close()
-    assert recorder.path is not None and recorder.path.parent == tmp_path / "traces"
+    assert recorder.path is not None and recorder.path.parent == trace_dir
     assert "-sim-" in recorder.path.name
     with TraceReader(recorder.path) as reader:
         assert reader.closed_cleanly

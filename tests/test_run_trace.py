@@ -44,13 +44,6 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture()
-def trace_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    directory = tmp_path / "traces"
-    monkeypatch.setenv("SCHEDTOP_TRACE_DIR", str(directory))
-    return directory
-
-
-@pytest.fixture()
 def workload_file(tmp_path: Path) -> Path:
     path = tmp_path / "w.json"
     path.write_text(

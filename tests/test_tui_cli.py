@@ -17,14 +17,6 @@ from tui.cli import main
 from tui.demo import engine_command
 
 
-@pytest.fixture(autouse=True)
-def trace_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Default traces go under tmp_path, never into ~/.cache."""
-    directory = tmp_path / "traces"
-    monkeypatch.setenv("SCHEDTOP_TRACE_DIR", str(directory))
-    return directory
-
-
 @pytest.fixture(scope="module")
 def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return fixed_trace(tmp_path_factory.mktemp("cli"))
