@@ -156,22 +156,26 @@ def run_workload(
     `on_engine` gets the engine before its first step (a recorder attaches there)."""
     if outputs_path is not None:
         check_output_dir(outputs_path)
-    if show_progress:
-        from engine.model.progress import loading, progress_bar
-
+    if not show_progress:
         if engine is None:
-            with loading("loading the model"):
-                engine = build_engine(workload, model, overrides, sink)
-        with progress_bar(len(workload.requests)) as bar:
-            return run_workload(
-                workload,
-                outputs_path=outputs_path,
-                on_progress=bar,
-                engine=engine,
-                on_engine=on_engine,
-            )
+            engine = build_engine(workload, model, overrides, sink)
+        return _run(engine, workload, outputs_path, on_progress, on_engine)
+    from engine.model.progress import loading, progress_bar
+
     if engine is None:
-        engine = build_engine(workload, model, overrides, sink)
+        with loading("loading the model"):
+            engine = build_engine(workload, model, overrides, sink)
+    with progress_bar(len(workload.requests)) as bar:
+        return _run(engine, workload, outputs_path, bar, on_engine)
+
+
+def _run(
+    engine: LLMEngine,
+    workload: RunWorkload,
+    outputs_path: str | Path | None,
+    on_progress: Progress | None,
+    on_engine: Callable[[LLMEngine], None] | None,
+) -> RunSummary:
     if on_engine is not None:
         on_engine(engine)
     runner = engine.runner
