@@ -8,8 +8,9 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def trace_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The default trace directory for this test: under tmp_path, not created yet."""
-    directory = tmp_path / "traces"
+def trace_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The default trace directory for this test, not created yet. Outside tmp_path, so
+    that tests which check what a command left in tmp_path see only that."""
+    directory = tmp_path_factory.mktemp("trace-dir") / "traces"
     monkeypatch.setenv("SCHEDTOP_TRACE_DIR", str(directory))
     return directory
