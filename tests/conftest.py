@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,3 +17,24 @@ def trace_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
     directory = tmp_path_factory.mktemp("trace-dir") / "traces"
     monkeypatch.setenv("SCHEDTOP_TRACE_DIR", str(directory))
     return directory
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The C attention kernel is compiled once per test run, into a temporary directory
+    instead of the user's cache; set before collection, since test modules may build it
+    at import, and inherited by child processes."""
+    directory = tempfile.mkdtemp(prefix="schedtop-kernels-")
+    config.stash[_KERNELS] = (directory, os.environ.get("SCHEDTOP_KERNEL_CACHE"))
+    os.environ["SCHEDTOP_KERNEL_CACHE"] = directory
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    directory, previous = config.stash[_KERNELS]
+    shutil.rmtree(directory, ignore_errors=True)
+    if previous is None:
+        os.environ.pop("SCHEDTOP_KERNEL_CACHE", None)
+    else:
+        os.environ["SCHEDTOP_KERNEL_CACHE"] = previous
+
+
+_KERNELS = pytest.StashKey[tuple[str, "str | None"]]()

@@ -140,12 +140,36 @@ def resolve_dtype(options: RunnerOptions, device: torch.device) -> torch.dtype:
     ]
 
 
+def _cpu_attention(
+    options: RunnerOptions, spec: ModelSpec, device: torch.device, dtype: torch.dtype
+) -> AttentionBackend:
+    """The C kernel where it applies; asked for by name where it does not, an error."""
+    from engine.model.attention import native
+    from engine.model.attention.cpu_backend import CpuPagedAttention
+    from engine.model.attention.torch_backend import TorchAttention
+
+    why = None
+    if device.type != "cpu":
+        why = f"it runs on the CPU, not {device.type}"
+    elif dtype != torch.float32:
+        why = f"it computes in float32, not {str(dtype).removeprefix('torch.')}"
+    elif native.kernel() is None:
+        why = f"its C kernel is not available here ({native.kernel_status()})"
+    if why is None:
+        return CpuPagedAttention(spec.num_heads, spec.num_kv_heads, spec.head_dim)
+    if options.attention_backend == "cpu":
+        raise ModelError(f"attention_backend=cpu: {why}; use attention_backend=torch")
+    return TorchAttention(spec.num_heads, spec.num_kv_heads, spec.head_dim)
+
+
 def make_attention(
-    options: RunnerOptions, spec: ModelSpec, device: torch.device
+    options: RunnerOptions, spec: ModelSpec, device: torch.device, dtype: torch.dtype
 ) -> AttentionBackend:
     name = options.attention_backend
     if name == "auto":
-        name = "triton" if device.type == "cuda" else "torch"
+        name = "triton" if device.type == "cuda" else "cpu"
+    if name == "cpu":
+        return _cpu_attention(options, spec, device, dtype)
     if name == "triton":
         if device.type != "cuda":
             raise ModelError(
@@ -215,7 +239,7 @@ def build_runner(
         if options.num_threads is None:
             threads = shared_thread_tuner()
     timer = StepTimer(device)
-    attention = TimedAttention(make_attention(options, loaded.spec, device), timer)
+    attention = TimedAttention(make_attention(options, loaded.spec, device, dtype), timer)
     model = LlamaModel(loaded.spec, loaded.weights, attention, device, dtype)
     num_blocks = num_kv_blocks(options, loaded.spec, config, dtype, device)
     try:
