@@ -34,7 +34,9 @@ def run(case_args: tuple, head_dim: int = 16, seed: int = 0) -> float:  # type: 
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"case{i}" for i in range(len(SHAPES))])
-@pytest.mark.parametrize("limit", [0, 16, 1 << 20], ids=["sdpa-chunks", "default", "all-rows"])
+@pytest.mark.parametrize(
+    "limit", [0, cpu_backend.KERNEL_MAX_QUERY, 1 << 20], ids=["sdpa-chunks", "default", "all-rows"]
+)
 def test_kernel_matches_naive_attention(
     shape: tuple,  # type: ignore[type-arg]
     limit: int,
