@@ -46,9 +46,11 @@ def test_kernel_matches_naive_attention(
     assert run(shape, seed=len(shape[0])) < 1e-5
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 40])  # the two unrolled sizes and the generic
-def test_every_head_dim_path_is_exact(head_dim: int) -> None:
-    assert run(([1, 3, 1], [70, 20, 5], 2, 3, 16), head_dim=head_dim, seed=head_dim) < 1e-5
+# unrolled (group, head size) pairs, and run-time ones (a group of 5, a head of 40)
+@pytest.mark.parametrize("group,head_dim", [(3, 64), (4, 128), (1, 64), (5, 64), (3, 40)])
+def test_every_head_shape_path_is_exact(group: int, head_dim: int) -> None:
+    shape = ([1, 3, 1], [70, 20, 5], 2, group, 16)
+    assert run(shape, head_dim=head_dim, seed=head_dim + group) < 1e-5
 
 
 def test_many_decodes_on_two_threads_are_exact() -> None:

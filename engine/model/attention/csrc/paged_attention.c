@@ -2,13 +2,14 @@
  *
  * Every "row" is one query token: its row in q, the block-table row of its request, and
  * how many keys it sees (causal: its own position + 1). A decode is one row; a short
- * prefill chunk is one row per token. A row's work walks the request's blocks in table
- * order, reading each slot's K/V for all KV heads at once (one contiguous run per slot),
- * so the cache is streamed once per row with no dense copy.
+ * prefill chunk is one row per token. For each KV head, a row walks the request's blocks
+ * in table order and reads each slot's K (then V) row where it lies: no dense copy.
  *
- * Three passes per row: scores (q . k for every query head), softmax per head, then the
- * weighted sum of V. Threads take rows from a shared counter; the caller sorts rows
- * longest first so that the last rows taken are the short ones.
+ * Three passes per (row, KV head): scores of the G query heads that share the KV head,
+ * softmax per query head, then the weighted sum of V, accumulated in registers when G and
+ * the head size are among the common ones (about 1.6x faster than a loop over all heads
+ * with the accumulators in memory). Threads take rows from a shared counter; the caller
+ * sorts rows longest first so that the last rows taken are the short ones.
  *
  * Plain C with no torch headers: it compiles in well under a second, at first use. */
 
@@ -38,43 +39,33 @@ typedef struct {
     int failed;
 } job_t;
 
-/* Inlined into callers with a constant D (64, 128), where the compiler unrolls the head
- * loops completely (about 20% faster than a run-time D), and once with the run-time D. */
-static inline __attribute__((always_inline)) void attend_row_d(const job_t *j, int64_t i,
-                                                               float *scores, float *qs,
-                                                               float *acc, const int D) {
-    const int H = j->num_heads, HKV = j->num_kv_heads, BS = j->block_size;
-    const int G = H / HKV;
+/* One KV head of one row: its G query heads' scores, softmax and weighted V sum. With G and
+ * D constant (inlined from the switch below) the G accumulators stay in registers. */
+static inline __attribute__((always_inline)) void attend_head(const job_t *j, int64_t i, int kvh,
+                                                              float *scores, const int G,
+                                                              const int D) {
+    const int BS = j->block_size;
     const int len = j->row_len[i];
     const int32_t *table = j->block_table + (int64_t)j->row_req[i] * j->bt_stride;
     const float *qrow = j->q + j->rows[i] * j->q_st;
-
-    for (int h = 0; h < H; h++)
-        for (int d = 0; d < D; d++) qs[h * D + d] = qrow[h * j->q_sh + d] * j->scale;
-
-    /* scores[h * len + pos] = (scale * q_h) . k_pos */
+    float qs[G][D];
+    float acc[G][D];
+    for (int g = 0; g < G; g++)
+        for (int d = 0; d < D; d++) qs[g][d] = qrow[(kvh * G + g) * j->q_sh + d] * j->scale;
     for (int pos0 = 0, b = 0; pos0 < len; pos0 += BS, b++) {
         const int n = len - pos0 < BS ? len - pos0 : BS;
-        const float *blk = j->k_cache + (int64_t)table[b] * j->c_sb;
-        for (int o = 0; o < n; o++) {
-            const float *slot = blk + o * j->c_ss;
-            for (int kvh = 0; kvh < HKV; kvh++) {
-                const float *k = slot + kvh * j->c_sh;
-                for (int g = 0; g < G; g++) {
-                    const int h = kvh * G + g;
-                    const float *qh = qs + h * D;
-                    float s = 0.0f;
+        const float *k = j->k_cache + (int64_t)table[b] * j->c_sb + kvh * j->c_sh;
+        for (int o = 0; o < n; o++, k += j->c_ss) {
+            for (int g = 0; g < G; g++) {
+                float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-                    for (int d = 0; d < D; d++) s += qh[d] * k[d];
-                    scores[h * len + pos0 + o] = s;
-                }
+                for (int d = 0; d < D; d++) s += qs[g][d] * k[d];
+                scores[g * len + pos0 + o] = s;
             }
         }
     }
-
-    /* softmax per head; the row's own key is always there, so len >= 1 */
-    for (int h = 0; h < H; h++) {
-        float *s = scores + (int64_t)h * len;
+    for (int g = 0; g < G; g++) {
+        float *s = scores + (int64_t)g * len;
         float m = s[0];
         for (int p = 1; p < len; p++) m = s[p] > m ? s[p] : m;
         float sum = 0.0f;
@@ -87,52 +78,53 @@ static inline __attribute__((always_inline)) void attend_row_d(const job_t *j, i
 #pragma omp simd
         for (int p = 0; p < len; p++) s[p] *= inv;
     }
-
-    /* out_h = sum over keys of p_h * v */
-    memset(acc, 0, sizeof(float) * H * D);
+    for (int g = 0; g < G; g++)
+        for (int d = 0; d < D; d++) acc[g][d] = 0.0f;
     for (int pos0 = 0, b = 0; pos0 < len; pos0 += BS, b++) {
         const int n = len - pos0 < BS ? len - pos0 : BS;
-        const float *blk = j->v_cache + (int64_t)table[b] * j->c_sb;
-        for (int o = 0; o < n; o++) {
-            const float *slot = blk + o * j->c_ss;
-            for (int kvh = 0; kvh < HKV; kvh++) {
-                const float *v = slot + kvh * j->c_sh;
-                for (int g = 0; g < G; g++) {
-                    const int h = kvh * G + g;
-                    const float w = scores[(int64_t)h * len + pos0 + o];
-                    float *a = acc + h * D;
+        const float *v = j->v_cache + (int64_t)table[b] * j->c_sb + kvh * j->c_sh;
+        for (int o = 0; o < n; o++, v += j->c_ss) {
+            for (int g = 0; g < G; g++) {
+                const float w = scores[g * len + pos0 + o];
 #pragma omp simd
-                    for (int d = 0; d < D; d++) a[d] += w * v[d];
-                }
+                for (int d = 0; d < D; d++) acc[g][d] += w * v[d];
             }
         }
     }
     float *orow = j->out + j->rows[i] * j->o_st;
-    for (int h = 0; h < H; h++) memcpy(orow + h * j->o_sh, acc + h * D, sizeof(float) * D);
+    for (int g = 0; g < G; g++) memcpy(orow + (kvh * G + g) * j->o_sh, acc[g], sizeof(float) * D);
 }
 
-static void attend_row(const job_t *j, int64_t i, float *scores, float *qs, float *acc) {
-    switch (j->head_dim) {
-        case 64: attend_row_d(j, i, scores, qs, acc, 64); break;
-        case 128: attend_row_d(j, i, scores, qs, acc, 128); break;
-        default: attend_row_d(j, i, scores, qs, acc, j->head_dim); break;
-    }
+#define HEAD(G, D) \
+    for (int kvh = 0; kvh < j->num_kv_heads; kvh++) attend_head(j, i, kvh, scores, G, D)
+
+static void attend_row(const job_t *j, int64_t i, float *scores) {
+    const int G = j->num_heads / j->num_kv_heads, D = j->head_dim;
+    if (D == 64 && G == 1) HEAD(1, 64);
+    else if (D == 64 && G == 2) HEAD(2, 64);
+    else if (D == 64 && G == 3) HEAD(3, 64);
+    else if (D == 64 && G == 4) HEAD(4, 64);
+    else if (D == 128 && G == 1) HEAD(1, 128);
+    else if (D == 128 && G == 2) HEAD(2, 128);
+    else if (D == 128 && G == 3) HEAD(3, 128);
+    else if (D == 128 && G == 4) HEAD(4, 128);
+    else HEAD(G, D); /* run-time sizes: the same code, its arrays on the stack */
 }
 
 static void *worker(void *arg) {
     job_t *j = (job_t *)arg;
-    const int64_t H = j->num_heads, D = j->head_dim;
-    float *buf = (float *)malloc(sizeof(float) * (H * (int64_t)j->max_len + 2 * H * D));
-    if (buf == NULL) {
+    const int64_t group = j->num_heads / j->num_kv_heads;
+    float *scores = (float *)malloc(sizeof(float) * group * (int64_t)j->max_len);
+    if (scores == NULL) {
         __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
         return NULL;
     }
     for (;;) {
         const int64_t i = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
         if (i >= j->n_rows) break;
-        attend_row(j, i, buf + 2 * H * D, buf, buf + H * D);
+        attend_row(j, i, scores);
     }
-    free(buf);
+    free(scores);
     return NULL;
 }
 
