@@ -42,9 +42,9 @@ from recorder.schema import (
     QueueStop,
     Record,
     RecordType,
-    RequestSnap,
+    RequestState,
     Sample,
-    Sampling,
+    SamplingParams,
     Scheduled,
     Shortfall,
     Snapshot,
@@ -328,7 +328,12 @@ class Struct(Codec[T]):
 
     __slots__ = ("cls", "names", "codecs", "defaults", "required", "_values", "_encoders")
 
-    def __init__(self, cls: Callable[..., T], fields: Sequence[tuple[str, Codec[Any]]]) -> None:
+    def __init__(
+        self,
+        cls: Callable[..., T],
+        fields: Sequence[tuple[str, Codec[Any]]],
+        required: int | None = None,
+    ) -> None:
         declared = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
         assert declared == [name for name, _ in fields], f"{cls}: fields out of order"
         assert len(fields) > 1, "attrgetter of one name would not return a tuple"
@@ -337,7 +342,11 @@ class Struct(Codec[T]):
         self.codecs = tuple(codec for _, codec in fields)
         defaults = _defaults(cls)  # type: ignore[arg-type]
         self.defaults = tuple(defaults.get(name, _MISSING) for name in self.names)
-        self.required = sum(1 for d in self.defaults if d is _MISSING)
+        # `required`: leading fields always written, defaults or not (the format's rule
+        # where the class has defaults the format does not).
+        self.required = (
+            sum(1 for d in self.defaults if d is _MISSING) if required is None else required
+        )
         self._values = attrgetter(*self.names)
         # Scalars encode as themselves: skip the call for them (snapshots have thousands).
         self._encoders = tuple(None if type(c).enc is Codec.enc else c.enc for c in self.codecs)
@@ -361,7 +370,10 @@ class Struct(Codec[T]):
             except Bad as e:
                 e.path.append(self.names[i])
                 raise
-        return self.cls(*args)
+        try:
+            return self.cls(*args)
+        except ValueError as e:  # the class's own validation (sampling parameters)
+            raise Bad(str(e)) from None
 
 
 class Items(Codec[tuple[T, ...]]):
@@ -488,7 +500,7 @@ def unpack_body(body: bytes) -> Any:
 # -- the format's tables --------------------------------------------------------------------------
 
 SAMPLING = Struct(
-    Sampling,
+    SamplingParams,
     [
         ("max_tokens", UINT),
         ("temperature", FLOAT),
@@ -498,6 +510,7 @@ SAMPLING = Struct(
         ("stop_token_ids", INTS),
         ("ignore_eos", BOOL),
     ],
+    required=1,  # max_tokens: SamplingParams defaults it, the format does not
 )
 ARRIVAL = Struct(
     Arrival,
@@ -585,7 +598,7 @@ TIMING = Struct(
     ],
 )
 REQUEST_SNAP = Struct(
-    RequestSnap,
+    RequestState,
     [
         ("ref", UINT),
         ("request_id", STR),

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from recorder.reader import TraceReader
-from recorder.schema import Snapshot, Status, Step
-from replays.reducer import apply
-from replays.state import ReqState, State
+from recorder.schema import RequestState, Snapshot, Status, Step
+from replays.reducer import apply, arrived
+from replays.state import State
 
 
 @dataclass
@@ -87,7 +87,7 @@ class _Collector:
         self.usable = header.num_blocks - 1
         self.ends = array("q")  # each step's end, ns since recording started
         self.first_step = header.first_step
-        self.reqs: dict[int, ReqState] = {}
+        self.reqs: dict[int, RequestState] = {}
         self.finish: dict[int, tuple[int, int]] = {}  # ref -> (step, status)
         self.min_free = self.usable
         self.preemptions = 0
@@ -114,21 +114,7 @@ class _Collector:
         for a in rec.arrivals:
             r = state.requests.get(a.ref)
             if r is None:  # it finished in the same step (an error at arrival)
-                r = ReqState(
-                    a.ref,
-                    a.request_id,
-                    0,
-                    a.num_prompt_tokens,
-                    0,
-                    0,
-                    [],
-                    0,
-                    a.priority,
-                    a.arrival_time,
-                    -1,
-                    a.sampling.max_tokens,
-                    rec.step,
-                )
+                r = arrived(a, rec.step)
             self.reqs[a.ref] = r
         for f in rec.finishes:
             self.finish[f.ref] = (rec.step, f.status)
@@ -148,7 +134,7 @@ class _Collector:
         # A request arrives before its step starts: when the step before it ended.
         return self._time(step - 1) if self.timed else float(step - 1)
 
-    def _request(self, ref: int, r: ReqState) -> RequestStats:
+    def _request(self, ref: int, r: RequestState) -> RequestStats:
         finish_step, status = self.finish.get(ref, (-1, 0))
         first = r.first_token_step
         if first < 0 and r.num_output_tokens > 0:

@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from recorder.schema import Kind, Reason, Status
+from recorder.schema import Kind, Reason, RequestState, Status
 from replays.reducer import StepView
-from replays.state import ReqState, State
+from replays.state import State
 from tui.history import Digest, Event
 
 # Block classes in BlockMapVM.cls; the held ones (USED, SHARED) are those >= USED.
@@ -178,7 +178,7 @@ class StepInput:
     """The shown step spelled out, plus what the state after it no longer has."""
 
     view: StepView  # the step record with its implicit parts made explicit
-    gone: tuple[ReqState, ...]  # requests that finished in the step, as they were before it
+    gone: tuple[RequestState, ...]  # requests that finished in the step, as they were before it
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,7 +303,7 @@ def _rows(state: State, step: StepInput | None) -> tuple[RequestRow, ...]:
 
 
 def _finished_row(
-    r: ReqState, step: int, view: StepView, sched: tuple[int, str] | None
+    r: RequestState, step: int, view: StepView, sched: tuple[int, str] | None
 ) -> RequestRow:
     """A request that finished in `step`; `r` is how it was before the step."""
     f = next(f for f in view.record.finishes if f.ref == r.ref)
