@@ -4,7 +4,6 @@ are identical, 1 when they differ, 2 on bad input, so it serves as a regression 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from itertools import zip_longest
 from pathlib import Path
@@ -67,7 +66,7 @@ def diff_traces(a: str | Path, b: str | Path) -> TraceDiff:
     what: tuple[str, ...] = ()
     differing = 0
     with TraceReader(a) as ra, TraceReader(b) as rb:
-        for rec_a, rec_b in zip_longest(_steps(ra), _steps(rb)):
+        for rec_a, rec_b in zip_longest(ra.steps(), rb.steps()):
             fields_: tuple[str, ...]
             if rec_a is None or rec_b is None:
                 fields_ = ("steps",)
@@ -87,12 +86,6 @@ def diff_traces(a: str | Path, b: str | Path) -> TraceDiff:
     return TraceDiff(
         a, b, first, what, side_a, side_b, differing, _affected(stats_a, stats_b), stats_a, stats_b
     )
-
-
-def _steps(reader: TraceReader) -> Iterator[Step]:
-    for entry in reader.entries():
-        if isinstance(entry.record, Step):
-            yield entry.record
 
 
 def _side(path: Path, step: int) -> StepSide | None:
