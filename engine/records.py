@@ -65,6 +65,55 @@ class KVKind(enum.IntEnum):
     EVICTED = 4  # free blocks handed out again lost their hash
 
 
+# One label per enum value, for every screen and command line (the TUI, diff, stats,
+# export); the API's finish_reason words are engine.request.FINISH_REASONS.
+STATUS_LABELS: dict[int, str] = {
+    Status.WAITING: "waiting",
+    Status.RUNNING: "running",
+    Status.PREEMPTED: "preempted",
+    Status.FINISHED_STOPPED: "stopped",
+    Status.FINISHED_LENGTH_CAPPED: "length",
+    Status.FINISHED_ABORTED: "aborted",
+    Status.FINISHED_ERROR: "error",
+}
+KIND_LABELS: dict[int, str] = {
+    Kind.PREFILL: "prefill",
+    Kind.CHUNK: "chunk",
+    Kind.DECODE: "decode",
+    Kind.SPEC: "spec",
+}
+REASON_LABELS: dict[int, str] = {
+    Reason.TOKEN_BUDGET: "token budget",
+    Reason.LONG_PREFILL_THRESHOLD: "long-prefill cap",
+    Reason.MAX_NUM_SEQS: "max_num_seqs",
+    Reason.KV_BLOCKS: "no free KV blocks",
+    Reason.WATERMARK: "KV watermark",
+    Reason.FULL_PROMPT: "whole prompt won't fit",
+    Reason.PREEMPTION: "a preemption this step",
+    Reason.HEAD_OF_LINE: "behind the queue head",
+    Reason.MAX_MODEL_LEN: "max_model_len",
+    Reason.PREEMPTED: "preempted",
+    Reason.NO_CHUNKING: "needs chunking (off)",
+}
+
+
+def label(table: dict[int, str], value: int) -> str:
+    """A value's label; one this version does not know (a newer trace's) as its number."""
+    return table.get(value, f"#{value}")
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default); None for none. The
+    one percentile of every summary: the engine's run summaries and a trace's stats."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How a request samples and when it stops."""

@@ -17,7 +17,10 @@ import enum
 from dataclasses import dataclass
 
 from engine.records import (
+    KIND_LABELS,
     NO_KV_EVENTS,
+    REASON_LABELS,
+    STATUS_LABELS,
     Admission,
     Arrival,
     Finish,
@@ -39,12 +42,19 @@ from engine.records import (
     Status,
     Step,
     Timing,
+    label,
+    percentile,
 )
 
 Sampling = SamplingParams  # the name the trace format gives a request's sampling parameters
 RequestSnap = RequestState  # the name the trace format gives a request in a snapshot
 
 __all__ = [
+    "KIND_LABELS",
+    "REASON_LABELS",
+    "STATUS_LABELS",
+    "label",
+    "percentile",
     "FORMAT_MAJOR",
     "FORMAT_MINOR",
     "NO_KV_EVENTS",

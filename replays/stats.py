@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from recorder.reader import TraceReader
-from recorder.schema import RequestState, Snapshot, Status, Step
+from recorder.schema import STATUS_LABELS, RequestState, Snapshot, Step, label, percentile
 from replays.reducer import apply, arrived
 from replays.state import State
 
@@ -60,17 +60,6 @@ class TraceStats:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default); None for none."""
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def trace_stats(path: str | Path) -> TraceStats:
@@ -143,7 +132,7 @@ class _Collector:
         tpot = None
         if first >= 0 and finish_step >= 0 and r.num_output_tokens > 1:
             tpot = (self._time(finish_step) - self._time(first)) / (r.num_output_tokens - 1)
-        name = Status(status).name.removeprefix("FINISHED_").lower() if status else ""
+        name = label(STATUS_LABELS, status) if status else ""
         return RequestStats(
             r.request_id,
             r.arrival_step,
