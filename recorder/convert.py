@@ -69,6 +69,8 @@ class StepCompactor:
         one token and nothing else happens) as the trace has them, in declaration order:
         what `compact` makes of it, without building a record. None for any other step."""
         n = len(rep.scheduled)
+        # With nothing preempted, admitted, cut short or stopped, every running request was
+        # scheduled, in running order: the entries' refs need no comparison, their kinds do.
         if (
             rep.sample_counts is not None
             or rep.arrivals
@@ -80,10 +82,10 @@ class StepCompactor:
             or rep.waiting_stop
             or rep.spec_accepted
             or rep.timings
+            or n != len(self.running)
             or rep.running != self.running
             or rep.waiting != self.waiting
-            or n > len(self.running)
-            or self._decode_prefix(rep) != n
+            or list(map(_KIND, rep.scheduled)).count(_DECODE) != n
         ):
             return None
         return {
