@@ -13,7 +13,7 @@ tokens, not as 256 entries.
 from __future__ import annotations
 
 from dataclasses import replace
-from operator import attrgetter
+from operator import attrgetter, countOf
 from typing import Any
 
 from engine.records import (
@@ -92,7 +92,7 @@ class StepCompactor:
             or n != len(self.running)
             or rep.running != self.running
             or rep.waiting != self.waiting
-            or list(map(_KIND, rep.scheduled)).count(_DECODE) != n
+            or countOf(map(_KIND, rep.scheduled), _DECODE) != n
         ):
             return None
         return Step(
