@@ -1,13 +1,18 @@
-"""Suite-wide isolation: no test writes a default trace into the user's ~/.cache."""
+"""Suite-wide isolation: no test writes a default trace into the user's ~/.cache (nor
+compiles the C attention kernel there), and the trace readers a test opens with
+helpers.open_reader are closed after it."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import close_readers
 
 
 @pytest.fixture(autouse=True)
@@ -17,6 +22,12 @@ def trace_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
     directory = tmp_path_factory.mktemp("trace-dir") / "traces"
     monkeypatch.setenv("SCHEDTOP_TRACE_DIR", str(directory))
     return directory
+
+
+@pytest.fixture(autouse=True)
+def _close_opened_readers() -> Iterator[None]:
+    yield
+    close_readers()
 
 
 def pytest_configure(config: pytest.Config) -> None:
