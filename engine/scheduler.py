@@ -449,6 +449,7 @@ class Scheduler:
         drafts = result.draft_token_ids
         requests = self.requests
         max_model_len = self.max_model_len
+        caching = self.config.enable_prefix_caching
         for rid, tokens in zip(result.req_ids, result.sampled_token_ids):
             if not tokens:
                 continue  # mid-prefill
@@ -481,14 +482,15 @@ class Scheduler:
                 flat += tokens
             sampled[rid] = tokens
             touched.append(req)
+            if spec and rid in spec and caching:
+                # Accepted drafts may have filled blocks: hash them now, as vLLM does, even
+                # for a request that just stopped (its full blocks then free to the tail).
+                self.kv.cache_blocks(req, req.num_computed_tokens)
             if stopped:
                 finished_any = True
                 self._finish(req, req.status)
-            else:
-                if spec and rid in spec:
-                    self.kv.cache_blocks(req, req.num_computed_tokens)
-                if drafts:
-                    req.spec_token_ids = drafts.get(rid, [])
+            elif drafts:
+                req.spec_token_ids = drafts.get(rid, [])
         if finished_any:
             self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
         report.finishes.extend(self._finishes)

@@ -195,8 +195,20 @@ class _FaithfulRunner:
             count = counts[i] if i < len(counts) else 0
             sampled.append(list(tokens[at : at + count]))
             at += count
+        if rec.spec_accepted:
+            self._pad_stopped(ids, sampled, rec)
         drafts = self._drafts(ids, sampled) if self.k else {}
         return ModelRunnerOutput(ids, sampled, drafts)
+
+    def _pad_stopped(self, ids: list[str], sampled: list[list[int]], rec: Step) -> None:
+        """A request that stopped inside its accepted drafts recorded only the tokens up
+        to the stop, but the scheduler counts acceptances before trimming: hand it
+        `accepted + 1` tokens again (the filler after the stop is trimmed the same way)."""
+        accepted = {a.ref: a.accepted for a in rec.spec_accepted}
+        for rid, got in zip(ids, sampled):
+            a = accepted.get(self.refs.get(rid, -1))
+            if a is not None and got and len(got) < a + 1:
+                got += [got[-1]] * (a + 1 - len(got))
 
     def _drafts(self, ids: list[str], sampled: list[list[int]]) -> dict[str, list[int]]:
         """Drafts that the next step verifies to what the trace says it accepted."""
@@ -327,7 +339,7 @@ class _Script:
     arrival: Arrival  # how it arrived
     arrival_step: int  # when
     tokens: list[int] = field(default_factory=list)  # every token it sampled, in order
-    accepted: list[int] = field(default_factory=list)  # drafts accepted, per verification
+    accepted: dict[int, int] = field(default_factory=dict)  # output position -> drafts accepted
     status: int = 0  # how it finished (0: it had not when the trace ended)
     abort_step: int = -1  # the step whose record reports its abort
     hashes: dict[int, bytes] = field(default_factory=dict)  # block index -> recorded hash
@@ -344,13 +356,15 @@ def _collect(reader: TraceReader) -> tuple[list[_Script], int]:
         for a in rec.arrivals:
             scripts.append(_Script(a, rec.step))
         view = apply_with_view(state, rec)
+        # Keyed by where the verification started: drafts proposed and then dropped (a
+        # preemption, a budget that left no room for them) must not shift the rest.
+        for acc in rec.spec_accepted:
+            scripts[acc.ref].accepted[len(scripts[acc.ref].tokens)] = acc.accepted
         for sample in view.samples:
             script = scripts[sample.ref]
             script.tokens += (
                 list(sample.token_ids) if sample.token_ids is not None else [-1] * sample.count
             )  # redacted: filled in later
-        for acc in rec.spec_accepted:
-            scripts[acc.ref].accepted.append(acc.accepted)
         for f in rec.finishes:
             scripts[f.ref].status = f.status
             if f.status == Status.FINISHED_ABORTED:
@@ -411,18 +425,17 @@ class _RecordedHasher:
 
 
 class _ScriptedRunner(SimRunner):
-    """SimRunner with recorded acceptances: each verification accepts what the trace's
-    verification of that request (in the same order) accepted."""
+    """SimRunner with recorded acceptances: a verification that starts at a request's
+    output position accepts what the trace's verification there accepted."""
 
     def __init__(self, k: int) -> None:
         super().__init__({}, num_speculative_tokens=k)
-        self.accepted: dict[str, list[int]] = {}
+        self.accepted: dict[str, dict[int, int]] = {}  # request -> output position -> accepted
         self.model_description = ""
 
     def _propose(self, rid: str) -> list[int]:
-        queue = self.accepted.get(rid)
-        right = queue.pop(0) if queue else 0
         pos = self.sampled[rid]
+        right = self.accepted.get(rid, {}).get(pos, 0)
         return [self._token(rid, pos + j) + (0 if j < right else 1) for j in range(self.k)]
 
 
@@ -458,7 +471,7 @@ def _run_scripted(
                 a = s.arrival
                 tokens = _fill_redacted(s) if reader.header.redacted else s.tokens
                 runner.add_script(a.request_id, tokens)
-                runner.accepted[a.request_id] = list(s.accepted)
+                runner.accepted[a.request_id] = s.accepted
                 live[a.request_id] = ref
                 hasher = (
                     _RecordedHasher(config.block_size, s, ref) if reader.header.redacted else plain
