@@ -66,6 +66,7 @@ class RunnerTimings:
     attention_s: float | None  # attention alone, where measured
     sample_s: float  # sampling
     kernels: tuple[KernelStat, ...] = ()  # per-kernel breakdown on profiled steps
+    propose_s: float = 0.0  # the drafter's proposals (n-gram lookup)
 
 
 @dataclass(slots=True)

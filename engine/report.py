@@ -129,6 +129,7 @@ class StepReport:
     sampled: dict[str, list[int]] = field(default_factory=dict)  # tokens appended per request
     sampled_flat: list[int] = field(default_factory=list)  # the same tokens, in sampled's order
     num_spec_accepted: dict[str, int] = field(default_factory=dict)  # accepted drafts
+    num_spec_proposed: dict[str, int] = field(default_factory=dict)  # drafts for the next step
     kv_events: KVEventLog = field(default_factory=KVEventLog)  # every block movement, in order
     num_free_blocks_after_schedule: int = 0  # free blocks right after schedule()
     num_free_blocks: int = 0  # free blocks at the end of the step

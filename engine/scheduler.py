@@ -490,7 +490,9 @@ class Scheduler:
                 finished_any = True
                 self._finish(req, req.status)
             elif drafts:
-                req.spec_token_ids = drafts.get(rid, [])
+                req.spec_token_ids = proposal = drafts.get(rid, [])
+                if proposal:
+                    report.num_spec_proposed[rid] = len(proposal)
         if finished_any:
             self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
         report.finishes.extend(self._finishes)

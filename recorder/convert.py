@@ -9,6 +9,7 @@ tokens, not as 256 entries.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -39,6 +40,7 @@ from recorder.schema import (
     Shortfall,
     Snapshot,
     SpecAccepted,
+    SpecProposed,
     Step,
     Timing,
 )
@@ -169,6 +171,7 @@ class StepConverter:
             or rep.running_stop
             or rep.waiting_stop
             or rep.num_spec_accepted
+            or rep.num_spec_proposed
             or rep.timings
             or self.awaiting_token
             or n > len(self.running)
@@ -267,6 +270,10 @@ class StepConverter:
         if rep.num_spec_accepted:
             out["spec_accepted"] = tuple(
                 SpecAccepted(ref(r), n) for r, n in rep.num_spec_accepted.items()
+            )
+        if rep.num_spec_proposed:
+            out["spec_proposed"] = tuple(
+                SpecProposed(ref(r), n) for r, n in rep.num_spec_proposed.items()
             )
         return out
 
@@ -453,14 +460,20 @@ def _timings(rep: StepReport) -> tuple[Timing, ...]:
             None if t.attention_s is None else ns(t.attention_s),
             ns(t.sample_s),
             tuple(Kernel(k.name, k.calls, ns(k.total_s)) for k in t.kernels),
+            ns(t.propose_s),
         )
         for t in rep.timings
     )
 
 
 def scalar_config(values: dict[str, Any]) -> dict[str, Any]:
-    """The config as plain scalars (anything else as its repr)."""
+    """The config as plain scalars (a nested object as JSON text, anything else as its
+    repr)."""
     return {
-        k: v if v is None or isinstance(v, str | int | float | bool) else repr(v)
+        k: v
+        if v is None or isinstance(v, str | int | float | bool)
+        else json.dumps(v, sort_keys=True)
+        if isinstance(v, dict)
+        else repr(v)
         for k, v in values.items()
     }

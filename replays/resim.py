@@ -114,6 +114,12 @@ def _config(recorded: dict[str, Any], overrides: dict[str, Any]) -> EngineConfig
 # -- checking steps as they come ----------------------------------------------------------------
 
 
+def recorded_proposals(config: EngineConfig) -> bool:
+    """Whether the trace's drafter proposes a varying number of drafts, recorded per
+    request (n-gram); the simulated drafter always proposes k."""
+    return config.speculative_config is not None
+
+
 class _Checker:
     """Compares each re-simulated step record with the trace's (timings masked). The
     trace's records come from `source`, or are queued with `expect` just before the step
@@ -176,10 +182,10 @@ class _FaithfulRunner:
 
     model_description = ""
 
-    def __init__(self, num_speculative_tokens: int) -> None:
-        self.k = num_speculative_tokens
+    def __init__(self, config: EngineConfig) -> None:
+        self.k = config.num_speculative_tokens
+        self.recorded_proposals = recorded_proposals(config)
         self.record: Step | None = None  # this step's record
-        self.next: Step | None = None  # the next one, for speculative drafts
         self.refs: dict[str, int] = {}  # request id -> its latest ref
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
@@ -211,49 +217,24 @@ class _FaithfulRunner:
                 got += [got[-1]] * (a + 1 - len(got))
 
     def _drafts(self, ids: list[str], sampled: list[list[int]]) -> dict[str, list[int]]:
-        """Drafts that the next step verifies to what the trace says it accepted."""
-        nxt = self.next
-        if nxt is None:
-            return {}
-        accepted = {a.ref: a.accepted for a in nxt.spec_accepted}
-        tokens_of = _tokens_by_ref(nxt)
+        """As many drafts as the trace says were proposed. Their values do not matter:
+        the next verification samples the recorded tokens, and the scheduler counts
+        acceptances from how many there are."""
+        rec = self.record
+        assert rec is not None
+        counts = {p.ref: p.count for p in rec.spec_proposed}
         out: dict[str, list[int]] = {}
         for rid, got in zip(ids, sampled):
-            if not got:
-                continue
-            ref = self.refs.get(rid)
-            a = accepted.get(ref, 0) if ref is not None else 0
-            toks = tokens_of.get(ref, []) if ref is not None else []
-            out[rid] = _draft(toks, a, self.k)
+            if got:
+                n = counts.get(self.refs.get(rid, -1), 0) if self.recorded_proposals else self.k
+                out[rid] = [0] * n
         return out
-
-
-def _tokens_by_ref(rec: Step) -> dict[int, list[int]]:
-    """The explicit entries' sampled tokens by ref (speculative entries are explicit)."""
-    tokens = rec.sampled_tokens or ()
-    counts = rec.sample_counts
-    n = rec.num_decodes
-    at = n if counts is None else sum(counts[:n])
-    out: dict[int, list[int]] = {}
-    for i, e in enumerate(rec.scheduled):
-        c = 1 if counts is None else counts[n + i]
-        out[e.ref] = list(tokens[at : at + c])
-        at += c
-    return out
-
-
-def _draft(tokens: list[int], accepted: int, k: int) -> list[int]:
-    """k drafts: the first `accepted` right, the next one wrong (so verification stops)."""
-    drafts = list(tokens[:accepted])
-    if len(drafts) < k:
-        drafts.append(tokens[accepted] + 1 if accepted < len(tokens) else 0)
-    return (drafts + [0] * k)[:k]
 
 
 def _run_faithful(
     reader: TraceReader, config: EngineConfig, out: str | Path | None, max_steps: int | None = None
 ) -> ResimResult:
-    runner = _FaithfulRunner(config.num_speculative_tokens)
+    runner = _FaithfulRunner(config)
     engine = EngineCore(config, runner)
     checker = _Checker()
     recorder = _recorder(engine, reader, out, checker)
@@ -273,7 +254,7 @@ def _run_faithful(
             for a in rec.arrivals:
                 runner.refs[a.request_id] = a.ref
                 engine.add_request(_request(a, hasher))
-            runner.record, runner.next = rec, nxt
+            runner.record = rec
             checker.expect(rec)
             engine.step()
             engine.take_finished()  # nobody reads them: don't let them pile up
@@ -340,6 +321,7 @@ class _Script:
     arrival_step: int  # when
     tokens: list[int] = field(default_factory=list)  # every token it sampled, in order
     accepted: dict[int, int] = field(default_factory=dict)  # output position -> drafts accepted
+    proposed: dict[int, int] = field(default_factory=dict)  # output position -> drafts proposed
     status: int = 0  # how it finished (0: it had not when the trace ended)
     abort_step: int = -1  # the step whose record reports its abort
     hashes: dict[int, bytes] = field(default_factory=dict)  # block index -> recorded hash
@@ -365,6 +347,8 @@ def _collect(reader: TraceReader) -> tuple[list[_Script], int]:
             script.tokens += (
                 list(sample.token_ids) if sample.token_ids is not None else [-1] * sample.count
             )  # redacted: filled in later
+        for prop in rec.spec_proposed:
+            scripts[prop.ref].proposed[len(scripts[prop.ref].tokens)] = prop.count
         for f in rec.finishes:
             scripts[f.ref].status = f.status
             if f.status == Status.FINISHED_ABORTED:
@@ -428,14 +412,19 @@ class _ScriptedRunner(SimRunner):
     """SimRunner with recorded acceptances: a verification that starts at a request's
     output position accepts what the trace's verification there accepted."""
 
-    def __init__(self, k: int) -> None:
-        super().__init__({}, num_speculative_tokens=k)
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__({}, num_speculative_tokens=config.num_speculative_tokens)
         self.accepted: dict[str, dict[int, int]] = {}  # request -> output position -> accepted
+        self.proposed: dict[str, dict[int, int]] = {}  # request -> output position -> proposed
+        self.recorded_proposals = recorded_proposals(config)
         self.model_description = ""
 
     def _propose(self, rid: str) -> list[int]:
         pos = self.sampled[rid]
         right = self.accepted.get(rid, {}).get(pos, 0)
+        if self.recorded_proposals:
+            n = self.proposed.get(rid, {}).get(pos, 0)
+            return [self._token(rid, pos + j) + (0 if j < right else 1) for j in range(n)]
         return [self._token(rid, pos + j) + (0 if j < right else 1) for j in range(self.k)]
 
 
@@ -443,7 +432,7 @@ def _run_scripted(
     reader: TraceReader, config: EngineConfig, overrides: dict[str, Any], out: str | Path | None
 ) -> ResimResult:
     scripts, num_recorded = _collect(TraceReader(reader.path))
-    runner = _ScriptedRunner(config.num_speculative_tokens)
+    runner = _ScriptedRunner(config)
     engine = EngineCore(config, runner)
     checker = _Checker(_steps(TraceReader(reader.path)))
     recorder = _recorder(engine, reader, out, checker)
@@ -472,6 +461,7 @@ def _run_scripted(
                 tokens = _fill_redacted(s) if reader.header.redacted else s.tokens
                 runner.add_script(a.request_id, tokens)
                 runner.accepted[a.request_id] = s.accepted
+                runner.proposed[a.request_id] = s.proposed
                 live[a.request_id] = ref
                 hasher = (
                     _RecordedHasher(config.block_size, s, ref) if reader.header.redacted else plain

@@ -1,7 +1,8 @@
 """Speculative decoding through the whole trace path: for random workloads with drafts
-(rejections, budget-truncated drafts, preemptions with drafts in flight, stops inside
-accepted drafts), the reducer rebuilds the engine's state after every step, and
-re-simulation reproduces every decision, both from the streamed trace and from scripts."""
+(simulated or n-gram; rejections, budget-truncated drafts, preemptions with drafts in
+flight, stops inside accepted drafts), the reducer rebuilds the engine's state after every
+step, and re-simulation reproduces every decision, from the streamed trace and from
+scripts."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine.config import SpeculativeConfig
 from engine.sim.workload import SimWorkload, parse_workload
 from replays.export import export_perfetto
 from replays.resim import resimulate
@@ -24,7 +26,11 @@ from tests.test_scheduler_props import workloads
 def spec_workloads(draw: st.DrawFn) -> SimWorkload:
     w = draw(workloads())
     k = draw(st.sampled_from([1, 2, 3, 5]))
-    return dataclasses.replace(w, config=w.config.replace(num_speculative_tokens=k))
+    if draw(st.booleans()):  # the simulated drafter: k drafts, right for a random prefix
+        return dataclasses.replace(w, config=w.config.replace(num_speculative_tokens=k))
+    lo = draw(st.integers(1, 3))
+    spec = SpeculativeConfig("ngram", k, lo + draw(st.integers(0, 2)), lo)
+    return dataclasses.replace(w, config=w.config.replace(speculative_config=spec))
 
 
 def check_trace(w: SimWorkload, tmp_path: Path) -> None:
