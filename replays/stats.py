@@ -155,10 +155,10 @@ class _Collector:
         self.preemptions += len(rec.preemptions)
         if rec.spec_accepted:
             drafts = {e.ref: e.num_spec_tokens for e in rec.scheduled}
-            for a in rec.spec_accepted:
+            for acc in rec.spec_accepted:
                 self.spec[0] += 1
-                self.spec[1] += drafts.get(a.ref, 0)
-                self.spec[2] += a.accepted
+                self.spec[1] += drafts.get(acc.ref, 0)
+                self.spec[2] += acc.accepted
         self.min_free = min(self.min_free, rec.free_blocks)
         if rec.token_budget:
             self.budget_use += rec.num_scheduled_tokens / rec.token_budget
