@@ -52,7 +52,7 @@ def run(engine: LLMEngine, prompts: dict[str, str], params: SamplingParams) -> R
     for rid, text in prompts.items():
         engine.add_request(rid, [{"role": "user", "content": text}], params)
     out = Run()
-    drafting: set[str] = set()  # requests holding unverified drafts
+    drafting: set[int] = set()  # requests (refs) holding unverified drafts
     while engine.has_unfinished():
         for o in engine.step():
             if o.finished:
@@ -61,14 +61,14 @@ def run(engine: LLMEngine, prompts: dict[str, str], params: SamplingParams) -> R
         for p in rep.preemptions:
             out.preemptions += 1
             out.preempted_with_drafts += p.victim in drafting
+        accepted = {a.ref: a.accepted for a in rep.spec_accepted}
         for s in rep.scheduled:
             out.chunks += s.kind == Kind.CHUNK
-            if s.request_id in rep.num_spec_accepted:
-                a = rep.num_spec_accepted[s.request_id]
-                out.accepted += a
-                out.rejected += s.num_spec_tokens - a
-            drafting.discard(s.request_id)
-        drafting |= set(rep.num_spec_proposed)
+            if s.ref in accepted:
+                out.accepted += accepted[s.ref]
+                out.rejected += s.num_spec_tokens - accepted[s.ref]
+            drafting.discard(s.ref)
+        drafting |= {p.ref for p in rep.spec_proposed}
         out.hit_tokens += sum(a.cached_tokens for a in rep.admissions)
     engine.close()
     return out
