@@ -153,7 +153,7 @@ class EngineConfig:
             spec = SpeculativeConfig.from_json(spec)
         elif not isinstance(spec, SpeculativeConfig):
             spec = SpeculativeConfig.from_dict(spec)
-            object.__setattr__(self, "speculative_config", spec)
+        object.__setattr__(self, "speculative_config", spec)
         k = spec.num_speculative_tokens
         if self.num_speculative_tokens == 0:
             object.__setattr__(self, "num_speculative_tokens", k)

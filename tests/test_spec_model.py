@@ -164,6 +164,11 @@ def test_run_takes_speculative_config(tmp_path: Path) -> None:
     )
     e = build_engine(w, loaded=tiny_model(), overrides={"num_gpu_blocks_override": 64})
     assert e.config.speculative_config == NGRAM and e.config.num_speculative_tokens == 4
+    # The command line gives it as JSON text, which replaces the workload's.
+    text = '{"method": "ngram", "num_speculative_tokens": 2}'
+    e = build_engine(w, loaded=tiny_model(), overrides={"speculative_config": text})
+    assert e.config.speculative_config == SpeculativeConfig("ngram", 2, 5, 5)
+    assert e.config.num_speculative_tokens == 2
     with pytest.raises(Exception, match="speculative_config.method='eagle'"):
         build_engine(
             w,
