@@ -33,6 +33,7 @@ from engine.records import (
 from engine.request import Request, RequestStatus
 
 _REF = attrgetter("ref")
+PLACEHOLDER = -1  # a padding draft: never a token, so always rejected
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,7 @@ class _Pass:
     shortfalls: list[Shortfall] = field(default_factory=list)
     running_stop: QueueStop | None = None
     waiting_stop: QueueStop | None = None
+    prefill_scheduled: bool = False  # the running pass scheduled a partial prefill chunk
 
 
 class Scheduler:
@@ -102,7 +104,11 @@ class Scheduler:
         self.policy = config.policy
         self.max_model_len = config.max_model_len
         self.max_num_running = config.max_num_active_seqs or config.max_num_seqs
-        self.num_lookahead_tokens = config.num_speculative_tokens
+        self.num_spec_tokens = config.num_speculative_tokens
+        # KV slots past the scheduled tokens: a drafter that writes KV ahead (a draft model,
+        # the simulated drafter) needs k of them; prompt lookup reads only known tokens, so
+        # vLLM reserves none for it.
+        self.num_lookahead_tokens = 0 if config.speculative_config else self.num_spec_tokens
         self.kv = KVCacheManager(
             config.block_size,
             config.num_blocks,
@@ -270,6 +276,8 @@ class Scheduler:
                     return
             p.cursor += 1
             rid = req.request_id
+            if computed + n < len(req.all_token_ids):
+                p.prefill_scheduled = True
             if reason is not None:
                 p.shortfalls.append(Shortfall(req.ref, wanted, n, reason))
             num_scheduled[rid] = n
@@ -355,10 +363,16 @@ class Scheduler:
             self.kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else ([], 0)
         )
         wanted = req.num_tokens - num_hits
+        pad = self._decode_padding(wanted, num_hits, p)
+        if pad and 1 + pad > p.budget:
+            p.waiting_stop = QueueStop(Reason.TOKEN_BUDGET, Reason.TOKEN_BUDGET)
+            return False
+        if 0 < p.threshold < wanted + pad:
+            pad = 0  # vLLM asserts that a padded entry keeps every row; never cut one
         if 0 < p.threshold < wanted:
             n, reason = p.threshold, Reason.LONG_PREFILL_THRESHOLD
         else:
-            n, reason = wanted, None
+            n, reason = wanted + pad, None
         if not self.config.enable_chunked_prefill and n > p.budget:
             p.waiting_stop = QueueStop(Reason.NO_CHUNKING, Reason.HEAD_OF_LINE)
             return False
@@ -391,9 +405,27 @@ class Scheduler:
         p.budget -= n
         p.admitted.append(req)
         p.admissions.append(Admission(req.ref, num_hits, resumed))
+        if pad:
+            p.spec_tokens[req.request_id] = [PLACEHOLDER] * pad
         if reason is not None:
             p.shortfalls.append(Shortfall(req.ref, wanted, n, reason))
         return True
+
+    def _decode_padding(self, wanted: int, num_hits: int, p: _Pass) -> int:
+        """Placeholder drafts for an admitted request with one token to compute (a 1-token
+        prompt, a resume whose tokens are all cached but the last): vLLM pads it to the
+        step's uniform 1 + k query rows (for CUDA graphs) unless a partial prefill is in
+        the step, and the placeholders are then rejected like wrong drafts."""
+        k = self.num_spec_tokens
+        if (
+            k
+            and wanted == 1
+            and not p.prefill_scheduled
+            and (p.running_reqs or num_hits > 0)
+            and num_hits + 1 + k + 1 <= self.max_model_len
+        ):
+            return k
+        return 0
 
     def _admission_failure(
         self, req: Request, n: int, num_hits: int, hits: list[KVBlock]

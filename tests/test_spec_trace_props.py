@@ -72,5 +72,7 @@ def test_rejected_drafts_without_prefix_caching(tmp_path: Path) -> None:
     )
     run = record(w)
     assert any(s.num_spec_tokens > 0 for r in run.reports for s in r.scheduled)
-    assert any(r.spec_accepted and not all(a.accepted for a in r.spec_accepted) for r in run.reports)
+    assert any(
+        r.spec_accepted and not all(a.accepted for a in r.spec_accepted) for r in run.reports
+    )
     check_trace(w, tmp_path)

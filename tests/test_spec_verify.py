@@ -82,3 +82,25 @@ def test_seeded_requests_verify_the_same_in_any_batch() -> None:
         Sampler(torch.device("cpu"), seed=99),
     )
     assert mixed[1] == alone[0]
+
+
+def test_placeholder_drafts_are_rejected_and_the_token_follows_the_target() -> None:
+    """A padding placeholder (-1) is never accepted; the token in its place is drawn from
+    the target itself (greedy: its argmax), not from a residual."""
+    logits = torch.tensor([[0.0, 3.0, 1.0, 0.0], [0.0, 0.0, 0.0, 9.0], [9.0, 0.0, 0.0, 0.0]])
+    greedy = SamplingParams(temperature=0.0)
+    sampler = Sampler(torch.device("cpu"))
+    assert verify(logits, Verification([[-1, -1]], [greedy], [0]), sampler) == [[1]]
+    target = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    n = 20_000
+    out = verify(
+        target.log().repeat(n, 1),
+        Verification(
+            [[-1]] * (n // 2), [SamplingParams(temperature=1.0)] * (n // 2), [0] * (n // 2)
+        ),
+        Sampler(torch.device("cpu"), seed=5),
+    )
+    assert all(len(o) == 1 for o in out)
+    counts = torch.bincount(torch.tensor([o[0] for o in out]), minlength=4).double()
+    expected = target.double() * counts.sum()
+    assert float(((counts - expected) ** 2 / expected).sum()) < 16.27  # 3 dof, p = 0.001

@@ -206,7 +206,8 @@ class InputBatch:
             if drafts:
                 row = rows[i]
                 n = int(self.num_tokens[row])
-                self.token_ids[row, n : n + len(drafts)] = drafts
+                # A placeholder (-1, padding) is fed as token 0; it is rejected anyway.
+                self.token_ids[row, n : n + len(drafts)] = np.maximum(drafts, 0)
                 num[i] = len(drafts)
         return num
 

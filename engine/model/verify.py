@@ -70,20 +70,22 @@ def _rejection_sample(
     uniform, noise = _draws(probs, batch, sampler)
     # p(x) of every draft at its row, in one gather (one device sync, not one per draft).
     draft_rows = [r for r, pos in enumerate(_offsets(v, reqs)) if pos >= 0]
-    draft_ids = [x for i in reqs for x in v.drafts[i]]
+    draft_ids = [max(x, 0) for i in reqs for x in v.drafts[i]]
     p_draft = iter(probs[draft_rows, draft_ids].tolist() if draft_ids else ())
     at = 0
     for i in reqs:
         drafts = v.drafts[i]
         p = probs[at : at + len(drafts) + 1]
-        p_x = [next(p_draft) for _ in drafts]
+        gathered = [next(p_draft) for _ in drafts]
+        p_x = [px if x >= 0 else 0.0 for px, x in zip(gathered, drafts)]  # placeholder: 0
         tokens: list[int] = []
         for j, x in enumerate(drafts):
             if uniform[at + j] < p_x[j]:
                 tokens.append(x)
                 continue
             residual = p[j].clone()
-            residual[x] = 0.0  # a one-hot draft: max(p - q, 0) is p without x
+            if x >= 0:
+                residual[x] = 0.0  # a one-hot draft: max(p - q, 0) is p without x
             tokens.append(int((residual / noise[at + j]).argmax()))
             break
         else:
