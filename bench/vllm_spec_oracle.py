@@ -1,27 +1,26 @@
-"""vLLM's V1 Scheduler driven with scripted drafts: the peer of `schedtop sim` with
-`num_speculative_tokens` > 0. Runs in an interpreter that has vLLM (never a dependency).
+"""vLLM's V1 Scheduler driven with scripted n-gram drafts: the peer of `schedtop sim` with
+a `speculative_config`. Runs in an interpreter that has vLLM (never a dependency).
 
     VLLM_PYTHON bench/vllm_spec_oracle.py < workloads.jsonl > decisions.jsonl
 
-One workload per input line (the fidelity format, config `num_speculative_tokens` = k),
-one line of decisions out: {"steps": [...]} or {"error": "..."}.
+One workload per input line (the fidelity format, with config `speculative_config`), one
+line of decisions out: {"steps": [...]} or {"error": "..."}.
 
 The fake model is `engine.sim.runner.SimRunner`'s rule, restated here so that both
 schedulers see the same drafts: a request samples when a step takes it to the end of its
 known tokens; the scheduled drafts are accepted while they match its script, then one
-more script token is emitted; after each sample, the drafter proposes k tokens, right for
-a pseudo-random prefix fixed by (seed, request id, output position). Drafts reach vLLM
-the way its engine hands them over: `update_draft_token_ids` after `update_from_output`.
+more script token is emitted; after each sample, prompt lookup over the request's tokens
+proposes the next drafts (vLLM's n-gram rule: the longest suffix match, its earliest
+occurrence). Drafts reach vLLM the way its engine hands them over:
+`update_draft_token_ids` after `update_from_output`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import sys
 import tempfile
-import zlib
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -55,8 +54,6 @@ from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-ACCEPTANCE_RATE = 0.7  # SimRunner's default
-SEED = 0
 _HF = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -93,7 +90,7 @@ def _model_dir() -> str:
 def build(cfg: dict) -> Scheduler:
     bs = int(cfg.get("block_size", 16))
     max_model_len = int(cfg.get("max_model_len", 8192))
-    k = int(cfg["num_speculative_tokens"])
+    sc = cfg["speculative_config"]
     model = ModelConfig(
         model=_model_dir(),
         dtype="float16",
@@ -112,9 +109,9 @@ def build(cfg: dict) -> Scheduler:
     sched_kw.update({key: cfg[key] for key in _PASSTHROUGH if cfg.get(key) is not None})
     spec = SpeculativeConfig(
         method="ngram",
-        num_speculative_tokens=k,
-        prompt_lookup_max=k,
-        prompt_lookup_min=1,
+        num_speculative_tokens=sc["num_speculative_tokens"],
+        prompt_lookup_max=sc["prompt_lookup_max"],
+        prompt_lookup_min=sc["prompt_lookup_min"],
         target_model_config=model,
         target_parallel_config=ParallelConfig(),
     )
@@ -151,18 +148,24 @@ def build(cfg: dict) -> Scheduler:
     )
 
 
-def propose(rid: str, pos: int, script: list[int], k: int) -> list[int]:
-    rng = random.Random(zlib.crc32(f"{SEED}:{rid}:{pos}".encode()))
-    right = 0
-    while right < k and rng.random() < ACCEPTANCE_RATE:
-        right += 1
-    tok = lambda j: script[j] if j < len(script) else 0  # noqa: E731
-    return [tok(pos + j) for j in range(right)] + [tok(pos + j) + 1 for j in range(right, k)]
+def propose(tokens: list[int], sc: dict, max_model_len: int) -> list[int]:
+    """Prompt lookup: the k tokens after the earliest occurrence of the longest suffix
+    n-gram, n from prompt_lookup_max down to prompt_lookup_min."""
+    n_tok = len(tokens)
+    k = min(sc["num_speculative_tokens"], max_model_len - n_tok)
+    if k <= 0:
+        return []
+    for n in range(min(sc["prompt_lookup_max"], n_tok - 1), sc["prompt_lookup_min"] - 1, -1):
+        suffix = tokens[n_tok - n :]
+        for i in range(n_tok - n):
+            if tokens[i : i + n] == suffix:
+                return tokens[i + n : i + n + k]
+    return []
 
 
 def run(workload: dict) -> list[dict]:
     cfg = workload["config"]
-    k = int(cfg["num_speculative_tokens"])
+    sc = cfg["speculative_config"]
     sched = build(cfg)
     init_none_hash(sha256)
     hasher = get_request_block_hasher(sched.block_size, sha256)
@@ -175,13 +178,22 @@ def run(workload: dict) -> list[dict]:
     sampled_n: dict[str, int] = {}
     unfinished: set[str] = set()
     preempted: list[str] = []
+    preempted_for: list[str | None] = []
+    allocating: list[str | None] = [None]
     orig = sched._preempt_request
+    orig_allocate = sched.kv_cache_manager.allocate_slots
 
     def recording(request, *a, **kw):
         preempted.append(request.request_id)
+        preempted_for.append(allocating[0])
         return orig(request, *a, **kw)
 
+    def allocate(request, *a, **kw):
+        allocating[0] = request.request_id
+        return orig_allocate(request, *a, **kw)
+
     sched._preempt_request = recording
+    sched.kv_cache_manager.allocate_slots = allocate
     last = max(arrivals, default=-1)
     steps: list[dict] = []
     step = idle = 0
@@ -208,9 +220,18 @@ def run(workload: dict) -> list[dict]:
             unfinished.add(rid)
             arrived.append(rid)
         preempted.clear()
+        preempted_for.clear()
         before = {rid: r.status.name for rid, r in sched.requests.items()}
         out = sched.schedule()
         free_after = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+        admitted = {
+            rid: {
+                "cached_tokens": sched.requests[rid].num_computed_tokens - n,
+                "resumed": before.get(rid) == "PREEMPTED",
+            }
+            for rid, n in out.num_scheduled_tokens.items()
+            if before.get(rid, "WAITING") in ("WAITING", "PREEMPTED")
+        }
         ids = list(out.num_scheduled_tokens)
         tokens_out: list[list[int]] = []
         sampled: dict[str, int] = {}
@@ -242,16 +263,18 @@ def run(workload: dict) -> list[dict]:
         finished = []
         for client in eco.values():
             for o in client.outputs:
+                if o.new_token_ids:  # what vLLM kept: a stop trims the tokens after it
+                    sampled[o.request_id] = o.new_token_ids[-1]
                 if o.finish_reason is not None:
                     finished.append(o.request_id)
                     unfinished.discard(o.request_id)
         draft_ids = [r for r, t in zip(ids, tokens_out) if t and r in sched.requests]
-        if k and draft_ids:
-            sched.update_draft_token_ids(
-                DraftTokenIds(
-                    draft_ids, [propose(r, sampled_n[r], scripts[r], k) for r in draft_ids]
-                )
-            )
+        if draft_ids:
+            drafts = [
+                propose(list(sched.requests[r].all_token_ids), sc, sched.max_model_len)
+                for r in draft_ids
+            ]
+            sched.update_draft_token_ids(DraftTokenIds(draft_ids, drafts))
         pool = sched.kv_cache_manager
         steps.append(
             {
@@ -259,16 +282,8 @@ def run(workload: dict) -> list[dict]:
                 "arrived": arrived,
                 "scheduled": dict(out.num_scheduled_tokens),
                 "preempted": list(preempted),
-                "admitted": {
-                    rid: {
-                        "cached_tokens": sched.requests[rid].num_computed_tokens - n
-                        if rid in sched.requests
-                        else None,
-                        "resumed": before.get(rid) == "PREEMPTED",
-                    }
-                    for rid, n in out.num_scheduled_tokens.items()
-                    if before.get(rid, "WAITING") in ("WAITING", "PREEMPTED")
-                },
+            "preemptions": [list(x) for x in zip(preempted, preempted_for)],
+                "admitted": admitted,
                 "sampled": sampled,
                 "spec": spec_rec,
                 "finished": finished,

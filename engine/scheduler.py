@@ -276,7 +276,7 @@ class Scheduler:
                     return
             p.cursor += 1
             rid = req.request_id
-            if computed + n < len(req.all_token_ids):
+            if req.prefill_chunk:  # vLLM's is_prefill_chunk: still prefilling from last step
                 p.prefill_scheduled = True
             if reason is not None:
                 p.shortfalls.append(Shortfall(req.ref, wanted, n, reason))
@@ -514,6 +514,7 @@ class Scheduler:
                     kind = Kind.PREFILL
             append(Scheduled(req.ref, n, kind, before, num_spec))
             req.num_computed_tokens = before + n
+            req.prefill_chunk = kind is Kind.CHUNK
         return scheduled
 
     # -- update -------------------------------------------------------------------------------
