@@ -282,7 +282,7 @@ def run(workload: dict) -> list[dict]:
                 "arrived": arrived,
                 "scheduled": dict(out.num_scheduled_tokens),
                 "preempted": list(preempted),
-            "preemptions": [list(x) for x in zip(preempted, preempted_for)],
+                "preemptions": [list(x) for x in zip(preempted, preempted_for)],
                 "admitted": admitted,
                 "sampled": sampled,
                 "spec": spec_rec,

@@ -404,7 +404,8 @@ def _batch(step: StepInput | None) -> BatchVM:
     totals = dict.fromkeys(BATCH_KINDS, 0)
     for e in entries:
         # A verifying entry is a decode token plus its drafts: count each as its kind.
-        totals[e.kind] = totals.get(e.kind, 0) + e.tokens - e.spec
+        kind = "decode" if e.kind == "spec" else e.kind
+        totals[kind] = totals.get(kind, 0) + e.tokens - e.spec
         totals["spec"] += e.spec
     return BatchVM(
         step.view.record.token_budget, entries, tuple((k, totals[k]) for k in BATCH_KINDS)

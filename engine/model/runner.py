@@ -136,7 +136,10 @@ class ModelRunner:
             return {}, 0.0
         t0 = time.perf_counter()
         rows = inputs.sample_rows
-        proposals = self.proposer.propose(self.batch.token_ids[rows], self.batch.num_tokens[rows])
+        lengths = self.batch.num_tokens[rows]
+        # Only the known part of each row: a full row is max_model_len wide.
+        tokens = self.batch.token_ids[rows, : int(lengths.max())]
+        proposals = self.proposer.propose(tokens, lengths)
         drafts = {inputs.req_ids[i]: d for i, d in zip(sampling, proposals)}
         return drafts, time.perf_counter() - t0
 
