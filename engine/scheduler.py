@@ -423,6 +423,8 @@ class Scheduler:
             and not p.prefill_scheduled
             and (p.running_reqs or num_hits > 0)
             and num_hits + 1 + k + 1 <= self.max_model_len
+            # vLLM would retry a padding that can never fit forever; we admit it unpadded.
+            and self.kv.can_ever_fit(num_hits + 1 + k + self.num_lookahead_tokens)
         ):
             return k
         return 0
