@@ -54,6 +54,7 @@ from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
+STALL_STEPS = 300  # steps with nothing scheduled after the last arrival: vLLM is stuck
 _HF = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -198,7 +199,7 @@ def run(workload: dict) -> list[dict]:
     steps: list[dict] = []
     step = idle = 0
     while step <= last or unfinished:
-        if idle >= 1000 and step > last:
+        if idle >= STALL_STEPS and step > last:
             raise SystemExit(f"stalled at step {step}")
         arrived = []
         for rank, s in arrivals.get(step, []):

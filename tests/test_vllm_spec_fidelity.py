@@ -100,6 +100,7 @@ def features(workload: dict[str, Any]) -> dict[str, int]:
 
 
 def test_the_cases_cover_the_spec_decisions() -> None:
+    assert CASES, "the stored vLLM cases are missing"
     total: dict[str, int] = {}
     for case in CASES:
         for key, n in features(json.loads(case.read_text())).items():
