@@ -33,6 +33,8 @@ FEATURES = (
 )
 MIN_STEP_NS = 1_000  # a step takes at least 1 µs: the clock must move even on empty steps
 OUTLIER_MADS = 5.0  # residuals beyond this many (scaled) median absolute deviations are dropped
+OUTLIER_ROUNDS = 8  # refits with the outliers of the previous fit left out, until stable
+OUTLIER_MIN = 0.25  # ... but never one within 25% of its prediction (a clean fit has tiny MADs)
 
 
 def step_work(entries: Iterable[tuple[int, int, int]]) -> tuple[int, int, int, int, int]:
@@ -86,6 +88,9 @@ class CostModel:
         values = [self.intercept_s, *self.coefficients.values()]
         if not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
             raise CostModelError(f"coefficients must be finite numbers, got {values}")
+        # Every feature present, in FEATURES order: equal models compare equal.
+        full = {f: float(self.coefficients.get(f, 0.0)) for f in FEATURES}
+        object.__setattr__(self, "coefficients", full)
 
     @property
     def vector(self) -> tuple[float, ...]:
@@ -171,7 +176,8 @@ def fit_model(work: np.ndarray, seconds: np.ndarray, source: str, excluded: int 
     Two refinements keep the model usable outside the fitted range: a feature whose
     coefficient comes out negative is dropped and the rest refitted (more work never makes
     a step faster; a negative term is collinearity, not physics), and steps whose residual
-    relative to their own duration exceeds OUTLIER_MADS scaled MADs are dropped once (a
+    relative to their own duration exceeds OUTLIER_MADS scaled MADs (and OUTLIER_MIN) are
+    left out, refitting until the set is stable (a
     thread-count probe, another process on the machine) before the final fit."""
     n = len(seconds)
     if n < 2:
@@ -181,14 +187,16 @@ def fit_model(work: np.ndarray, seconds: np.ndarray, source: str, excluded: int 
         )
     x = np.hstack([np.ones((n, 1)), work.astype(np.float64)])
     y = np.maximum(seconds.astype(np.float64), MIN_STEP_NS / 1e9)
+    keep = np.ones(n, dtype=bool)
     coef = _nonneg_lstsq(x, y)
-    rel = (x @ coef - y) / y
-    mad = float(np.median(np.abs(rel - np.median(rel)))) * 1.4826
-    keep = np.abs(rel - np.median(rel)) <= OUTLIER_MADS * mad if mad > 0 else np.ones(n, bool)
-    if keep.sum() >= 2 and not keep.all():
+    for _ in range(OUTLIER_ROUNDS):
+        rel = (x @ coef - y) / y
+        mad = float(np.median(np.abs(rel - np.median(rel)))) * 1.4826
+        now = np.abs(rel - np.median(rel)) <= max(OUTLIER_MADS * mad, OUTLIER_MIN)
+        if now.sum() < 2 or (now == keep).all():
+            break
+        keep = now
         coef = _nonneg_lstsq(x[keep], y[keep])
-    else:
-        keep = np.ones(n, dtype=bool)
     xk, yk = x[keep], y[keep]
     pred = xk @ coef
     ss_res = float(((yk - pred) ** 2).sum())

@@ -270,3 +270,12 @@ def timed_metrics(obs: Observer, end_ns: list[int], arrival_ns: list[int]) -> Ti
         recompute_tokens=obs.recompute_tokens,
         peak_blocks=obs.usable - obs.min_free,
     )
+
+
+def recorded_metrics(path: str | Path, model: CostModel | None = None) -> TimedMetrics:
+    """The metrics of a recording on its own clock (a simulated one: on `model`'s)."""
+    obs, _ = observe_trace(path)
+    if not obs.timed and model is None:
+        raise ValueError(f"{path}: no step timings; a simulated trace needs a model")
+    base = recorded_timebase(obs, model or CostModel(0.0))
+    return timed_metrics(obs, base.end_ns, base.arrival_ns)
