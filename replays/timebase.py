@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from engine.records import percentile
 from recorder.reader import TraceReader
-from recorder.schema import Snapshot, Status, Step
+from recorder.schema import Scheduled, Snapshot, Status, Step
 from replays.costmodel import CostModel, fit_model, step_work
 from replays.reducer import StepView, apply_with_view
 from replays.state import State
-from replays.stats import percentile
 
 
 @dataclass
@@ -51,13 +51,35 @@ class Observer:
         self.min_free = usable_blocks
 
     def observe(self, rec: Step, view: StepView, idle: bool) -> None:
+        """A trace's record, with the reducer's view of it (the implicit decodes spelled out)."""
+        samples = [(x.ref, x.count) for x in view.samples]
+        self._observe(rec, view.scheduled, samples, rec.time_ns, idle)
+
+    def observe_explicit(self, rec: Step, time_ns: int, idle: bool) -> None:
+        """The engine's own record of a step: every entry explicit, no reducer needed."""
+        counts = rec.sample_counts
+        entries = rec.scheduled
+        samples = [
+            (e.ref, c)
+            for e, c in zip(entries, counts if counts is not None else [1] * len(entries))
+            if c
+        ]
+        samples += [(x.ref, x.count) for x in rec.other_samples]
+        self._observe(rec, entries, samples, time_ns, idle)
+
+    def _observe(
+        self,
+        rec: Step,
+        scheduled: tuple[Scheduled, ...],
+        samples: list[tuple[int, int]],
+        time_ns: int,
+        idle: bool,
+    ) -> None:
         self.steps.append(rec.step)
         self.work.append(
-            step_work(
-                (e.num_tokens, e.num_spec_tokens, e.num_computed_before) for e in view.scheduled
-            )
+            step_work((e.num_tokens, e.num_spec_tokens, e.num_computed_before) for e in scheduled)
         )
-        self.end_ns.append(rec.time_ns)
+        self.end_ns.append(time_ns)
         busy = rec.schedule_ns + rec.update_ns
         for t in rec.timings:
             busy += t.prepare_ns + t.forward_ns + t.sample_ns
@@ -66,14 +88,14 @@ class Observer:
         self.timed = self.timed or bool(rec.timings)
         for a in rec.arrivals:
             self.reqs[a.ref] = RequestLife(rec.step, a.arrival_time)
-        for e in view.scheduled:
+        for e in scheduled:
             r = self.reqs.get(e.ref)
             if r is not None and r.first_scheduled_step < 0:
                 r.first_scheduled_step = rec.step
-        for s in view.samples:
-            r = self.reqs.get(s.ref)
+        for ref, count in samples:
+            r = self.reqs.get(ref)
             if r is not None:
-                r.sample_steps.extend([rec.step] * s.count)
+                r.sample_steps.extend([rec.step] * count)
         for f in rec.finishes:
             r = self.reqs.get(f.ref)
             if r is not None:

@@ -15,32 +15,32 @@ with a clock); it reuses resim's per-request scripts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import functools
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.kv.hashing import BlockHasher
-from engine.outputs import ModelRunnerOutput, RunnerTimings, SchedulerOutput
+from engine.outputs import ModelRunnerOutput, SchedulerOutput
+from engine.records import Timing
 from recorder.reader import TraceReader
 from recorder.recorder import Recorder
-from recorder.schema import Step
+from recorder.schema import Header
 from recorder.writer import NullWriter, TraceWriter
 from replays.costmodel import CostModel, fit_model, step_work
-from replays.diff import differing_fields
-from replays.reducer import apply_with_view
-from replays.resim import (
-    ResimError,
-    _collect,
-    _config,
-    _fill_redacted,
-    _RecordedHasher,
-    _request,
-    _ScriptedRunner,
+from replays.resim_base import Checker, ResimError, config_for, request_of
+from replays.resim_scripted import _collect, _fill_redacted, _RecordedHasher, _ScriptedRunner
+from replays.timebase import (
+    Observer,
+    Timebase,
+    TimedMetrics,
+    observe_trace,
+    recorded_timebase,
+    timed_metrics,
 )
-from replays.state import State
-from replays.timebase import Observer, Timebase, TimedMetrics, recorded_timebase, timed_metrics
 
 METRICS = (
     "throughput",
@@ -72,7 +72,7 @@ class WhatifResult:
     model: CostModel  # the step-time model
     recorded: TimedMetrics  # the recording, on its clock (a sim trace: on the model's)
     predicted: TimedMetrics  # the predicted run
-    first_difference: int | None  # first step whose decisions differ (None: none differ)
+    first_difference: int | None  # first step whose decisions differ (None: none, or unchecked)
     out: Path | None  # where the predicted trace went
 
 
@@ -81,13 +81,17 @@ def whatif(
     overrides: dict[str, Any] | None = None,
     model: CostModel | None = None,
     out: str | Path | None = None,
+    check: bool = True,
 ) -> WhatifResult:
     """Predict the trace at `path` under its config with `overrides`, with `model`
-    (default: fitted on the trace's own timings); write the predicted trace to `out`."""
-    obs, first_step = _observe(path)
-    if first_step != 0:
+    (default: fitted on the trace's own timings); write the predicted trace to `out`.
+    `check` compares each predicted step's decisions with the recording's (sweeps, which
+    only want the metrics, skip it)."""
+    inputs = _inputs(path)
+    obs = inputs.obs
+    if inputs.first_step != 0:
         raise WhatifError(
-            f"{path}: the trace starts mid-run (step {first_step}); "
+            f"{path}: the trace starts mid-run (step {inputs.first_step}); "
             "what-if needs every arrival from step 0"
         )
     if model is None:
@@ -100,10 +104,8 @@ def whatif(
         model = fit_model(work, secs, str(path), excluded)
     base = recorded_timebase(obs, model)
     recorded = timed_metrics(obs, base.end_ns, base.arrival_ns)
-    with TraceReader(path) as reader:
-        config = _config(reader.header.config, overrides or {})
-        run = _TimedRun(reader, config, model, base, out, idle_steps=not obs.timed)
-        predicted, differs = run.run()
+    config = config_for(inputs.header.config, overrides or {})
+    predicted, differs = _TimedRun(inputs, config, model, base).run(out, check)
     return WhatifResult(
         str(path),
         config,
@@ -114,12 +116,6 @@ def whatif(
         differs,
         Path(out) if out is not None else None,
     )
-
-
-def _observe(path: str | Path) -> tuple[Observer, int]:
-    from replays.timebase import observe_trace
-
-    return observe_trace(path)
 
 
 class _Clock:
@@ -169,79 +165,67 @@ class _TimedRunner(_ScriptedRunner):
         )
         ns = self.model.predict_ns(work)
         self.clock.charge(ns)
-        result.timings = [RunnerTimings(out.step, 0.0, ns / 1e9, None, 0.0)]
+        result.timings = [Timing(out.step, 0, ns, None, 0)]
         return result
 
 
 class _TimedRun:
-    """The predicted run: arrivals and aborts at their times, one engine step at a time."""
+    """The predicted run: arrivals and aborts at their times, one engine step at a time.
+
+    Its metrics come from the engine's own step records (explicit: no reducer needed);
+    a recorder runs only to write `out` or to compare each step with the recording."""
 
     def __init__(
-        self,
-        reader: TraceReader,
-        config: EngineConfig,
-        model: CostModel,
-        base: Timebase,
-        out: str | Path | None,
-        idle_steps: bool,
+        self, inputs: _Inputs, config: EngineConfig, model: CostModel, base: Timebase
     ) -> None:
-        self.reader = reader
+        self.inputs = inputs
         self.config = config
         self.base = base
-        # A simulated trace's driver steps through idle time (each empty step costs the
-        # model's empty-step time); a real engine sleeps until the next arrival.
-        self.idle_steps = idle_steps
         self.clock = _Clock(model.predict_ns((0, 0, 0, 0, 0)))
         self.runner = _TimedRunner(config.num_speculative_tokens, model, self.clock)
         self.engine = EngineCore(config, self.runner, clock=self.clock.seconds)
-        header = reader.header
         self.obs = Observer(config.num_blocks - 1)
-        own = replace(
-            header,
-            num_blocks=config.num_blocks,
-            block_size=config.block_size,
-            policy=config.policy,
-        )
-        self.state = State.initial(own)
-        self.recorded = _steps(TraceReader(reader.path))
-        self.first_difference: int | None = None
-        sink = TraceWriter(out, live=False) if out is not None else NullWriter()
-        self.recorder = Recorder(
-            self.engine,
-            sink,
-            redact_prompts=header.redacted,
-            snapshot_interval=header.snapshot_interval,
-            model=header.model,
-            on_step_record=self._on_record,
-            clock=self.clock.settle,
-        )
 
-    def _on_record(self, rec: Step) -> None:
-        idle = not self.state.requests
-        self.obs.observe(rec, apply_with_view(self.state, rec), idle)
-        if self.first_difference is None:
-            old = next(self.recorded, None)
-            if old is None or differing_fields(old, rec):
-                self.first_difference = rec.step
-
-    def run(self) -> tuple[TimedMetrics, int | None]:
-        try:
+    def run(self, out: str | Path | None, check: bool) -> tuple[TimedMetrics, int | None]:
+        header = self.inputs.header
+        with ExitStack() as stack:
+            checker = None
+            if check:
+                recorded = stack.enter_context(TraceReader(self.inputs.path))
+                checker = Checker(recorded.steps())
+            if out is not None or checker is not None:
+                sink = TraceWriter(out, live=False) if out is not None else NullWriter()
+                recorder = Recorder(
+                    self.engine,
+                    sink,
+                    redact_prompts=header.redacted,
+                    snapshot_interval=header.snapshot_interval,
+                    model=header.model,
+                    on_step_record=checker,
+                    clock=self.clock.settle,
+                )
+                stack.callback(recorder.close)
             self._drive()
-        finally:
-            self.recorder.close()
-        if self.first_difference is None and next(self.recorded, None) is not None:
-            self.first_difference = len(self.obs.steps)
-        ends = self.obs.end_ns
-        return timed_metrics(self.obs, ends, self.base.arrival_ns), self.first_difference
+        first = None
+        if checker is not None:
+            d = checker.divergence
+            if d is not None:
+                first = d.step
+            elif checker.steps < self.inputs.num_steps:
+                first = checker.steps
+        return timed_metrics(self.obs, self.obs.end_ns, self.base.arrival_ns), first
 
     def _drive(self) -> None:
-        scripts, num_recorded = _collect(TraceReader(self.reader.path))
+        scripts = self.inputs.scripts
         engine, clock, base = self.engine, self.clock, self.base
-        redacted = self.reader.header.redacted
+        # A simulated trace's driver steps through idle time (each empty step costs the
+        # model's empty-step time); a real engine sleeps until the next arrival.
+        idle_steps = not self.inputs.obs.timed
+        redacted = self.inputs.header.redacted
         plain = BlockHasher(self.config.block_size)
         live: dict[str, int] = {}
         aborts = sorted((t, ref) for ref, t in base.abort_ns.items())
-        limit = 10 * num_recorded + 10_000
+        limit = 10 * self.inputs.num_steps + 10_000
         nxt = 0  # next arrival (ref)
         done_aborts = 0
         while nxt < len(scripts) or engine.has_unfinished():
@@ -254,7 +238,7 @@ class _TimedRun:
                 self.runner.accepted[a.request_id] = list(s.accepted)
                 live[a.request_id] = nxt
                 hasher = _RecordedHasher(self.config.block_size, s, nxt) if redacted else plain
-                engine.add_request(_request(a, hasher))
+                engine.add_request(request_of(a, hasher))
                 nxt += 1
             while done_aborts < len(aborts) and aborts[done_aborts][0] <= clock.now:
                 ref = aborts[done_aborts][1]
@@ -262,23 +246,48 @@ class _TimedRun:
                 if live.get(rid) == ref:
                     engine.abort(rid)
                 done_aborts += 1
-            if not engine.has_unfinished():
+            idle = not engine.has_unfinished()
+            if idle:
                 if nxt >= len(scripts):
                     break
-                if not self.idle_steps:
+                if not idle_steps:
                     clock.now = base.arrival_ns[nxt]
                     continue
             clock.begin_step()
-            engine.step()
-            clock.settle()
+            result = engine.step()
+            self.obs.observe_explicit(result.report, clock.settle(), idle)
             engine.take_finished()
 
 
-def _steps(reader: TraceReader) -> Any:
-    with reader:
-        for entry in reader.entries():
-            if isinstance(entry.record, Step):
-                yield entry.record
+@dataclass
+class _Inputs:
+    """What a what-if reads from a trace, once per process per trace (a sweep runs the
+    same trace under many configs)."""
+
+    path: str  # the trace
+    header: Header  # its header
+    obs: Observer  # its steps, observed
+    first_step: int  # its first step
+    scripts: list[Any]  # per-request scripts (resim's), by ref
+    num_steps: int  # step records
+
+
+def _inputs(path: str | Path) -> _Inputs:
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise WhatifError(f"{path}: cannot read: {e.strerror}") from None
+    return _read_inputs(str(p), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2)
+def _read_inputs(path: str, size: int, mtime_ns: int) -> _Inputs:
+    obs, first_step = observe_trace(path)
+    with TraceReader(path) as reader:
+        header = reader.header
+        scripts, num_steps = _collect(reader) if first_step == 0 else ([], 0)
+    return _Inputs(path, header, obs, first_step, scripts, num_steps)
 
 
 # -- the table ----------------------------------------------------------------------------------

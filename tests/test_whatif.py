@@ -12,7 +12,8 @@ from click.testing import CliRunner, Result
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.kv.hashing import BlockHasher
-from engine.outputs import ModelRunnerOutput, RunnerTimings, SchedulerOutput
+from engine.outputs import ModelRunnerOutput, SchedulerOutput
+from engine.records import Timing
 from engine.request import Request, SamplingParams
 from engine.sim.api import demo_workload_path, load, run_sim
 from engine.sim.runner import SimRunner
@@ -192,7 +193,7 @@ class _ChargedRunner(SimRunner):
         work = step_work((n, 0, before[r]) for r, n in out.num_scheduled_tokens.items())
         ns = TRUE_MODEL.predict_ns(work)
         self.clock[0] += ns
-        result.timings = [RunnerTimings(out.step, 0.001, ns / 1e9 - 0.002, None, 0.001)]
+        result.timings = [Timing(out.step, 1_000_000, ns - 2_000_000, None, 1_000_000)]
         return result
 
 
@@ -209,10 +210,10 @@ def timed_trace(path: Path, budget: int = 256, num_blocks: int = 200) -> Path:
     rec = Recorder(engine, TraceWriter(path, live=False), clock=lambda: clock[0])
     hasher = BlockHasher(16)
     rng = np.random.default_rng(5)
-    arrivals = np.cumsum(rng.exponential(0.08, 30)) + 0.3
+    arrivals = [int(t * 1e9) for t in np.cumsum(rng.exponential(0.08, 30)) + 0.3]  # ns
     i = 0
     while i < len(arrivals) or engine.has_unfinished():
-        while i < len(arrivals) and arrivals[i] * 1e9 <= clock[0]:
+        while i < len(arrivals) and arrivals[i] <= clock[0]:
             prompt = list(range(i * 1000, i * 1000 + int(rng.integers(20, 200))))
             out = list(range(3, 3 + int(rng.integers(4, 30))))
             runner.add_script(f"r{i}", out)
@@ -221,13 +222,13 @@ def timed_trace(path: Path, budget: int = 256, num_blocks: int = 200) -> Path:
                     f"r{i}",
                     prompt,
                     SamplingParams(max_tokens=len(out)),
-                    arrival_time=origin + float(arrivals[i]),
+                    arrival_time=origin + arrivals[i] / 1e9,
                     block_hasher=hasher,
                 )
             )
             i += 1
         if not engine.has_unfinished():
-            clock[0] = int(arrivals[i] * 1e9)
+            clock[0] = arrivals[i]
             continue
         engine.step()
     rec.close()
