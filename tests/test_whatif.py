@@ -31,6 +31,7 @@ from replays.costmodel import (
 )
 from replays.stats import trace_stats
 from replays.timebase import fit_trace
+from replays.timeline import Timeline
 from replays.whatif import METRICS, WhatifError, whatif
 from tests.helpers import record, req, workload, write_trace
 from tui.cli import main
@@ -150,6 +151,23 @@ def test_whatif_with_a_smaller_budget_predicts_a_slower_first_token(tmp_path: Pa
     assert s.unit == "s" and s.output_tokens == r.predicted.output_tokens
     assert s.duration_s == pytest.approx(step_ends(out)[-1] / 1e9)
     assert schedtop("diff", str(trace), str(out)).exit_code == 1
+    # ... and the debugger and the exporter read it like any trace
+    with TraceReader(out) as reader:
+        tl = Timeline(reader)
+        assert not tl.state(tl.last_step).requests  # every request finished
+        assert tl.time_ns(tl.last_step) == step_ends(out)[-1]
+    res = schedtop("export", str(out), "--perfetto", str(tmp_path / "p.json"))
+    assert res.exit_code == 0, res.output
+
+
+def test_whatif_reproduces_a_redacted_sim_trace(tmp_path: Path) -> None:
+    trace = tmp_path / "r.trace"
+    run_sim(
+        load(demo_workload_path()),
+        on_engine=lambda e: open_recording(e, trace, live=False, redact_prompts=True),
+    )
+    r = whatif(trace, None, SIM_MODEL)
+    assert r.first_difference is None and r.predicted == r.recorded
 
 
 def test_whatif_cli_table_and_errors(tmp_path: Path) -> None:
