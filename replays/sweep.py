@@ -144,7 +144,7 @@ def run_sweep(
     if executor not in EXECUTORS:
         raise SweepError(f"executor {executor!r}: one of {', '.join(EXECUTORS)}")
     jobs = max(1, jobs or os.cpu_count() or 1)
-    if executor == "serial" or (executor == "pool" and (jobs == 1 or len(tasks) <= 1)):
+    if executor == "serial" or (executor == "pool" and (jobs == 1 or len(_groups(tasks)) <= 1)):
         rows = []
         for i, t in enumerate(tasks):
             rows.append(run_task(t))
@@ -156,19 +156,45 @@ def run_sweep(
     return _run_ray(tasks, jobs, progress)
 
 
+def _groups(tasks: Sequence[SweepTask]) -> list[list[int]]:
+    """Task indices in runs of the same trace: one worker takes a whole run, so it reads
+    the trace once for all its configs."""
+    out: list[list[int]] = []
+    for i, t in enumerate(tasks):
+        if out and tasks[out[-1][0]].trace == t.trace:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def run_group(tasks: list[SweepTask]) -> list[SweepRow]:
+    """Several tasks in one worker, in order."""
+    return [run_task(t) for t in tasks]
+
+
+def _failed(t: SweepTask, e: BaseException) -> SweepRow:
+    """The row of a task whose worker died before it could answer."""
+    return SweepRow(t.trace, dict(t.overrides), t.recorded, error=f"worker failed: {e!r}")
+
+
 def _run_pool(tasks: Sequence[SweepTask], jobs: int, progress: Progress | None) -> list[SweepRow]:
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     rows: list[SweepRow | None] = [None] * len(tasks)
-    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
-        futures = {pool.submit(run_task, t): i for i, t in enumerate(tasks)}
-        for done, fut in enumerate(as_completed(futures), 1):
-            i = futures[fut]
+    groups = _groups(tasks)
+    done = 0
+    with ProcessPoolExecutor(max_workers=min(jobs, len(groups))) as pool:
+        futures = {pool.submit(run_group, [tasks[i] for i in g]): g for g in groups}
+        for fut in as_completed(futures):
+            g = futures[fut]
             try:
-                rows[i] = fut.result()
-            except Exception as e:  # the worker died: the row still names the task
-                t = tasks[i]
-                rows[i] = SweepRow(t.trace, dict(t.overrides), t.recorded, error=repr(e))
+                for i, row in zip(g, fut.result()):
+                    rows[i] = row
+            except Exception as e:
+                for i in g:
+                    rows[i] = _failed(tasks[i], e)
+            done += len(g)
             if progress:
                 progress(done, len(tasks))
     return [r for r in rows if r is not None]
@@ -192,22 +218,25 @@ def _run_ray(tasks: Sequence[SweepTask], jobs: int, progress: Progress | None) -
             runtime_env={"env_vars": {"PYTHONPATH": path}},
         )
     try:
-        remote = ray.remote(num_cpus=1, max_retries=0)(run_task)
-        refs = [remote.remote(t) for t in tasks]
-        index = {r: i for i, r in enumerate(refs)}
+        remote = ray.remote(num_cpus=1, max_retries=0)(run_group)
+        groups = _groups(tasks)
+        refs = {remote.remote([tasks[i] for i in g]): g for g in groups}
         rows: list[SweepRow | None] = [None] * len(tasks)
         pending = list(refs)
+        done = 0
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             for ref in ready:
-                i = index[ref]
+                g = refs[ref]
                 try:
-                    rows[i] = ray.get(ref)
+                    for i, row in zip(g, ray.get(ref)):
+                        rows[i] = row
                 except Exception as e:
-                    t = tasks[i]
-                    rows[i] = SweepRow(t.trace, dict(t.overrides), t.recorded, error=repr(e))
+                    for i in g:
+                        rows[i] = _failed(tasks[i], e)
+                done += len(g)
             if progress:
-                progress(len(tasks) - len(pending), len(tasks))
+                progress(done, len(tasks))
         return [r for r in rows if r is not None]
     finally:
         if started:
