@@ -131,9 +131,7 @@ class CostModel:
             return cls(
                 float(data.get("intercept", 0.0)), {k: float(v) for k, v in coef.items()}, fit
             )
-        except (TypeError, ValueError) as e:
-            if isinstance(e, CostModelError):
-                raise CostModelError(f"{where}: {e}") from None
+        except (TypeError, ValueError) as e:  # CostModelError is a ValueError too
             raise CostModelError(f"{where}: {e}") from None
 
 
