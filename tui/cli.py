@@ -24,13 +24,22 @@ def user_errors(fn: F) -> F:
         from engine.model.errors import ModelError
         from engine.sim.workload import WorkloadError
         from recorder.errors import RecordingError, TraceError
+        from replays.costmodel import CostModelError
         from replays.resim import ResimError
         from tui.demo import DemoError
         from tui.launch import NoTerminal
 
         try:
             return fn(*args, **kwargs)
-        except (WorkloadError, ModelError, TraceError, RecordingError, ResimError, NoTerminal) as e:
+        except (
+            WorkloadError,
+            ModelError,
+            TraceError,
+            RecordingError,
+            ResimError,
+            CostModelError,
+            NoTerminal,
+        ) as e:
             click.echo(f"schedtop: error: {e}", err=True)
             sys.exit(2)
         except DemoError as e:
@@ -338,6 +347,160 @@ def resim(trace: str, settings: tuple[str, ...], out: str | None) -> None:
         sys.exit(1)
 
 
+_MODEL_HELP = (
+    "The step-time model: a JSON file (schedtop stats --cost-model --json) or "
+    "intercept=S,prefill_tokens=S,decode_requests=S,spec_tokens=S,context_tokens=S,"
+    "num_requests=S (seconds). Default: fitted on the trace's own timings; a simulated "
+    "trace has none and needs one."
+)
+
+
+@main.command()
+@click.argument("trace")
+@click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="What if: override a config key. Repeatable. None: predict the recorded run "
+    "itself (the model's self-check).",
+)
+@click.option("--model", "model_spec", metavar="FILE|SPEC", help=_MODEL_HELP)
+@click.option(
+    "--trace",
+    "out",
+    metavar="OUT",
+    help="Write the predicted trace here (replay, diff, stats, export it).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print recorded and predicted as JSON.")
+@user_errors
+def whatif(
+    trace: str, settings: tuple[str, ...], model_spec: str | None, out: str | None, as_json: bool
+) -> None:
+    """Predict a trace's run under another config, in time: arrivals at their recorded
+    times, each step as long as the step-time model says. Prints recorded vs predicted."""
+    import json
+
+    from engine.sim.api import parse_settings
+    from replays.costmodel import format_model, parse_model
+    from replays.whatif import format_result
+    from replays.whatif import whatif as predict
+
+    overrides = parse_settings(settings)
+    model = parse_model(model_spec) if model_spec else None
+    r = predict(trace, overrides, model, out)
+    if as_json:
+        doc = {
+            "trace": r.trace,
+            "changed": r.changed,
+            "model": r.model.to_json(),
+            "recorded": r.recorded.to_json(),
+            "predicted": r.predicted.to_json(),
+            "first_difference": r.first_difference,
+        }
+        click.echo(json.dumps(doc, indent=1))
+        return
+    changed = ", ".join(f"{k}={v}" for k, v in overrides.items()) or "the recorded config"
+    click.echo(
+        f"predicted {r.predicted.num_steps} steps ({r.recorded.num_steps} recorded) with {changed}"
+    )
+    click.echo(format_model(r.model))
+    click.echo("")
+    click.echo(format_result(r))
+    click.echo("")
+    if r.first_difference is None:
+        click.echo("decisions: identical to the recording")
+    else:
+        click.echo(f"decisions: first differ at step {r.first_difference}")
+    if out is not None:
+        click.echo(f"trace: {out}")
+
+
+@main.command()
+@click.argument("traces", nargs=-1, required=True, metavar="TRACE_OR_DIR...")
+@click.option(
+    "--grid",
+    multiple=True,
+    required=True,
+    metavar="KEY=V1,V2,...",
+    help="Config values to try; repeatable (every combination runs).",
+)
+@click.option(
+    "--objective",
+    default="ttft_p99",
+    show_default=True,
+    help="The metric to rank by (throughput is maximised, the others minimised).",
+)
+@click.option("--model", "model_spec", metavar="FILE|SPEC", help=_MODEL_HELP)
+@click.option("--jobs", "-j", type=click.IntRange(min=1), help="Workers (default: CPUs).")
+@click.option(
+    "--ray", "use_ray", is_flag=True, help="Run the tasks on Ray (RAY_ADDRESS, or a local cluster)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+@click.option("--csv", "as_csv", is_flag=True, help="Print the rows as CSV.")
+@user_errors
+def sweep(
+    traces: tuple[str, ...],
+    grid: tuple[str, ...],
+    objective: str,
+    model_spec: str | None,
+    jobs: int | None,
+    use_ray: bool,
+    as_json: bool,
+    as_csv: bool,
+) -> None:
+    """Predict every trace under every config of a grid; rank the configs by an objective.
+
+    Exit status 1 when some task failed (its row says why; the others ran)."""
+    import json
+
+    from replays import sweep as sw
+    from replays.costmodel import parse_model
+
+    if as_json and as_csv:
+        raise click.UsageError("--json and --csv exclude each other")
+    points = sw.parse_grid(grid)
+    sw.check_objective(objective)
+    model = parse_model(model_spec) if model_spec else None
+    tasks = sw.plan(sw.find_traces(traces), points, model)
+    with _progress(len(tasks)) as progress:
+        rows = sw.run_sweep(tasks, "ray" if use_ray else "pool", jobs, progress)
+    if as_json:
+        click.echo(json.dumps(sw.to_json(rows, objective), indent=1))
+    elif as_csv:
+        click.echo(sw.to_csv(rows, objective), nl=False)
+    else:
+        click.echo(sw.format_table(rows, objective))
+    failed = [r for r in rows if r.error]
+    for r in failed:
+        click.echo(f"schedtop: task failed: {r.trace} {r.config}: {r.error}", err=True)
+    if failed:
+        sys.exit(1)
+
+
+class _progress:
+    """A progress bar on stderr while a sweep runs, when stderr is a terminal."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.bar: Any = None
+
+    def __enter__(self) -> Any:
+        if not sys.stderr.isatty():
+            return None
+        from rich.console import Console
+        from rich.progress import Progress
+
+        self.bar = Progress(console=Console(stderr=True), transient=True)
+        self.bar.start()
+        task = self.bar.add_task("sweep", total=self.total)
+        return lambda done, total: self.bar.update(task, completed=done)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
 @main.command()
 @click.argument("a")
 @click.argument("b")
@@ -356,11 +519,24 @@ def diff(a: str, b: str) -> None:
 @main.command()
 @click.argument("trace")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
+@click.option(
+    "--cost-model",
+    is_flag=True,
+    help="Instead: fit the step-time model on the trace's recorded step timings and print "
+    "it with its fit quality (with --json, the file `whatif --model` reads).",
+)
 @user_errors
-def stats(trace: str, as_json: bool) -> None:
+def stats(trace: str, as_json: bool, cost_model: bool) -> None:
     """Throughput, TTFT/TPOT percentiles, preemptions, prefix hits and KV use of a trace."""
     import json
 
+    if cost_model:
+        from replays.costmodel import format_model
+        from replays.timebase import fit_trace
+
+        m = fit_trace(trace)
+        click.echo(json.dumps(m.to_json(), indent=1) if as_json else format_model(m))
+        return
     from replays.stats import format_stats, trace_stats
 
     s = trace_stats(trace)
