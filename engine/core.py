@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -48,6 +49,8 @@ class EngineCore:
         self.clock = clock
         self.scheduler = Scheduler(config)
         self.finished: dict[str, Request] = {}  # finished since the caller last took them
+        # Async scheduling: executed batches whose update is still to come, oldest first.
+        self.batches: deque[tuple[SchedulerOutput, ModelRunnerOutput]] = deque()
 
     @property
     def step_index(self) -> int:
@@ -66,11 +69,13 @@ class EngineCore:
         return True
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or bool(self.batches)
 
     def step(self) -> StepResult:
         """One iteration: schedule(), the runner, update_from_output(), then the report."""
         sched = self.scheduler
+        if self.config.async_scheduling:
+            return self._step_async()
         t0 = self.clock()
         out, report = sched.schedule()
         t1 = self.clock()
@@ -78,9 +83,42 @@ class EngineCore:
         t2 = self.clock()
         updated = sched.update_from_output(out, result, report)
         t3 = self.clock()
+        return self._end_step(report, result, updated, t1 - t0, t3 - t2)
+
+    def _step_async(self) -> StepResult:
+        """One iteration with two batches in flight, as vLLM's EngineCore with async
+        scheduling (step_with_batch_queue): schedule and launch this step's batch, then
+        apply the oldest batch's samples, unless the queue is not full yet and there is
+        more to schedule. The step's report carries the samples that arrived in it."""
+        sched = self.scheduler
+        batches = self.batches
+        t0 = self.clock()
+        busy = sched.has_unfinished() or sched.has_unreported_finishes
+        out, report = sched.schedule()
+        t1 = self.clock()
+        if busy or not batches:
+            result = self.runner.execute(out) if not out.is_empty else ModelRunnerOutput([], [])
+            batches.append((out, result))
+            if len(batches) < 2 and (not out.is_empty or sched.has_unfinished()):
+                return self._end_step(report, result, [], t1 - t0, 0.0)
+        t2 = self.clock()
+        old_out, old_result = batches.popleft()
+        updated = sched.update_from_output(old_out, old_result, report)
+        t3 = self.clock()
+        return self._end_step(report, old_result, updated, t1 - t0, t3 - t2)
+
+    def _end_step(
+        self,
+        report: StepReport,
+        result: ModelRunnerOutput,
+        updated: list[Request],
+        schedule_s: float,
+        update_s: float,
+    ) -> StepResult:
+        sched = self.scheduler
         sched.end_step(report)
-        report.schedule_s = t1 - t0
-        report.update_s = t3 - t2
+        report.schedule_s = schedule_s
+        report.update_s = update_s
         report.timings = result.timings
         for req in updated:
             if req.is_finished:

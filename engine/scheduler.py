@@ -51,6 +51,15 @@ class _Pass:
     leading_decodes: int = 0  # entries so far that are running[i] decoding one token
 
 
+def _reaches_max_tokens_in_flight(req: Request) -> bool:
+    """Async: whether the samples in flight already take `req` to max_tokens, so that
+    another step would be wasted (vLLM's AsyncScheduler skips it, and so do we)."""
+    return (
+        req.num_computed_tokens + 2 - req.num_output_placeholders
+        >= req.num_prompt_tokens + req.sampling_params.max_tokens
+    )
+
+
 class Scheduler:
     """Continuous batching with chunked prefill, a token budget, KV admission control,
     preemption by recompute and prefix caching (DESIGN.md S1-S12, K1-K8)."""
@@ -61,6 +70,7 @@ class Scheduler:
         self.max_model_len = config.max_model_len
         self.max_num_running = config.max_num_active_seqs or config.max_num_seqs
         self.num_lookahead_tokens = config.num_speculative_tokens
+        self.async_scheduling = config.async_scheduling
         self.kv = KVCacheManager(
             config.block_size,
             config.num_blocks,
@@ -146,6 +156,12 @@ class Scheduler:
         return bool(self.requests)
 
     @property
+    def has_unreported_finishes(self) -> bool:
+        """Whether finished requests are still to be announced to the runner (vLLM's
+        has_finished_requests): their step must be scheduled even with nothing to run."""
+        return bool(self._finished_ids)
+
+    @property
     def has_unreported(self) -> bool:
         """Whether something happened since the last report (arrivals, aborts and their KV
         events) that the next step's report will carry."""
@@ -177,6 +193,7 @@ class Scheduler:
         threshold = p.threshold
         last_position = self.max_model_len - 1
         lookahead = self.num_lookahead_tokens
+        is_async = self.async_scheduling
         num_scheduled = p.num_scheduled
         new_blocks = p.new_blocks
         running_reqs = p.running_reqs
@@ -188,6 +205,11 @@ class Scheduler:
             req = running[p.cursor]
             computed = req.num_computed_tokens
             n = wanted = len(req.all_token_ids) + len(req.spec_token_ids) - computed
+            if is_async and req.num_output_placeholders:
+                if _reaches_max_tokens_in_flight(req):
+                    p.cursor += 1  # its last token is in flight: nothing more to schedule
+                    continue
+                n = wanted = wanted + req.num_output_placeholders
             reason = None
             if 0 < threshold < n:
                 n, reason = threshold, Reason.LONG_PREFILL_THRESHOLD
@@ -210,7 +232,7 @@ class Scheduler:
             if (
                 wanted == 1
                 and p.leading_decodes == p.cursor == len(running_reqs)
-                and req.output_token_ids
+                and (req.output_token_ids or req.num_output_placeholders)
             ):
                 p.leading_decodes += 1  # lets a recorder write steady decoding as one number
             p.cursor += 1
@@ -273,20 +295,30 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.spec_token_ids = []
         req.num_preemptions += 1
+        req.num_stale_output_tokens = req.num_in_flight_tokens
+        req.num_output_placeholders = 0
         self.waiting.prepend(req)
 
     def _schedule_waiting(self, p: _Pass) -> None:
         waiting = self.waiting
+        skipped: list[Request] = []
         while waiting:
             if p.budget <= 0:
                 p.waiting_stop = QueueStop(Reason.TOKEN_BUDGET, Reason.TOKEN_BUDGET)
-                return
+                break
             if len(self.running) >= self.max_num_running:
                 p.waiting_stop = QueueStop(Reason.MAX_NUM_SEQS, Reason.MAX_NUM_SEQS)
-                return
+                break
             req = waiting.peek()
+            if req.num_stale_output_tokens:
+                # Async: its pre-preemption samples are still in flight; resuming now
+                # would compute positions they fill. vLLM passes over it this step.
+                skipped.append(waiting.pop())
+                continue
             if not self._admit(req, p):
-                return
+                break
+        for req in reversed(skipped):
+            waiting.prepend(req)
 
     def _admit(self, req: Request, p: _Pass) -> bool:
         """Try to move the head of `waiting` into running. False ends the waiting pass."""
@@ -370,6 +402,8 @@ class Scheduler:
             [r.num_computed_tokens for r in running_reqs],
         )
         scheduled = self._advance(p)
+        if self.async_scheduling:
+            self._count_in_flight(p)
         out = SchedulerOutput(
             step=step,
             scheduled_new_reqs=new_reqs,
@@ -424,15 +458,25 @@ class Scheduler:
                 kind = Kind.SPEC
             else:
                 num_spec = 0
-                if before + n < len(req.all_token_ids):
+                if before + n < len(req.all_token_ids) + req.num_output_placeholders:
                     kind = Kind.CHUNK
-                elif n == 1 and req.output_token_ids:
+                elif n == 1 and (req.output_token_ids or req.num_output_placeholders):
                     kind = Kind.DECODE
                 else:
                     kind = Kind.PREFILL
             append(Scheduled(rid, n, kind, before, num_spec))
             req.num_computed_tokens = before + n
         return scheduled
+
+    def _count_in_flight(self, p: _Pass) -> None:
+        """Async: the step's tokens are in flight, and every request that samples counts on
+        its sample (a placeholder) when the next step is scheduled."""
+        requests = self.requests
+        for rid, n in p.num_scheduled.items():
+            req = requests[rid]
+            req.num_in_flight_tokens += n
+            if req.num_computed_tokens >= len(req.all_token_ids) + req.num_output_placeholders:
+                req.num_output_placeholders += 1
 
     # -- update -------------------------------------------------------------------------------
 
@@ -441,6 +485,8 @@ class Scheduler:
     ) -> list[Request]:
         """Apply what the runner sampled: append tokens, roll back rejected drafts, finish
         requests that stopped. Returns the requests that got tokens or finished."""
+        if self.async_scheduling:
+            return self._update_async(out, result, report)
         touched: list[Request] = []
         finished_any = False
         sampled = report.sampled
@@ -490,6 +536,51 @@ class Scheduler:
                 if drafts:
                     req.spec_token_ids = drafts.get(rid, [])
         if finished_any:
+            self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
+        report.finishes.extend(self._finishes)
+        self._finishes = []
+        return touched
+
+    def _update_async(
+        self, out: SchedulerOutput, result: ModelRunnerOutput, report: StepReport
+    ) -> list[Request]:
+        """update_from_output for an older step's batch (async scheduling): settle the
+        in-flight counts, deliver samples (also to requests preempted since, whose
+        stale samples still count but move nothing else), cache newly known blocks."""
+        touched: list[Request] = []
+        finished_running = False
+        requests = self.requests
+        for rid, tokens in zip(result.req_ids, result.sampled_token_ids):
+            req = requests.get(rid)
+            if req is None:
+                continue  # finished while the runner worked
+            n = out.num_scheduled_tokens[rid]
+            req.num_in_flight_tokens -= n
+            stale = req.num_stale_output_tokens > 0
+            if stale:
+                req.num_stale_output_tokens -= n
+            if not tokens:
+                continue
+            was_running = req.status == RequestStatus.RUNNING
+            had_placeholders = req.num_output_placeholders > 0
+            num_new = len(tokens)
+            stopped = self._append(req, tokens)
+            if not stale and had_placeholders:
+                req.num_output_placeholders -= num_new
+            report.sampled[rid] = tokens
+            report.sampled_flat.extend(tokens)
+            touched.append(req)
+            if not stale and was_running and had_placeholders:
+                # Before a finish frees them: a block hashed now goes to the free queue's
+                # tail (reusable by a prefix hit) rather than its head.
+                self.kv.cache_blocks(req, req.num_computed_tokens - req.num_in_flight_tokens)
+            if stopped:
+                if was_running:
+                    finished_running = True
+                else:
+                    self.waiting.remove(req)
+                self._finish(req, req.status)
+        if finished_running:
             self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
         report.finishes.extend(self._finishes)
         self._finishes = []

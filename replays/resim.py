@@ -41,7 +41,7 @@ from replays.diff import differing_fields
 from replays.reducer import apply_with_view
 from replays.state import State
 
-_DRIVER_KEYS = ("max_steps", "async_scheduling")
+_DRIVER_KEYS = ("max_steps",)
 
 
 class ResimError(ValueError):
