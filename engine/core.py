@@ -61,9 +61,9 @@ class EngineCore:
         if request.is_finished:
             self.finished[request.request_id] = request
 
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: str, message: str = "") -> bool:
         request = self.scheduler.requests.get(request_id)
-        if request is None or not self.scheduler.abort(request_id):
+        if request is None or not self.scheduler.abort(request_id, message):
             return False
         self.finished[request_id] = request
         return True
@@ -71,21 +71,32 @@ class EngineCore:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self.batches)
 
-    def step(self) -> StepResult:
-        """One iteration: schedule(), the runner, update_from_output(), then the report."""
+    def step(self, mid_step: Callable[[], None] | None = None) -> StepResult:
+        """One iteration: schedule(), the runner, update_from_output(), then the report.
+        `mid_step` runs between the runner and the update, where vLLM's engine core
+        applies the aborts that came in while the model ran (re-simulations use it)."""
         sched = self.scheduler
         if self.config.async_scheduling:
-            return self._step_async()
+            return self._step_async(mid_step)
         t0 = self.clock()
         out, report = sched.schedule()
         t1 = self.clock()
         result = self.runner.execute(out) if not out.is_empty else ModelRunnerOutput([], [])
+        self._mid_step(mid_step, report)
         t2 = self.clock()
         updated = sched.update_from_output(out, result, report)
         t3 = self.clock()
         return self._end_step(report, result, updated, t1 - t0, t3 - t2)
 
-    def _step_async(self) -> StepResult:
+    def _mid_step(self, mid_step: Callable[[], None] | None, report: StepReport) -> None:
+        if mid_step is not None:
+            finishes = len(self.finished)
+            mid_step()
+            if len(self.finished) != finishes:
+                # An abort after schedule() can take out one of the leading decodes.
+                report.num_leading_decodes = -1
+
+    def _step_async(self, mid_step: Callable[[], None] | None = None) -> StepResult:
         """One iteration with two batches in flight, as vLLM's EngineCore with async
         scheduling (step_with_batch_queue): schedule and launch this step's batch, then
         apply the oldest batch's samples, unless the queue is not full yet and there is
@@ -101,6 +112,7 @@ class EngineCore:
             batches.append((out, result))
             if len(batches) < 2 and (not out.is_empty or sched.has_unfinished()):
                 return self._end_step(report, result, [], t1 - t0, 0.0)
+        self._mid_step(mid_step, report)
         t2 = self.clock()
         old_out, old_result = batches.popleft()
         updated = sched.update_from_output(old_out, old_result, report)

@@ -132,7 +132,7 @@ class Scheduler:
         slots = min(request.num_tokens + self.num_lookahead_tokens, self.max_model_len)
         return self.kv.can_ever_fit(slots)
 
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: str, message: str = "") -> bool:
         """Finish a waiting or running request with FINISHED_ABORTED; False if unknown."""
         request = self.requests.get(request_id)
         if request is None:
@@ -141,7 +141,7 @@ class Scheduler:
             self.running.remove(request)
         else:
             self.waiting.remove(request)
-        self._finish(request, RequestStatus.FINISHED_ABORTED)
+        self._finish(request, RequestStatus.FINISHED_ABORTED, message)
         return True
 
     def _finish(self, request: Request, status: RequestStatus, message: str = "") -> None:

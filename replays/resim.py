@@ -24,6 +24,7 @@ import struct
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from engine.sim.runner import SimRunner
 from recorder.reader import TraceReader
 from recorder.recorder import Recorder
 from recorder.schema import Arrival, KVKind, Status, Step
+from recorder.vllm import MID_STEP_ABORT
 from recorder.writer import NullWriter, TraceWriter
 from replays.diff import differing_fields
 from replays.reducer import apply_with_view
@@ -93,6 +95,9 @@ def resimulate(
                 "re-simulation needs every arrival from step 0"
             )
         config = _config(header.config, overrides or {})
+        # With async scheduling a step's samples arrive a step later: only the scripted
+        # runner (tokens per request, not per step) can hand them out.
+        scripted = scripted or config.async_scheduling
         if not overrides and not header.redacted and not scripted:
             result = _run_faithful(reader, config, out, max_steps)
             if result.reproduced or max_steps is not None:
@@ -257,13 +262,13 @@ def _run_faithful(
         ):
             rec, nxt = nxt, next(records, None)
             recorded += 1
-            _abort(engine, rec, runner.refs)
+            _abort(engine, rec, runner.refs, mid_step=False)
             for a in rec.arrivals:
                 runner.refs[a.request_id] = a.ref
                 engine.add_request(_request(a, hasher))
             runner.record, runner.next = rec, nxt
             checker.expect(rec)
-            engine.step()
+            engine.step(partial(_abort, engine, rec, runner.refs, mid_step=True))
             engine.take_finished()  # nobody reads them: don't let them pile up
         # Requests still running when the trace ends are fine: a trace can stop mid-run
         # (a crash, a cut); had the original finished them, its last records would say so.
@@ -280,13 +285,19 @@ def _run_faithful(
     )
 
 
-def _abort(engine: EngineCore, rec: Step, refs: dict[str, int]) -> None:
-    """Aborts happened between steps: the trace reports them with the next step."""
+def _abort(engine: EngineCore, rec: Step, refs: dict[str, int], mid_step: bool) -> None:
+    """The step's aborts: those before its schedule() (reported with the step), or with
+    `mid_step` those between schedule() and update (vLLM's engine core takes aborts
+    there too; the finish's message says so)."""
     for f in rec.finishes:
-        if f.status == Status.FINISHED_ABORTED:
+        if f.status == Status.FINISHED_ABORTED and _is_mid_step(f.message) == mid_step:
             rid = next((r for r, ref in refs.items() if ref == f.ref), None)
             if rid is not None:
-                engine.abort(rid)
+                engine.abort(rid, f.message)
+
+
+def _is_mid_step(message: str) -> bool:
+    return message.startswith(MID_STEP_ABORT)
 
 
 def _request(a: Arrival, hasher: Any) -> Request:
@@ -330,6 +341,7 @@ class _Script:
     accepted: list[int] = field(default_factory=list)  # drafts accepted, per verification
     status: int = 0  # how it finished (0: it had not when the trace ended)
     abort_step: int = -1  # the step whose record reports its abort
+    abort_message: str = ""  # its finish's message (says when a mid-step abort came)
     hashes: dict[int, bytes] = field(default_factory=dict)  # block index -> recorded hash
 
 
@@ -355,6 +367,7 @@ def _collect(reader: TraceReader) -> tuple[list[_Script], int]:
             scripts[f.ref].status = f.status
             if f.status == Status.FINISHED_ABORTED:
                 scripts[f.ref].abort_step = rec.step
+                scripts[f.ref].abort_message = f.message
         for e in view.kv_events:
             if e.ref is None:
                 continue
@@ -410,6 +423,20 @@ class _RecordedHasher:
             hashes.append(h)
 
 
+def _abort_scripted(
+    engine: EngineCore,
+    scripts: list[_Script],
+    refs: Sequence[int],
+    live: dict[str, int],
+    mid_step: bool,
+) -> None:
+    for ref in refs:
+        s = scripts[ref]
+        rid = s.arrival.request_id
+        if live.get(rid) == ref and _is_mid_step(s.abort_message) == mid_step:
+            engine.abort(rid, s.abort_message)
+
+
 class _ScriptedRunner(SimRunner):
     """SimRunner with recorded acceptances: each verification accepts what the trace's
     verification of that request (in the same order) accepted."""
@@ -449,10 +476,7 @@ def _run_scripted(
         while step <= last_arrival or engine.has_unfinished():
             if step >= limit:
                 raise ResimError(f"the re-simulation is still running at step {step}")
-            for ref in aborts.get(step, ()):
-                rid = scripts[ref].arrival.request_id
-                if live.get(rid) == ref:
-                    engine.abort(rid)
+            _abort_scripted(engine, scripts, aborts.get(step, ()), live, mid_step=False)
             for ref in by_step.get(step, ()):
                 s = scripts[ref]
                 a = s.arrival
@@ -464,7 +488,9 @@ def _run_scripted(
                     _RecordedHasher(config.block_size, s, ref) if reader.header.redacted else plain
                 )
                 engine.add_request(_request(a, hasher))
-            engine.step()
+            engine.step(
+                partial(_abort_scripted, engine, scripts, aborts.get(step, ()), live, True)
+            )
             engine.take_finished()
             step += 1
         if checker.divergence is None and checker.steps < num_recorded:

@@ -1,0 +1,899 @@
+"""Record a real vLLM's scheduler into a schedtop trace.
+
+    SCHEDTOP_TRACE_DIR=/var/traces vllm serve MODEL \\
+        --scheduler-cls recorder.vllm.RecordingScheduler
+
+`RecordingScheduler` is vLLM's own scheduler (the async or the sync one, whichever vLLM
+would have chosen) with taps on the calls the engine core makes. It decides nothing: it
+watches each step and writes schedtop's trace format (header, steps, snapshots, footer)
+through the same converter and background writer as schedtop's engine, so `replay`,
+`stats`, `find`, `export`, `resim` and `diff` work on the file unchanged.
+
+What the taps see, per step: arrivals (with vLLM's request ids, which start with the
+client's id), the scheduled requests in order, admissions with prefix hits, preemptions
+in the order they happened with the request that needed the room, why requests were cut
+short or left waiting (the reasons schedtop's scheduler gives, derived from the same
+numbers), every KV block movement with block ids (from the KV cache manager and block
+pool), samples, finishes, aborts, free-block counts and the queue orders.
+
+Block hashes in the trace are schedtop's (the same content gives the same hash in both),
+so that prefix hits re-simulate. vLLM is imported lazily and is never a dependency.
+
+Environment: SCHEDTOP_TRACE_DIR (where traces go), SCHEDTOP_REDACT_PROMPTS=1 (hashes and
+lengths instead of token ids), SCHEDTOP_FLUSH_INTERVAL_S (default 1.0),
+SCHEDTOP_SNAPSHOT_INTERVAL (default 256). One file per data-parallel rank. Set-ups whose
+decisions schedtop's scheduler does not model are refused at start-up; requests that use
+such features stop the recording with a warning (the file keeps every step before).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, cast
+
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.events import NULL_SINK
+from engine.kv.events import KVEventKind, KVEventLog
+from engine.kv.hashing import ROOT_HASH, hash_block
+from engine.report import (
+    Admission,
+    Arrival,
+    Finish,
+    Kind,
+    Preemption,
+    QueueStop,
+    Reason,
+    Scheduled,
+    Shortfall,
+    StepReport,
+)
+from engine.request import RequestStatus, SamplingParams
+from engine.state import EngineState, RequestState
+from recorder.errors import RecordingError
+from recorder.paths import trace_dir
+from recorder.recorder import DEFAULT_SNAPSHOT_INTERVAL, Recorder
+from recorder.schema import Step
+from recorder.writer import TraceWriter
+
+log = logging.getLogger("schedtop.recorder.vllm")
+
+SUPPORTED_VERSIONS = ("0.33.",)  # vLLM releases whose scheduler this module has been checked on
+MID_STEP_ABORT = "aborted after schedule"  # Finish.message of an abort between schedule and update
+
+# vLLM's finished statuses by name (their values differ between releases).
+_FINISHED = {
+    "FINISHED_STOPPED": RequestStatus.FINISHED_STOPPED,
+    "FINISHED_LENGTH_CAPPED": RequestStatus.FINISHED_LENGTH_CAPPED,
+    "FINISHED_ABORTED": RequestStatus.FINISHED_ABORTED,
+    "FINISHED_IGNORED": RequestStatus.FINISHED_ERROR,
+    "FINISHED_ERROR": RequestStatus.FINISHED_ERROR,
+}
+_UNFINISHED = {
+    "WAITING": RequestStatus.WAITING,
+    "RUNNING": RequestStatus.RUNNING,
+    "PREEMPTED": RequestStatus.PREEMPTED,
+}
+# What the taps call on vLLM objects: checked at start-up, so that a vLLM that moved
+# them is refused with a message rather than recorded wrong.
+_REQUIRED = {
+    "scheduler": (
+        "_preempt_request",
+        "kv_cache_manager",
+        "running",
+        "waiting",
+        "requests",
+        "max_num_scheduled_tokens",
+        "max_model_len",
+        "policy",
+    ),
+    "kv_cache_manager": ("allocate_slots", "free", "cache_blocks", "block_pool", "coordinator"),
+    "block_pool": ("_maybe_evict_cached_block", "get_num_free_blocks", "free_block_queue"),
+}
+
+
+class UnsupportedVllm(RecordingError):
+    """A vLLM version or set-up that this recorder would record wrong."""
+
+
+def check_version(version: str) -> None:
+    if not version.startswith(SUPPORTED_VERSIONS):
+        raise UnsupportedVllm(
+            f"schedtop's vLLM recorder supports vLLM {', '.join(v + 'x' for v in SUPPORTED_VERSIONS)}"
+            f"; this is vLLM {version}. Run without --scheduler-cls, or install a schedtop "
+            "that supports this vLLM."
+        )
+
+
+def setup_problems(vllm_config: Any, kv_cache_config: Any, block_size: int, hash_bs: int) -> list[str]:
+    """Why this vLLM set-up cannot be recorded faithfully (empty: it can)."""
+    sc = vllm_config.scheduler_config
+    problems = []
+    if getattr(vllm_config, "kv_transfer_config", None) is not None:
+        problems.append("a KV connector (kv_transfer_config) is configured")
+    if getattr(vllm_config, "speculative_config", None) is not None:
+        problems.append("speculative decoding is on")
+    if getattr(vllm_config, "lora_config", None) is not None:
+        problems.append("LoRA is on (max_loras changes admission)")
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) != 1:
+        problems.append(f"{len(groups)} KV cache groups (hybrid / sliding-window / Mamba models)")
+    else:
+        spec = type(groups[0].kv_cache_spec).__name__
+        if spec != "FullAttentionSpec":
+            problems.append(f"KV cache spec {spec} (only full attention is modelled)")
+    if hash_bs != block_size:
+        problems.append(f"hash_block_size {hash_bs} differs from block_size {block_size}")
+    if vllm_config.parallel_config.pipeline_parallel_size > 1:
+        problems.append("pipeline parallelism (more than two batches in flight)")
+    if getattr(sc, "local_prefill_interval", 1) > 1:
+        problems.append("local_prefill_interval > 1 (prefill throttling)")
+    if getattr(vllm_config.cache_config, "deterministic_prefix_caching", False):
+        problems.append("deterministic_prefix_caching (block-aligned prefill splits)")
+    return problems
+
+
+def request_problem(request: Any) -> str:
+    """Why a request's scheduling cannot be recorded faithfully ("" if it can)."""
+    if request.pooling_params is not None:
+        return "a pooling request"
+    if getattr(request, "mm_features", None):
+        return "multimodal inputs (encoder budget)"
+    if getattr(request, "lora_request", None) is not None:
+        return "a LoRA adapter"
+    if getattr(request, "use_structured_output", False):
+        return "structured output (grammar compilation delays admission)"
+    if getattr(request, "prompt_embeds", None) is not None:
+        return "prompt embeddings"
+    if getattr(request, "cache_salt", None):
+        return "a cache salt (prefix hashes schedtop does not compute)"
+    if getattr(request, "resumable", False):
+        return "a resumable (streaming session) request"
+    return ""
+
+
+def engine_config(sched: Any, async_scheduling: bool, block_size: int, num_blocks: int) -> EngineConfig:
+    """vLLM's scheduler config under schedtop's names."""
+    vc = sched.vllm_config
+    sc = vc.scheduler_config
+    active = getattr(sched, "max_num_active_reqs", sc.max_num_seqs)
+    return EngineConfig(
+        block_size=block_size,
+        num_blocks=num_blocks,
+        max_num_batched_tokens=sched.max_num_scheduled_tokens,
+        max_num_seqs=sc.max_num_seqs,
+        max_num_active_seqs=None if active == sc.max_num_seqs else active,
+        max_model_len=sched.max_model_len,
+        long_prefill_token_threshold=sc.long_prefill_token_threshold,
+        long_prefill_token_threshold_adaptive=bool(
+            getattr(sc, "long_prefill_token_threshold_adaptive", False)
+        ),
+        policy=str(sched.policy.value),
+        enable_prefix_caching=bool(vc.cache_config.enable_prefix_caching),
+        enable_chunked_prefill=bool(sc.enable_chunked_prefill),
+        watermark=float(getattr(sc, "watermark", 0.0)),
+        scheduler_reserve_full_isl=bool(getattr(sched, "scheduler_reserve_full_isl", True)),
+        async_scheduling=async_scheduling,
+    )
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _env_number(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise UnsupportedVllm(f"{name}={raw!r}: expected a number") from None
+
+
+class _Facade:
+    """What Recorder reads from an engine, answered from vLLM's scheduler."""
+
+    def __init__(self, config: EngineConfig, snapshot: Callable[[], EngineState]) -> None:
+        self.config = config
+        self.step_index = 0
+        self.sink = NULL_SINK
+        self.runner = None
+        self._snapshot = snapshot
+
+    def snapshot(self, ref_cnts: bool = True) -> EngineState:
+        return self._snapshot()
+
+
+class _Step:
+    """What one step has seen so far."""
+
+    def __init__(self, index: int, budget: int) -> None:
+        self.index = index
+        self.budget = budget  # tokens left in the step's budget
+        self.run_used = 0  # tokens the running pass scheduled (net of give-backs)
+        self.scheduled: dict[str, int] = {}  # allocations that succeeded, by request
+        self.shortfalls: list[Shortfall] = []
+        self.admissions: list[Admission] = []
+        self.preemptions: list[Preemption] = []
+        self.pending: tuple[str, int, Reason | None, int] | None = None  # (id, n, reason, wanted)
+        self.wait_fail: Reason | None = None  # why the head of waiting was not admitted
+        self.report: StepReport | None = None  # once schedule() returned
+        self.mid_step_aborts = False
+
+
+class Tap:
+    """All the recording state, kept apart from vLLM's scheduler attributes."""
+
+    def __init__(self, sched: Any, is_async: bool, block_size: int, num_blocks: int) -> None:
+        self.sched = sched
+        self.kvm = sched.kv_cache_manager
+        self.pool = self.kvm.block_pool
+        self.block_size = block_size
+        self.config = engine_config(sched, is_async, block_size, num_blocks)
+        self.is_async = is_async
+        self.kv = KVEventLog()
+        self.hashes: dict[str, list[bytes]] = {}  # request id -> schedtop hashes of its blocks
+        self.block_hash: dict[int, bytes] = {}  # block id -> schedtop hash, for cached blocks
+        self.cached: dict[str, int] = {}  # request id -> leading blocks of its table cached
+        self.live: dict[str, Any] = {}  # request id -> vLLM request, until it finishes
+        self.arrivals: list[Arrival] = []
+        self.finishes: list[Finish] = []
+        self.step: _Step | None = None
+        self.next_step = 0
+        self.alloc_for: str | None = None  # the request whose allocation is running
+        self.last_flush = time.monotonic()
+        self.flush_interval = _env_number("SCHEDTOP_FLUSH_INTERVAL_S", 1.0)
+        self.stopped: str | None = None  # why recording stopped
+        self.redact = _env_flag("SCHEDTOP_REDACT_PROMPTS")
+        self.recorder: Recorder | None = None
+        self.writer: TraceWriter | None = None
+        self.threshold = 0  # the step's long-prefill cap (0: off)
+        self.pre_running: list[str] = []  # running queue when schedule() began
+        self.placeholders: dict[str, int] = {}  # their in-flight samples then
+        self.in_flight = 0  # async: batches scheduled and not updated yet
+
+    # -- opening and closing ---------------------------------------------------------------
+
+    def open(self, path: Path, engine_name: str, model: str, on_record: Any) -> None:
+        self.writer = TraceWriter(path, live=False, flush_interval_s=self.flush_interval)
+        facade = _Facade(self.config, self.snapshot)
+        self.recorder = Recorder(
+            cast(EngineCore, facade),
+            self.writer,
+            redact_prompts=self.redact,
+            snapshot_interval=int(
+                _env_number("SCHEDTOP_SNAPSHOT_INTERVAL", DEFAULT_SNAPSHOT_INTERVAL)
+            ),
+            model=model,
+            engine_name=engine_name,
+            on_step_record=on_record,
+        )
+        self._install()
+
+    def close(self) -> None:
+        if self.recorder is not None:
+            self.recorder.close()
+            self.recorder = None
+
+    def stop(self, why: str) -> None:
+        """Stop recording for good (the engine goes on); the file keeps what it has."""
+        if self.stopped is None:
+            self.stopped = why
+            log.warning("schedtop recording stopped: %s", why)
+            self.close()
+
+    def flush(self) -> None:
+        if self.writer is not None and self.stopped is None:
+            self.writer.flush()
+        self.last_flush = time.monotonic()
+
+    # -- taps on the KV cache manager and block pool ------------------------------------------
+
+    def _install(self) -> None:
+        kvm, pool = self.kvm, self.pool
+        allocate, free, cache = kvm.allocate_slots, kvm.free, kvm.cache_blocks
+        evict = pool._maybe_evict_cached_block
+        evicted: list[int] = []
+
+        def maybe_evict(block: Any) -> bool:
+            gone = bool(evict(block))
+            if gone:
+                evicted.append(block.block_id)
+            return gone
+
+        def allocate_slots(request: Any, num_new_tokens: int, *args: Any, **kw: Any) -> Any:
+            rid = request.request_id
+            self.alloc_for = rid
+            step = self.step
+            if (
+                step is not None
+                and request.status.name == "RUNNING"
+                and (step.pending is None or step.pending[0] != rid)
+            ):
+                self._running_share(step, request, num_new_tokens)
+            hits = kw.get("new_computed_blocks", args[1] if len(args) > 1 else None)
+            num_hit_tokens = kw.get("num_new_computed_tokens", args[0] if args else 0)
+            before = len(self._table(rid))
+            evicted.clear()
+            out = allocate(request, num_new_tokens, *args, **kw)
+            self._on_allocate(request, num_new_tokens, num_hit_tokens, hits, before, out, evicted)
+            return out
+
+        def free_request(request: Any) -> None:
+            table = self._table(request.request_id)
+            ids = [b.block_id for b in reversed(table)]
+            free(request)
+            if ids:
+                self.kv.add(KVEventKind.FREED, request.request_id, ids)
+            self.cached.pop(request.request_id, None)
+
+        def cache_blocks(request: Any, num_computed_tokens: int) -> None:
+            cache(request, num_computed_tokens)
+            self._on_cached(request)
+
+        pool._maybe_evict_cached_block = maybe_evict
+        kvm.allocate_slots = allocate_slots
+        kvm.free = free_request
+        kvm.cache_blocks = cache_blocks
+
+    def _table(self, rid: str) -> list[Any]:
+        manager = self.kvm.coordinator.single_type_managers[0]
+        return cast(list[Any], manager.req_to_blocks.get(rid, []))
+
+    def _on_allocate(
+        self,
+        request: Any,
+        n: int,
+        num_hit_tokens: int,
+        hits: Any,
+        before: int,
+        out: Any,
+        evicted: list[int],
+    ) -> None:
+        rid = request.request_id
+        step = self.step
+        if out is None:
+            if step is not None and request.status.name != "RUNNING":
+                step.wait_fail = self._admission_failure(request, n, num_hit_tokens, hits)
+            return
+        table = self._table(rid)
+        hit_ids = [b.block_id for b in hits.blocks[0]] if hits is not None and hits.blocks else []
+        if hit_ids:
+            self.kv.add(KVEventKind.PREFIX_HIT, rid, hit_ids, num_tokens=num_hit_tokens)
+            self.cached[rid] = before + len(hit_ids)
+        if evicted:
+            self.kv.add(
+                KVEventKind.EVICTED,
+                None,
+                list(evicted),
+                [self.block_hash.pop(b) for b in evicted],
+            )
+        new = table[before + len(hit_ids) :]
+        if new:
+            self.kv.add(KVEventKind.ALLOCATED, rid, [b.block_id for b in new])
+        self._on_cached(request)
+        if step is not None:
+            self._count_allocation(step, request, n, num_hit_tokens)
+
+    def _on_cached(self, request: Any) -> None:
+        """CACHED for the request's table blocks that got a hash since the last look."""
+        rid = request.request_id
+        table = self._table(rid)
+        done = self.cached.get(rid, 0)
+        end = done
+        while end < len(table) and table[end].block_hash is not None:
+            end += 1
+        if end == done:
+            return
+        ours = self._hashes(request, end)
+        ids = [b.block_id for b in table[done:end]]
+        new_hashes = ours[done:end]
+        self.block_hash.update(zip(ids, new_hashes))
+        self.kv.add(KVEventKind.CACHED, rid, ids, new_hashes)
+        self.cached[rid] = end
+
+    def _hashes(self, request: Any, count: int) -> list[bytes]:
+        """schedtop's hashes of the request's first `count` full blocks."""
+        hashes = self.hashes.setdefault(request.request_id, [])
+        if len(hashes) < count:
+            tokens = request.all_token_ids
+            bs = self.block_size
+            parent = hashes[-1] if hashes else ROOT_HASH
+            for i in range(len(hashes), count):
+                parent = hash_block(parent, list(tokens[i * bs : (i + 1) * bs]))
+                hashes.append(parent)
+        return hashes
+
+    def _admission_failure(self, request: Any, n: int, num_hits: int, hits: Any) -> Reason:
+        """Which admission test failed: the same three as schedtop's scheduler."""
+        free = self.pool.get_num_free_blocks()
+        hit_blocks = hits.blocks[0] if hits is not None and hits.blocks else []
+        held = len(self._table(request.request_id))
+
+        def needed(num_tokens: int) -> int:
+            required = -(-num_tokens // self.block_size)
+            fresh = max(required - held - len(hit_blocks), 0)
+            return fresh + sum(1 for b in hit_blocks if b.ref_cnt == 0)
+
+        max_len = self.config.max_model_len
+        if needed(min(num_hits + n, max_len)) > free:
+            return Reason.KV_BLOCKS
+        if self.config.scheduler_reserve_full_isl and needed(min(request.num_tokens, max_len)) > free:
+            return Reason.FULL_PROMPT
+        return Reason.WATERMARK
+
+    # -- the decisions -------------------------------------------------------------------------
+
+    def _count_allocation(self, step: _Step, request: Any, n: int, num_hits: int) -> None:
+        rid = request.request_id
+        if request.status.name == "RUNNING":
+            pending = step.pending
+            if pending is None or pending[0] != rid:
+                pending = self._running_share(step, request, n)
+            _, _, reason, wanted = pending
+            step.pending = None
+            if reason is not None:
+                step.shortfalls.append(Shortfall(rid, wanted, n, reason))
+            step.run_used += n
+        else:
+            wanted = request.num_tokens - num_hits
+            reason = None
+            threshold = self.threshold
+            if 0 < threshold < wanted:
+                reason = Reason.LONG_PREFILL_THRESHOLD
+                if threshold > step.budget:
+                    reason = Reason.TOKEN_BUDGET
+            elif wanted > step.budget:
+                reason = Reason.TOKEN_BUDGET
+            if reason is not None:
+                step.shortfalls.append(Shortfall(rid, wanted, n, reason))
+            step.admissions.append(
+                Admission(rid, num_hits, request.status.name == "PREEMPTED")
+            )
+        step.scheduled[rid] = n
+        step.budget -= n
+
+    def _running_share(
+        self, step: _Step, request: Any, n: int
+    ) -> tuple[str, int, Reason | None, int]:
+        """A running request's wanted tokens and why it got fewer (schedtop's rules)."""
+        computed = request.num_computed_tokens
+        wanted = request.num_tokens_with_spec + request.num_output_placeholders - computed
+        m, reason = wanted, None
+        if 0 < self.threshold < m:
+            m, reason = self.threshold, Reason.LONG_PREFILL_THRESHOLD
+        if m > step.budget:
+            m, reason = step.budget, Reason.TOKEN_BUDGET
+        if m > self.config.max_model_len - 1 - computed:
+            reason = Reason.MAX_MODEL_LEN
+        pending = (request.request_id, n, reason, wanted)
+        step.pending = pending
+        return pending
+
+    def on_preempt(self, victim: Any) -> None:
+        step = self.step
+        if step is None:
+            self.stop("a preemption outside schedule() (reset_prefix_cache with running requests)")
+            return
+        rid = victim.request_id
+        given_back = step.scheduled.pop(rid, 0)
+        if given_back:
+            step.budget += given_back
+            step.run_used -= given_back
+            step.shortfalls = [s for s in step.shortfalls if s.request_id != rid]
+        for_request = self.alloc_for or rid
+        step.preemptions.append(
+            Preemption(rid, for_request, victim.num_computed_tokens, given_back)
+        )
+
+    # -- the scheduler's calls -----------------------------------------------------------------
+
+    def on_add(self, request: Any) -> None:
+        problem = request_problem(request)
+        if problem:
+            self.stop(f"request {request.request_id!r} uses {problem}, which is not recorded")
+            return
+        rid = request.request_id
+        self.live[rid] = request
+        sp = request.sampling_params
+        prompt = list(request.prompt_token_ids or ())
+        full = len(prompt) // self.block_size
+        self.arrivals.append(
+            Arrival(
+                rid,
+                prompt,
+                self._hashes(request, full) if self.redact else [],
+                SamplingParams(
+                    max_tokens=request.max_tokens,
+                    temperature=float(sp.temperature),
+                    top_p=float(sp.top_p),
+                    top_k=max(int(sp.top_k or 0), 0),
+                    seed=sp.seed,
+                    stop_token_ids=tuple(sp.stop_token_ids or ()),
+                    ignore_eos=False,  # vLLM clears eos_token_id instead
+                ),
+                int(request.priority),
+                float(request.arrival_time),
+                sp.eos_token_id,
+            )
+        )
+
+    def on_finished(self, requests: Iterable[Any], status: Any) -> None:
+        """Requests finished from outside (aborts, stop strings): before the next
+        schedule(), or between schedule() and update (then the message says so)."""
+        mid_step = self.step is not None and self.step.report is not None
+        for req in requests:
+            ours = _FINISHED.get(req.status.name, RequestStatus.FINISHED_ABORTED)
+            message = MID_STEP_ABORT if mid_step else ""
+            if ours != RequestStatus.FINISHED_ABORTED:
+                message = (message + "; " if message else "") + f"vLLM {req.status.name}"
+            self.finishes.append(Finish(req.request_id, RequestStatus.FINISHED_ABORTED, message))
+            self._forget(req.request_id)
+        if mid_step and self.step is not None:
+            self.step.mid_step_aborts = True
+
+    def _forget(self, rid: str) -> None:
+        self.live.pop(rid, None)
+        self.hashes.pop(rid, None)
+        self.cached.pop(rid, None)
+
+    def before_schedule(self) -> None:
+        if self.step is not None:
+            self.end_step(None, 0.0)  # the previous step had no update (async queue filling)
+        sched = self.sched
+        num_eligible = len(sched.running) + len(sched.waiting)
+        cfg = self.config
+        threshold = cfg.long_prefill_token_threshold if num_eligible > 1 else 0
+        if threshold and cfg.long_prefill_token_threshold_adaptive:
+            threshold = max(threshold, cfg.max_num_batched_tokens // num_eligible)
+        self.threshold = threshold
+        self.pre_running = [r.request_id for r in sched.running]
+        self.placeholders = {r.request_id: r.num_output_placeholders for r in sched.running}
+        self.step = _Step(self.next_step, cfg.max_num_batched_tokens)
+
+    def after_schedule(self, out: Any, seconds: float, launched: bool = True) -> None:
+        step = self.step
+        assert step is not None
+        sched = self.sched
+        requests = sched.requests
+        entries: list[Scheduled] = []
+        for rid, n in out.num_scheduled_tokens.items():
+            req = requests[rid]
+            before = req.num_computed_tokens - n
+            placeholders = self.placeholders.get(rid, 0)
+            if req.is_prefill_chunk:
+                kind = Kind.CHUNK
+            elif n == 1 and (req.output_token_ids or placeholders):
+                kind = Kind.DECODE
+            else:
+                kind = Kind.PREFILL
+            entries.append(Scheduled(rid, n, kind, before))
+        report = StepReport(
+            step=step.index,
+            arrivals=self.arrivals,
+            scheduled=entries,
+            token_budget=self.config.max_num_batched_tokens,
+            admissions=step.admissions,
+            preemptions=step.preemptions,
+            shortfalls=step.shortfalls,
+            running_stop=self._running_stop(step),
+            waiting_stop=self._waiting_stop(step),
+            num_leading_decodes=self._leading_decodes(step, entries),
+            finishes=self.finishes,
+            num_free_blocks_after_schedule=self.pool.get_num_free_blocks(),
+        )
+        report.schedule_s = seconds
+        self.arrivals, self.finishes = [], []
+        step.report = report
+        if self.is_async and launched:
+            # vLLM's EngineCore (step_with_batch_queue) fills its two-batch queue
+            # before it waits for the oldest batch: then no update follows this step.
+            self.in_flight += 1
+            if self.in_flight < 2 and (out.num_scheduled_tokens or sched.has_requests()):
+                self.end_step(report, 0.0)
+
+    def _leading_decodes(self, step: _Step, entries: list[Scheduled]) -> int:
+        if step.preemptions:
+            return -1
+        running = self.pre_running
+        k = 0
+        for e in entries:
+            if k >= len(running) or e.request_id != running[k] or e.kind != Kind.DECODE:
+                break
+            k += 1
+        return k
+
+    def _running_stop(self, step: _Step) -> QueueStop | None:
+        if any(p.victim == p.for_request for p in step.preemptions) and self.config.policy == "fcfs":
+            return QueueStop(Reason.KV_BLOCKS, Reason.KV_BLOCKS)
+        if self.config.max_num_batched_tokens - step.run_used > 0:
+            return None
+        before = set(self.pre_running)
+        still = [r.request_id for r in self.sched.running if r.request_id in before]
+        last = max((i for i, rid in enumerate(still) if rid in step.scheduled), default=-1)
+        if last < len(still) - 1:
+            return QueueStop(Reason.TOKEN_BUDGET, Reason.TOKEN_BUDGET)
+        return None
+
+    def _waiting_stop(self, step: _Step) -> QueueStop | None:
+        sched = self.sched
+        if step.preemptions:
+            return QueueStop(Reason.PREEMPTION, Reason.PREEMPTION) if sched.waiting else None
+        left = any(not r.num_stale_output_tokens for r in sched.waiting)
+        if not left:
+            return None
+        if step.wait_fail is not None:
+            return QueueStop(step.wait_fail, Reason.HEAD_OF_LINE)
+        if step.budget <= 0:
+            return QueueStop(Reason.TOKEN_BUDGET, Reason.TOKEN_BUDGET)
+        limit = self.config.max_num_active_seqs or self.config.max_num_seqs
+        if len(sched.running) >= limit:
+            return QueueStop(Reason.MAX_NUM_SEQS, Reason.MAX_NUM_SEQS)
+        if not self.config.enable_chunked_prefill:
+            return QueueStop(Reason.NO_CHUNKING, Reason.HEAD_OF_LINE)
+        return None
+
+    def after_update(self, batch: Any, outputs: Any, seconds: float) -> None:
+        """The samples and finishes of an executed batch (this step's, or with async
+        scheduling the one before), then the end of the step."""
+        if self.step is None or self.step.report is None:
+            self.before_schedule()  # vLLM updated without scheduling: an empty step
+            self.after_schedule(_EmptyOutput(), 0.0, launched=False)
+        step = self.step
+        assert step is not None and step.report is not None
+        report = step.report
+        if self.is_async:
+            self.in_flight = max(self.in_flight - 1, 0)
+        report.finishes.extend(self.finishes)  # aborted between schedule() and now
+        self.finishes = []
+        by_id: dict[str, Any] = {}
+        for engine_outputs in outputs.values():
+            for o in engine_outputs.outputs:
+                by_id[o.request_id] = o
+        for rid in batch.num_scheduled_tokens:
+            o = by_id.get(rid)
+            if o is None:
+                continue
+            if o.new_token_ids:
+                tokens = list(o.new_token_ids)
+                report.sampled[rid] = tokens
+                report.sampled_flat.extend(tokens)
+            if o.finish_reason is not None:
+                req = self.live.get(rid)
+                status = _FINISHED.get(req.status.name if req is not None else "", None)
+                report.finishes.append(
+                    Finish(rid, status or RequestStatus.FINISHED_ERROR, "")
+                )
+                self._forget(rid)
+        self.end_step(report, seconds)
+
+    def end_step(self, report: StepReport | None, update_s: float) -> None:
+        step = self.step
+        assert step is not None
+        self.step = None
+        if report is None:
+            report = step.report
+            assert report is not None
+        sched = self.sched
+        report.update_s = update_s
+        report.kv_events = self.kv
+        self.kv = KVEventLog()
+        report.num_free_blocks = self.pool.get_num_free_blocks()
+        report.running = [r.request_id for r in sched.running]
+        report.waiting = [r.request_id for r in sched.waiting]
+        if step.mid_step_aborts:
+            report.num_leading_decodes = -1
+        self.next_step += 1
+        if self.recorder is not None and self.stopped is None:
+            self.recorder.on_step(report)
+            if self.recorder.error is not None:
+                self.stop(self.recorder.error)
+            elif not sched.has_unfinished_requests() or (
+                time.monotonic() - self.last_flush >= self.flush_interval
+            ):
+                self.flush()  # idle, or due: a reader sees every step so far
+
+    def snapshot(self) -> EngineState:
+        sched = self.sched
+        reqs = []
+        for rid in sorted(sched.requests):
+            r = sched.requests[rid]
+            reqs.append(
+                RequestState(
+                    rid,
+                    _UNFINISHED.get(r.status.name, RequestStatus.WAITING),
+                    r.num_prompt_tokens,
+                    len(r.output_token_ids),
+                    r.num_computed_tokens,
+                    tuple(b.block_id for b in self._table(rid)),
+                    r.num_preemptions,
+                    r.priority,
+                    r.num_cached_tokens,
+                )
+            )
+        free = [b.block_id for b in self.pool.free_block_queue.get_all_free_blocks()]
+        return EngineState(
+            step=self.next_step - 1,
+            requests=tuple(reqs),
+            running=tuple(r.request_id for r in sched.running),
+            waiting=tuple(r.request_id for r in sched.waiting),
+            free_queue=tuple(free),
+            ref_cnts=(),
+            block_hashes=tuple(sorted(self.block_hash.items())),
+        )
+
+    def on_reset_prefix_cache(self) -> None:
+        """Every cached hash is dropped: EVICTED for each, as the reducer expects."""
+        if self.block_hash:
+            ids = sorted(self.block_hash)
+            self.kv.add(KVEventKind.EVICTED, None, ids, [self.block_hash[b] for b in ids])
+            self.block_hash.clear()
+
+
+class _EmptyOutput:
+    num_scheduled_tokens: dict[str, int] = {}
+
+
+class RecordingMixin:
+    """The taps, mixed into vLLM's Scheduler or AsyncScheduler (see RecordingScheduler)."""
+
+    _schedtop: Tap | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        import vllm
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+        check_version(vllm.__version__)
+        super().__init__(*args, **kwargs)
+        sched: Any = self
+        for what, names in _REQUIRED.items():
+            owner = {
+                "scheduler": sched,
+                "kv_cache_manager": getattr(sched, "kv_cache_manager", None),
+                "block_pool": getattr(getattr(sched, "kv_cache_manager", None), "block_pool", None),
+            }[what]
+            missing = [n for n in names if not hasattr(owner, n)]
+            if missing:
+                raise UnsupportedVllm(
+                    f"vLLM {vllm.__version__}: the {what} has no {', '.join(missing)}; "
+                    "schedtop's recorder cannot tap it"
+                )
+        vllm_config = sched.vllm_config
+        kv_cfg = kwargs.get("kv_cache_config") or args[1]
+        block_size = int(kwargs.get("block_size") or vllm_config.cache_config.block_size)
+        hash_bs = int(kwargs.get("hash_block_size") or block_size)
+        problems = setup_problems(vllm_config, kv_cfg, block_size, hash_bs)
+        if problems:
+            raise UnsupportedVllm(
+                "schedtop cannot record this vLLM set-up: "
+                + "; ".join(problems)
+                + ". Run without --scheduler-cls recorder.vllm.RecordingScheduler."
+            )
+        is_async = isinstance(self, AsyncScheduler)
+        tap = Tap(sched, is_async, block_size, int(kv_cfg.num_blocks))
+        pc = vllm_config.parallel_config
+        rank = int(getattr(pc, "data_parallel_rank", 0) or 0)
+        path = _trace_path(rank if pc.data_parallel_size > 1 else None)
+        model = str(getattr(vllm_config.model_config, "model", ""))
+        name = (
+            f"vLLM {vllm.__version__} ({'AsyncScheduler' if is_async else 'Scheduler'}"
+            + (f", DP rank {rank} of {pc.data_parallel_size}" if pc.data_parallel_size > 1 else "")
+            + ")"
+        )
+        check = self.schedtop_check
+        tap.open(path, name, model, check)
+        self._schedtop = tap
+        self.schedtop_trace = path
+        log.info("schedtop: recording vLLM's scheduler into %s", path)
+
+    # Tests override this: it sees every step record, with vLLM's state at the step's end.
+    schedtop_check: Callable[[Step], None] | None = None
+
+    def add_request(self, request: Any) -> None:
+        super().add_request(request)  # type: ignore[misc]
+        tap = self._schedtop
+        if tap is not None and tap.stopped is None:
+            tap.on_add(request)
+
+    def finish_requests(self, request_ids: Any, finished_status: Any, *a: Any, **kw: Any) -> Any:
+        done = super().finish_requests(request_ids, finished_status, *a, **kw)  # type: ignore[misc]
+        tap = self._schedtop
+        if tap is not None and tap.stopped is None and done:
+            tap.on_finished(done, finished_status)
+        return done
+
+    def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> None:
+        tap = self._schedtop
+        if tap is not None and tap.stopped is None:
+            tap.on_preempt(request)
+        super()._preempt_request(request, *args, **kwargs)  # type: ignore[misc]
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        tap = self._schedtop
+        if tap is None or tap.stopped is not None:
+            return super().schedule(*args, **kwargs)  # type: ignore[misc]
+        tap.before_schedule()
+        t0 = time.perf_counter()
+        out = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        seconds = time.perf_counter() - t0
+        tap.after_schedule(out, seconds)
+        return out
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        tap = self._schedtop
+        if tap is None or tap.stopped is not None:
+            return super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        t0 = time.perf_counter()
+        outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        tap.after_update(scheduler_output, outputs, time.perf_counter() - t0)
+        return outputs
+
+    def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> Any:
+        ok = super().reset_prefix_cache(*args, **kwargs)  # type: ignore[misc]
+        tap = self._schedtop
+        if ok and tap is not None and tap.stopped is None:
+            tap.on_reset_prefix_cache()
+        return ok
+
+    def shutdown(self) -> None:
+        tap = self._schedtop
+        if tap is not None:
+            tap.close()
+        super().shutdown()  # type: ignore[misc]
+
+
+def _trace_path(dp_rank: int | None) -> Path:
+    exact = os.environ.get("SCHEDTOP_TRACE_FILE")  # one file, for drivers and tests
+    if exact:
+        return Path(exact)
+    directory = trace_dir()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RecordingError(f"{directory}: cannot create the trace directory: {e.strerror}") from None
+    now = time.time_ns()
+    seconds, rest = divmod(now, 1_000_000_000)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(seconds))
+    rank = f"-dp{dp_rank}" if dp_rank is not None else ""
+    host = socket.gethostname().split(".")[0]
+    return directory / f"{stamp}.{rest // 1_000_000:03d}-vllm-{host}-{os.getpid()}{rank}.trace"
+
+
+_COMPOSED: dict[tuple[type, type], type] = {}
+
+
+def compose(mixin: type, base: type) -> type:
+    """`mixin` over vLLM's `base` scheduler class (cached, so pickles and isinstance work)."""
+    key = (mixin, base)
+    cls = _COMPOSED.get(key)
+    if cls is None:
+        cls = type(f"Recording{base.__name__}", (mixin, base), {"__module__": __name__})
+        _COMPOSED[key] = cls
+    return cls
+
+
+class RecordingScheduler:
+    """The class to give vLLM: `--scheduler-cls recorder.vllm.RecordingScheduler`.
+
+    vLLM calls it with the scheduler's keyword arguments; it builds the scheduler vLLM
+    would have used without it (AsyncScheduler when async scheduling is on, else
+    Scheduler) with the recording taps mixed in. Subclasses may set `mixin`."""
+
+    mixin: type = RecordingMixin
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+        from vllm.v1.core.sched.scheduler import Scheduler
+
+        vllm_config = kwargs.get("vllm_config") or args[0]
+        base = AsyncScheduler if vllm_config.scheduler_config.async_scheduling else Scheduler
+        impl = compose(cls.mixin, base)
+        obj = impl.__new__(impl)
+        obj.__init__(*args, **kwargs)
+        return obj
