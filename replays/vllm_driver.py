@@ -38,7 +38,7 @@ _TINY_MODEL = {
     "num_attention_heads": 4,
     "num_key_value_heads": 4,
     "num_hidden_layers": 1,
-    "vocab_size": 32000,
+    "vocab_size": 1 << 20,  # workloads use token ids up to here
     "max_position_embeddings": 1 << 22,
     "rms_norm_eps": 1e-6,
     "torch_dtype": "float16",
@@ -73,7 +73,7 @@ class Inputs:
 
 
 def tiny_model_dir() -> str:
-    d = Path(tempfile.gettempdir()) / "schedtop_vllm_tiny_llama"
+    d = Path(tempfile.gettempdir()) / "schedtop_vllm_tiny_llama_v2"
     d.mkdir(exist_ok=True)
     path = d / "config.json"
     if not path.exists():
