@@ -28,6 +28,11 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 # nothing this model-free engine does not stub out.
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
+import torch  # noqa: E402
+from vllm.v1.executor.abstract import Executor  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+
 from recorder.schema import Header, Step  # noqa: E402
 from recorder.vllm import RecordingMixin, RecordingScheduler  # noqa: E402
 from replays.reducer import apply  # noqa: E402
@@ -37,110 +42,117 @@ SCRIPTS_ENV = "SCHEDTOP_FAKE_SCRIPTS"  # JSON file: external request id -> token
 CHECK_ENV = "SCHEDTOP_CHECK_FILE"  # where CheckingScheduler reports (one line per step)
 
 
-def _executor_class() -> type:
-    from vllm.v1.executor.abstract import Executor
-    from vllm.v1.kv_cache_interface import FullAttentionSpec
-    from vllm.v1.outputs import ModelRunnerOutput
+class FakeExecutor(Executor):
+    """Executes nothing: each scheduled request samples when its step reaches the end
+    of its known tokens, the next token of its script (by external id)."""
 
-    class FakeExecutor(Executor):
-        """Executes nothing: each scheduled request samples when its step reaches the end
-        of its known tokens, the next token of its script (by external id)."""
+    supports_pp = False
 
-        supports_pp = False
+    @classmethod
+    def supports_async_scheduling(cls) -> bool:
+        return True
 
-        @classmethod
-        def supports_async_scheduling(cls) -> bool:
-            return True
+    def _init_executor(self) -> None:
+        path = os.environ.get(SCRIPTS_ENV)
+        self.scripts: dict[str, list[int]] = json.loads(Path(path).read_text()) if path else {}
+        self.known: dict[str, int] = {}
+        self.sampled: dict[str, int] = {}
+        self.pending: Any = None
 
-        def _init_executor(self) -> None:
-            path = os.environ.get(SCRIPTS_ENV)
-            self.scripts: dict[str, list[int]] = json.loads(Path(path).read_text()) if path else {}
-            self.known: dict[str, int] = {}
-            self.sampled: dict[str, int] = {}
-            self.pending: Any = None
+    def determine_available_memory(self) -> list[int]:
+        return [1 << 30]
 
-        def determine_available_memory(self) -> list[int]:
-            return [1 << 30]
+    def get_kv_cache_specs(self) -> list[dict[str, Any]]:
 
-        def get_kv_cache_specs(self) -> list[dict[str, Any]]:
-            import torch
+        bs = self.vllm_config.cache_config.block_size
+        return [{"layer": FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)}]
 
-            bs = self.vllm_config.cache_config.block_size
-            return [{"layer": FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)}]
+    def get_supported_kv_cache_layouts(self) -> list[list[str]]:
+        return [["NHD"]]
 
-        def get_supported_kv_cache_layouts(self) -> list[list[str]]:
-            return [["NHD"]]
+    def initialize_from_config(self, kv_cache_configs: list[Any]) -> None:
+        pass
 
-        def initialize_from_config(self, kv_cache_configs: list[Any]) -> None:
-            pass
+    def compile_or_warm_up_model(self) -> None:
+        pass
 
-        def compile_or_warm_up_model(self) -> None:
-            pass
+    def collective_rpc(self, method: Any, timeout: Any = None, args: tuple = (),
+                       kwargs: Any = None, non_block: bool = False) -> Any:
+        result: list[Any] = [("generate",) if method == "get_supported_tasks" else None]
+        if non_block:
+            f: Future[list[Any]] = Future()
+            f.set_result(result)
+            return f
+        return result
 
-        def collective_rpc(self, method: Any, timeout: Any = None, args: tuple = (),
-                           kwargs: Any = None, non_block: bool = False) -> Any:
-            result: list[Any] = [("generate",) if method == "get_supported_tasks" else None]
-            if non_block:
-                f: Future[list[Any]] = Future()
-                f.set_result(result)
-                return f
-            return result
+    def check_health(self) -> None:
+        pass
 
-        def check_health(self) -> None:
-            pass
+    def _token(self, rid: str) -> int:
+        external = rid.rsplit("-", 1)[0]
+        script = self.scripts.get(external, [])
+        n = self.sampled.get(rid, 0)
+        self.sampled[rid] = n + 1
+        return script[n] if n < len(script) else 7
 
-        def _token(self, rid: str) -> int:
-            external = rid.rsplit("-", 1)[0]
-            script = self.scripts.get(external, [])
-            n = self.sampled.get(rid, 0)
-            self.sampled[rid] = n + 1
-            return script[n] if n < len(script) else 7
+    def _run(self, out: Any) -> Any:
+        for nr in out.scheduled_new_reqs:
+            self.known.setdefault(nr.req_id, len(nr.prompt_token_ids or ()))
+        cached = out.scheduled_cached_reqs
+        before = dict(zip(cached.req_ids, cached.num_computed_tokens))
+        for nr in out.scheduled_new_reqs:
+            before[nr.req_id] = nr.num_computed_tokens
+        ids = list(out.num_scheduled_tokens)
+        tokens: list[list[int]] = []
+        for rid in ids:
+            n = out.num_scheduled_tokens[rid]
+            if before[rid] + n < self.known[rid]:
+                tokens.append([])
+                continue
+            tokens.append([self._token(rid)])
+            self.known[rid] += 1
+        return ModelRunnerOutput(
+            req_ids=ids,
+            req_id_to_index={r: i for i, r in enumerate(ids)},
+            sampled_token_ids=tokens,
+        )
 
-        def _run(self, out: Any) -> Any:
-            for nr in out.scheduled_new_reqs:
-                self.known.setdefault(nr.req_id, len(nr.prompt_token_ids or ()))
-            cached = out.scheduled_cached_reqs
-            before = dict(zip(cached.req_ids, cached.num_computed_tokens))
-            for nr in out.scheduled_new_reqs:
-                before[nr.req_id] = nr.num_computed_tokens
-            ids = list(out.num_scheduled_tokens)
-            tokens: list[list[int]] = []
-            for rid in ids:
-                n = out.num_scheduled_tokens[rid]
-                if before[rid] + n < self.known[rid]:
-                    tokens.append([])
-                    continue
-                tokens.append([self._token(rid)])
-                self.known[rid] += 1
-            return ModelRunnerOutput(
-                req_ids=ids,
-                req_id_to_index={r: i for i, r in enumerate(ids)},
-                sampled_token_ids=tokens,
-            )
+    def execute_model(self, scheduler_output: Any, non_block: bool = False) -> Any:
+        output = self._run(scheduler_output)
+        result = output
+        if scheduler_output.total_num_scheduled_tokens > 0:
+            self.pending, result = output, None  # sample_tokens() hands it out
+        if non_block:
+            f: Future[Any] = Future()
+            f.set_result(result)
+            return f
+        return result
 
-        def execute_model(self, scheduler_output: Any, non_block: bool = False) -> Any:
-            output = self._run(scheduler_output)
-            result = output
-            if scheduler_output.total_num_scheduled_tokens > 0:
-                self.pending, result = output, None  # sample_tokens() hands it out
-            if non_block:
-                f: Future[Any] = Future()
-                f.set_result(result)
-                return f
-            return result
+    def sample_tokens(self, grammar_output: Any, non_block: bool = False) -> Any:
+        output, self.pending = self.pending, None
+        if non_block:
+            f: Future[Any] = Future()
+            f.set_result(output)
+            return f
+        return output
 
-        def sample_tokens(self, grammar_output: Any, non_block: bool = False) -> Any:
-            output, self.pending = self.pending, None
-            if non_block:
-                f: Future[Any] = Future()
-                f.set_result(output)
-                return f
-            return output
+    def take_draft_token_ids(self) -> None:
+        return None
 
-        def take_draft_token_ids(self) -> None:
-            return None
 
-    return FakeExecutor
+def _keep_async_scheduling() -> None:
+    """vLLM's CPU platform turns async scheduling off (its model runner cannot overlap);
+    this engine runs no model, so keep what was asked for, as a GPU platform would."""
+    from vllm.platforms.cpu import CpuPlatform
+
+    original = CpuPlatform.check_and_update_config.__func__  # type: ignore[attr-defined]
+
+    def check_and_update_config(cls: Any, vllm_config: Any) -> None:
+        wanted = vllm_config.scheduler_config.async_scheduling
+        original(cls, vllm_config)
+        vllm_config.scheduler_config.async_scheduling = wanted
+
+    CpuPlatform.check_and_update_config = classmethod(check_and_update_config)  # type: ignore[method-assign, assignment]
 
 
 class CheckingMixin(RecordingMixin):
@@ -229,9 +241,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         scheduling_policy=cfg.get("policy", "fcfs"),
         async_scheduling=spec["async_scheduling"],
         scheduler_cls=cls,
-        distributed_executor_backend=_executor_class(),
+        distributed_executor_backend=FakeExecutor,
         enforce_eager=True,
     )
+    _keep_async_scheduling()
     engine = LLMEngine.from_engine_args(args)
     by_step: dict[int, list[dict[str, Any]]] = {}
     aborts: dict[int, list[str]] = {}
@@ -243,7 +256,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     step = 0
     last = max(max(by_step, default=0), max(aborts, default=0))
     try:
-        while step <= last or engine.has_unfinished_requests():
+        while step <= last or engine.has_unfinished_requests() or _batches_in_flight(engine):
             if step > 20_000:
                 raise SystemExit("the engine is still running at step 20000")
             if aborts.get(step):
@@ -266,6 +279,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     finally:
         engine.engine_core.shutdown()
     return {"steps": step, "finished": finished}
+
+
+def _batches_in_flight(engine: Any) -> bool:
+    """In-process, the caller drives the engine core: a batch scheduled before the last
+    request finished is still to be drained (vLLM's own busy loop drains it)."""
+    core = getattr(engine.engine_core, "engine_core", None)
+    return bool(getattr(core, "batch_queue", None))
 
 
 def main(argv: list[str]) -> int:
