@@ -110,7 +110,9 @@ def check_version(version: str) -> None:
         )
 
 
-def setup_problems(vllm_config: Any, kv_cache_config: Any, block_size: int, hash_bs: int) -> list[str]:
+def setup_problems(
+    vllm_config: Any, kv_cache_config: Any, block_size: int, hash_bs: int
+) -> list[str]:
     """Why this vLLM set-up cannot be recorded faithfully (empty: it can)."""
     sc = vllm_config.scheduler_config
     problems = []
@@ -157,7 +159,9 @@ def request_problem(request: Any) -> str:
     return ""
 
 
-def engine_config(sched: Any, async_scheduling: bool, block_size: int, num_blocks: int) -> EngineConfig:
+def engine_config(
+    sched: Any, async_scheduling: bool, block_size: int, num_blocks: int
+) -> EngineConfig:
     """vLLM's scheduler config under schedtop's names."""
     vc = sched.vllm_config
     sc = vc.scheduler_config
@@ -424,7 +428,10 @@ class Tap:
         max_len = self.config.max_model_len
         if needed(min(num_hits + n, max_len)) > free:
             return Reason.KV_BLOCKS
-        if self.config.scheduler_reserve_full_isl and needed(min(request.num_tokens, max_len)) > free:
+        if (
+            self.config.scheduler_reserve_full_isl
+            and needed(min(request.num_tokens, max_len)) > free
+        ):
             return Reason.FULL_PROMPT
         return Reason.WATERMARK
 
@@ -453,9 +460,7 @@ class Tap:
                 reason = Reason.TOKEN_BUDGET
             if reason is not None:
                 step.shortfalls.append(Shortfall(rid, wanted, n, reason))
-            step.admissions.append(
-                Admission(rid, num_hits, request.status.name == "PREEMPTED")
-            )
+            step.admissions.append(Admission(rid, num_hits, request.status.name == "PREEMPTED"))
         step.scheduled[rid] = n
         step.budget -= n
 
@@ -610,7 +615,10 @@ class Tap:
         return k
 
     def _running_stop(self, step: _Step) -> QueueStop | None:
-        if any(p.victim == p.for_request for p in step.preemptions) and self.config.policy == "fcfs":
+        if (
+            any(p.victim == p.for_request for p in step.preemptions)
+            and self.config.policy == "fcfs"
+        ):
             return QueueStop(Reason.KV_BLOCKS, Reason.KV_BLOCKS)
         if self.config.max_num_batched_tokens - step.run_used > 0:
             return None
@@ -667,9 +675,7 @@ class Tap:
             if o.finish_reason is not None:
                 req = self.live.get(rid)
                 status = _FINISHED.get(req.status.name if req is not None else "", None)
-                report.finishes.append(
-                    Finish(rid, status or RequestStatus.FINISHED_ERROR, "")
-                )
+                report.finishes.append(Finish(rid, status or RequestStatus.FINISHED_ERROR, ""))
                 self._forget(rid)
         self.end_step(report, seconds)
 
@@ -856,7 +862,9 @@ def _trace_path(dp_rank: int | None) -> Path:
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise RecordingError(f"{directory}: cannot create the trace directory: {e.strerror}") from None
+        raise RecordingError(
+            f"{directory}: cannot create the trace directory: {e.strerror}"
+        ) from None
     now = time.time_ns()
     seconds, rest = divmod(now, 1_000_000_000)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(seconds))

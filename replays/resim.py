@@ -262,10 +262,11 @@ def _run_faithful(
         ):
             rec, nxt = nxt, next(records, None)
             recorded += 1
-            _abort(engine, rec, runner.refs, mid_step=False)
             for a in rec.arrivals:
                 runner.refs[a.request_id] = a.ref
                 engine.add_request(_request(a, hasher))
+            # After the arrivals: a request can arrive and be aborted before one step.
+            _abort(engine, rec, runner.refs, mid_step=False)
             runner.record, runner.next = rec, nxt
             checker.expect(rec)
             engine.step(partial(_abort, engine, rec, runner.refs, mid_step=True))
@@ -476,7 +477,6 @@ def _run_scripted(
         while step <= last_arrival or engine.has_unfinished():
             if step >= limit:
                 raise ResimError(f"the re-simulation is still running at step {step}")
-            _abort_scripted(engine, scripts, aborts.get(step, ()), live, mid_step=False)
             for ref in by_step.get(step, ()):
                 s = scripts[ref]
                 a = s.arrival
@@ -488,6 +488,7 @@ def _run_scripted(
                     _RecordedHasher(config.block_size, s, ref) if reader.header.redacted else plain
                 )
                 engine.add_request(_request(a, hasher))
+            _abort_scripted(engine, scripts, aborts.get(step, ()), live, mid_step=False)
             engine.step(
                 partial(_abort_scripted, engine, scripts, aborts.get(step, ()), live, True)
             )

@@ -301,10 +301,10 @@ class Driver:
             while step <= last or sched.has_unfinished_requests() or self.batches:
                 if step >= max_steps:
                     raise SystemExit(f"still running at step {step}")
-                self._abort(step, mid_step=False)
                 for s in arrivals.get(step, ()):
                     self.by_id[s.request_id] = s
                     sched.add_request(self._request(s))
+                self._abort(step, mid_step=False)  # after: one may be aborted at once
                 if is_async:
                     self._step_async(step)
                 else:

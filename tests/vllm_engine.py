@@ -2,9 +2,8 @@
 
     python -m tests.vllm_engine SPEC.json RESULT.json
 
-SPEC: {"workload": {...fidelity workload, requests may have "abort_step" and
-"stop_token_ids"...}, "multiprocess": bool, "async_scheduling": bool,
-"trace_dir": DIR, "check": bool}. vLLM's own LLMEngine (and, with multiprocess, its
+Each run of SPEC (see main) is a fidelity workload (requests may also have
+"abort_step" and "stop_token_ids"), multiprocess or not, async or not. vLLM's own LLMEngine (and, with multiprocess, its
 engine-core process) runs with `FakeExecutor` in place of a GPU worker and with
 schedtop's RecordingScheduler (CheckingScheduler with "check", which compares the state
 the trace rebuilds with vLLM's live block tables, ref counts and free queue after every
@@ -65,7 +64,13 @@ class FakeExecutor(Executor):
     def get_kv_cache_specs(self) -> list[dict[str, Any]]:
 
         bs = self.vllm_config.cache_config.block_size
-        return [{"layer": FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)}]
+        return [
+            {
+                "layer": FullAttentionSpec(
+                    block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32
+                )
+            }
+        ]
 
     def get_supported_kv_cache_layouts(self) -> list[list[str]]:
         return [["NHD"]]
@@ -76,8 +81,14 @@ class FakeExecutor(Executor):
     def compile_or_warm_up_model(self) -> None:
         pass
 
-    def collective_rpc(self, method: Any, timeout: Any = None, args: tuple = (),
-                       kwargs: Any = None, non_block: bool = False) -> Any:
+    def collective_rpc(
+        self,
+        method: Any,
+        timeout: Any = None,
+        args: tuple = (),
+        kwargs: Any = None,
+        non_block: bool = False,
+    ) -> Any:
         result: list[Any] = [("generate",) if method == "get_supported_tasks" else None]
         if non_block:
             f: Future[list[Any]] = Future()
@@ -221,8 +232,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if spec["multiprocess"] else "0"
     if spec.get("check"):
         os.environ[CHECK_ENV] = str(Path(spec["trace_dir"]) / "check.jsonl")
-    cls = "tests.vllm_engine.CheckingScheduler" if spec.get("check") else (
-        "recorder.vllm.RecordingScheduler"
+    cls = (
+        "tests.vllm_engine.CheckingScheduler"
+        if spec.get("check")
+        else ("recorder.vllm.RecordingScheduler")
     )
     args = EngineArgs(
         model=tiny_model_dir(),
@@ -269,7 +282,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                     ignore_eos=True,
                 )
                 engine.add_request(
-                    r["id"], {"prompt_token_ids": r["prompt_token_ids"]}, params,
+                    r["id"],
+                    {"prompt_token_ids": r["prompt_token_ids"]},
+                    params,
                     priority=r.get("priority", 0),
                 )
             for out in engine.step():
@@ -289,9 +304,20 @@ def _batches_in_flight(engine: Any) -> bool:
 
 
 def main(argv: list[str]) -> int:
+    """SPEC {"runs": [{"name", "workload", "multiprocess", "async_scheduling"}], "root",
+    "check"}: each run records into ROOT/NAME/; RESULT maps names to what happened."""
     spec = json.loads(Path(argv[0]).read_text())
-    result = run(spec)
-    Path(argv[1]).write_text(json.dumps(result))
+    results: dict[str, Any] = {}
+    for item in spec["runs"]:
+        directory = Path(spec["root"]) / item["name"]
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            results[item["name"]] = run(
+                {**item, "trace_dir": str(directory), "check": spec["check"]}
+            )
+        except Exception as e:  # reported per run; the test names the run
+            results[item["name"]] = {"error": f"{type(e).__name__}: {e}"}
+        Path(argv[1]).write_text(json.dumps(results))
     return 0
 
 
