@@ -135,7 +135,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--oracle",
-        default=str(Path(__file__).resolve().parents[2] / "shared" / "fidelity" / "vllm_oracle.py"),
+        default=str(Path(__file__).resolve().parent / "vllm_oracle.py"),
     )
     ap.add_argument("--vllm-python", default="/tmp/vllm-venv/bin/python")
     args = ap.parse_args()
