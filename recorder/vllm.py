@@ -225,7 +225,7 @@ class _Step:
         self.shortfalls: list[Shortfall] = []
         self.admissions: list[Admission] = []
         self.preemptions: list[Preemption] = []
-        self.pending: tuple[str, int, Reason | None, int] | None = None  # (id, n, reason, wanted)
+        self.pending: tuple[str, int, Reason | None] | None = None  # (id, wanted, reason)
         self.wait_fail: Reason | None = None  # why the head of waiting was not admitted
         self.report: StepReport | None = None  # once schedule() returned
         self.mid_step_aborts = False
@@ -246,6 +246,7 @@ class Tap:
         self.block_hash: dict[int, bytes] = {}  # block id -> schedtop hash, for cached blocks
         self.cached: dict[str, int] = {}  # request id -> leading blocks of its table cached
         self.live: dict[str, Any] = {}  # request id -> vLLM request, until it finishes
+        self.first_hits: dict[str, int] = {}  # request id -> prefix-hit tokens at admission
         self.arrivals: list[Arrival] = []
         self.finishes: list[Finish] = []
         self.step: _Step | None = None
@@ -311,16 +312,55 @@ class Tap:
                 evicted.append(block.block_id)
             return gone
 
+        from vllm.v1.request import RequestStatus as VllmStatus
+
+        running_status = VllmStatus.RUNNING
+        tables = self.tables
+        cached = self.cached
+        kv = self.kv_log
+
         def allocate_slots(request: Any, num_new_tokens: int, *args: Any, **kw: Any) -> Any:
             rid = request.request_id
             self.alloc_for = rid
             step = self.step
-            if (
-                step is not None
-                and request.status.name == "RUNNING"
-                and (step.pending is None or step.pending[0] != rid)
-            ):
-                self._running_share(step, request, num_new_tokens)
+            if request.status is running_status and not args and "new_computed_blocks" not in kw:
+                # The running pass: every running request, every step. Kept lean.
+                if step is not None:
+                    pending = step.pending
+                    if pending is None or pending[0] != rid:
+                        wanted = (
+                            request.num_tokens_with_spec
+                            + request.num_output_placeholders
+                            - request.num_computed_tokens
+                        )
+                        if wanted != num_new_tokens:  # cut short: say why, as schedtop would
+                            step.pending = self._running_share(step, request, num_new_tokens)
+                if evicted:
+                    evicted.clear()
+                out = allocate(request, num_new_tokens, *args, **kw)
+                if out is None:
+                    return out  # a preemption follows, and a retry
+                new = out.blocks[0]
+                if evicted:
+                    self._evicted(evicted)
+                if new:
+                    kv().add(KVEventKind.ALLOCATED, rid, [b.block_id for b in new])
+                table = tables[rid]
+                done = cached.get(rid, 0)
+                if done < len(table) and table[done].block_hash is not None:
+                    self._on_cached(request)
+                if step is not None:
+                    pending = step.pending
+                    if pending is not None and pending[0] == rid:
+                        step.pending = None
+                        if pending[2] is not None:
+                            step.shortfalls.append(
+                                Shortfall(rid, pending[1], num_new_tokens, pending[2])
+                            )
+                    step.scheduled[rid] = num_new_tokens
+                    step.budget -= num_new_tokens
+                    step.run_used += num_new_tokens
+                return out
             hits = kw.get("new_computed_blocks", args[1] if len(args) > 1 else None)
             num_hit_tokens = kw.get("num_new_computed_tokens", args[0] if args else 0)
             before = len(self._table(rid))
@@ -346,9 +386,22 @@ class Tap:
         kvm.free = free_request
         kvm.cache_blocks = cache_blocks
 
+    @property
+    def tables(self) -> dict[str, list[Any]]:
+        """vLLM's block tables (full attention: one KV cache group), by request id."""
+        return cast(dict[str, list[Any]], self.kvm.coordinator.single_type_managers[0].req_to_blocks)
+
+    def kv_log(self) -> KVEventLog:
+        return self.kv
+
     def _table(self, rid: str) -> list[Any]:
-        manager = self.kvm.coordinator.single_type_managers[0]
-        return cast(list[Any], manager.req_to_blocks.get(rid, []))
+        return self.tables.get(rid, [])
+
+    def _evicted(self, evicted: list[int]) -> None:
+        self.kv.add(
+            KVEventKind.EVICTED, None, list(evicted), [self.block_hash.pop(b) for b in evicted]
+        )
+        evicted.clear()
 
     def _on_allocate(
         self,
@@ -372,12 +425,7 @@ class Tap:
             self.kv.add(KVEventKind.PREFIX_HIT, rid, hit_ids, num_tokens=num_hit_tokens)
             self.cached[rid] = before + len(hit_ids)
         if evicted:
-            self.kv.add(
-                KVEventKind.EVICTED,
-                None,
-                list(evicted),
-                [self.block_hash.pop(b) for b in evicted],
-            )
+            self._evicted(evicted)
         new = table[before + len(hit_ids) :]
         if new:
             self.kv.add(KVEventKind.ALLOCATED, rid, [b.block_id for b in new])
@@ -438,38 +486,33 @@ class Tap:
     # -- the decisions -------------------------------------------------------------------------
 
     def _count_allocation(self, step: _Step, request: Any, n: int, num_hits: int) -> None:
+        """An admission from waiting (running requests take the fast path)."""
         rid = request.request_id
-        if request.status.name == "RUNNING":
-            pending = step.pending
-            if pending is None or pending[0] != rid:
-                pending = self._running_share(step, request, n)
-            _, _, reason, wanted = pending
-            step.pending = None
-            if reason is not None:
-                step.shortfalls.append(Shortfall(rid, wanted, n, reason))
-            step.run_used += n
-        else:
-            wanted = request.num_tokens - num_hits
-            reason = None
-            threshold = self.threshold
-            if 0 < threshold < wanted:
-                reason = Reason.LONG_PREFILL_THRESHOLD
-                if threshold > step.budget:
-                    reason = Reason.TOKEN_BUDGET
-            elif wanted > step.budget:
+        wanted = request.num_tokens - num_hits
+        reason = None
+        threshold = self.threshold
+        if 0 < threshold < wanted:
+            reason = Reason.LONG_PREFILL_THRESHOLD
+            if threshold > step.budget:
                 reason = Reason.TOKEN_BUDGET
-            if reason is not None:
-                step.shortfalls.append(Shortfall(rid, wanted, n, reason))
-            step.admissions.append(Admission(rid, num_hits, request.status.name == "PREEMPTED"))
+        elif wanted > step.budget:
+            reason = Reason.TOKEN_BUDGET
+        if reason is not None:
+            step.shortfalls.append(Shortfall(rid, wanted, n, reason))
+        step.admissions.append(Admission(rid, num_hits, request.status.name == "PREEMPTED"))
+        self.first_hits.setdefault(rid, num_hits)
         step.scheduled[rid] = n
         step.budget -= n
 
     def _running_share(
         self, step: _Step, request: Any, n: int
-    ) -> tuple[str, int, Reason | None, int]:
-        """A running request's wanted tokens and why it got fewer (schedtop's rules)."""
+    ) -> tuple[str, int, Reason | None]:
+        """A running request's wanted tokens and why it got fewer (schedtop's rules), as
+        the budget stands at its first allocation attempt."""
         computed = request.num_computed_tokens
         wanted = request.num_tokens_with_spec + request.num_output_placeholders - computed
+        if n == wanted:
+            return (request.request_id, wanted, None)
         m, reason = wanted, None
         if 0 < self.threshold < m:
             m, reason = self.threshold, Reason.LONG_PREFILL_THRESHOLD
@@ -477,9 +520,7 @@ class Tap:
             m, reason = step.budget, Reason.TOKEN_BUDGET
         if m > self.config.max_model_len - 1 - computed:
             reason = Reason.MAX_MODEL_LEN
-        pending = (request.request_id, n, reason, wanted)
-        step.pending = pending
-        return pending
+        return (request.request_id, wanted, reason)
 
     def on_preempt(self, victim: Any) -> None:
         step = self.step
@@ -545,6 +586,7 @@ class Tap:
 
     def _forget(self, rid: str) -> None:
         self.live.pop(rid, None)
+        self.first_hits.pop(rid, None)
         self.hashes.pop(rid, None)
         self.cached.pop(rid, None)
 
@@ -559,7 +601,8 @@ class Tap:
             threshold = max(threshold, cfg.max_num_batched_tokens // num_eligible)
         self.threshold = threshold
         self.pre_running = [r.request_id for r in sched.running]
-        self.placeholders = {r.request_id: r.num_output_placeholders for r in sched.running}
+        if self.is_async:
+            self.placeholders = {r.request_id: r.num_output_placeholders for r in sched.running}
         self.step = _Step(self.next_step, cfg.max_num_batched_tokens)
 
     def after_schedule(self, out: Any, seconds: float, launched: bool = True) -> None:
@@ -568,17 +611,18 @@ class Tap:
         sched = self.sched
         requests = sched.requests
         entries: list[Scheduled] = []
+        append = entries.append
+        placeholders = self.placeholders
+        chunk, decode, prefill = Kind.CHUNK, Kind.DECODE, Kind.PREFILL
         for rid, n in out.num_scheduled_tokens.items():
             req = requests[rid]
-            before = req.num_computed_tokens - n
-            placeholders = self.placeholders.get(rid, 0)
             if req.is_prefill_chunk:
-                kind = Kind.CHUNK
-            elif n == 1 and (req.output_token_ids or placeholders):
-                kind = Kind.DECODE
+                kind = chunk
+            elif n == 1 and (req.output_token_ids or placeholders.get(rid)):
+                kind = decode
             else:
-                kind = Kind.PREFILL
-            entries.append(Scheduled(rid, n, kind, before))
+                kind = prefill
+            append(Scheduled(rid, n, kind, req.num_computed_tokens - n))
         report = StepReport(
             step=step.index,
             arrivals=self.arrivals,
@@ -660,19 +704,18 @@ class Tap:
             self.in_flight = max(self.in_flight - 1, 0)
         report.finishes.extend(self.finishes)  # aborted between schedule() and now
         self.finishes = []
-        by_id: dict[str, Any] = {}
+        sampled = report.sampled
+        flat = report.sampled_flat
+        # vLLM emits outputs in the batch's scheduling order (per client).
         for engine_outputs in outputs.values():
             for o in engine_outputs.outputs:
-                by_id[o.request_id] = o
-        for rid in batch.num_scheduled_tokens:
-            o = by_id.get(rid)
-            if o is None:
-                continue
-            if o.new_token_ids:
-                tokens = list(o.new_token_ids)
-                report.sampled[rid] = tokens
-                report.sampled_flat.extend(tokens)
-            if o.finish_reason is not None:
+                tokens = o.new_token_ids
+                rid = o.request_id
+                if tokens:
+                    sampled[rid] = tokens
+                    flat += tokens
+                if o.finish_reason is None:
+                    continue
                 req = self.live.get(rid)
                 status = _FINISHED.get(req.status.name if req is not None else "", None)
                 report.finishes.append(Finish(rid, status or RequestStatus.FINISHED_ERROR, ""))
@@ -720,7 +763,7 @@ class Tap:
                     tuple(b.block_id for b in self._table(rid)),
                     r.num_preemptions,
                     r.priority,
-                    r.num_cached_tokens,
+                    self.first_hits.get(rid, -1),
                 )
             )
         free = [b.block_id for b in self.pool.free_block_queue.get_all_free_blocks()]

@@ -234,6 +234,12 @@ class Driver:
             structured_output_manager=StructuredOutputManager(vllm_config),
         )
         del os.environ["SCHEDTOP_TRACE_FILE"]
+        tap = self.sched._schedtop
+        if tap is None or tap.is_async != cfg.async_scheduling:
+            raise SystemExit(
+                f"vLLM set async_scheduling={vllm_config.scheduler_config.async_scheduling}"
+                f" (asked: {cfg.async_scheduling}); is VLLM_TARGET_DEVICE=cpu set?"
+            )
         init_none_hash(sha256)
         self.hasher = get_request_block_hasher(cfg.block_size, sha256)
         self.sampled: dict[str, int] = {}

@@ -71,7 +71,6 @@ def resimulate_with_vllm(
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    env.setdefault("VLLM_TARGET_DEVICE", "cpu")  # the scheduler needs no accelerator
     proc = subprocess.run(
         [vllm_python(), "-m", "replays.vllm_driver", str(path), str(out), *settings],
         capture_output=True,

@@ -258,3 +258,6 @@ def test_resim_with_vllm_reproduces_schedtops_own_traces(
         result = resimulate_with_vllm(trace, out=tmp_path / f"{name}.vllm.trace")
         assert result.reproduced, f"{name}: step {result.divergence_step}: {result.fields}"
         assert result.num_steps > 10
+        with TraceReader(result.trace) as reader:
+            base = "AsyncScheduler" if overrides else "(Scheduler"
+            assert base in reader.header.engine
