@@ -104,8 +104,9 @@ class UnsupportedVllm(RecordingError):
 def check_version(version: str) -> None:
     if not version.startswith(SUPPORTED_VERSIONS):
         raise UnsupportedVllm(
-            f"schedtop's vLLM recorder supports vLLM {', '.join(v + 'x' for v in SUPPORTED_VERSIONS)}"
-            f"; this is vLLM {version}. Run without --scheduler-cls, or install a schedtop "
+            "schedtop's vLLM recorder supports vLLM "
+            + ", ".join(v + "x" for v in SUPPORTED_VERSIONS)
+            + f"; this is vLLM {version}. Run without --scheduler-cls, or install a schedtop "
             "that supports this vLLM."
         )
 
@@ -389,7 +390,9 @@ class Tap:
     @property
     def tables(self) -> dict[str, list[Any]]:
         """vLLM's block tables (full attention: one KV cache group), by request id."""
-        return cast(dict[str, list[Any]], self.kvm.coordinator.single_type_managers[0].req_to_blocks)
+        return cast(
+            dict[str, list[Any]], self.kvm.coordinator.single_type_managers[0].req_to_blocks
+        )
 
     def kv_log(self) -> KVEventLog:
         return self.kv
@@ -504,9 +507,7 @@ class Tap:
         step.scheduled[rid] = n
         step.budget -= n
 
-    def _running_share(
-        self, step: _Step, request: Any, n: int
-    ) -> tuple[str, int, Reason | None]:
+    def _running_share(self, step: _Step, request: Any, n: int) -> tuple[str, int, Reason | None]:
         """A running request's wanted tokens and why it got fewer (schedtop's rules), as
         the budget stands at its first allocation attempt."""
         computed = request.num_computed_tokens
@@ -717,7 +718,7 @@ class Tap:
                 if o.finish_reason is None:
                     continue
                 req = self.live.get(rid)
-                status = _FINISHED.get(req.status.name if req is not None else "", None)
+                status = _FINISHED.get(req.status.name if req is not None else "")
                 report.finishes.append(Finish(rid, status or RequestStatus.FINISHED_ERROR, ""))
                 self._forget(rid)
         self.end_step(report, seconds)
@@ -944,7 +945,8 @@ class RecordingScheduler:
 
         vllm_config = kwargs.get("vllm_config") or args[0]
         base = AsyncScheduler if vllm_config.scheduler_config.async_scheduling else Scheduler
-        impl = compose(cls.mixin, base)
+        impl: Any = compose(cls.mixin, base)
+        # Not an instance of cls, so Python will not call __init__ on it: do it here.
         obj = impl.__new__(impl)
         obj.__init__(*args, **kwargs)
         return obj

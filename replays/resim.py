@@ -489,9 +489,7 @@ def _run_scripted(
                 )
                 engine.add_request(_request(a, hasher))
             _abort_scripted(engine, scripts, aborts.get(step, ()), live, mid_step=False)
-            engine.step(
-                partial(_abort_scripted, engine, scripts, aborts.get(step, ()), live, True)
-            )
+            engine.step(partial(_abort_scripted, engine, scripts, aborts.get(step, ()), live, True))
             engine.take_finished()
             step += 1
         if checker.divergence is None and checker.steps < num_recorded:

@@ -47,7 +47,9 @@ def test_a_changed_config_fails_naming_the_step(pytester: pytest.Pytester, trace
     result = run(pytester, "--schedtop-traces", str(traces), "--schedtop-set", "num_blocks=9")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
-    assert "c_kv_pressure_prefix.trace: re-simulated with schedtop's scheduler and num_blocks=9" in out
+    assert (
+        "c_kv_pressure_prefix.trace: re-simulated with schedtop's scheduler and num_blocks=9" in out
+    )
     assert "decisions differ from step" in out
     # Formatted like `schedtop diff`: the first difference, both sides, then the metrics.
     assert "first difference at step" in out

@@ -3,12 +3,12 @@
     python -m tests.vllm_engine SPEC.json RESULT.json
 
 Each run of SPEC (see main) is a fidelity workload (requests may also have
-"abort_step" and "stop_token_ids"), multiprocess or not, async or not. vLLM's own LLMEngine (and, with multiprocess, its
-engine-core process) runs with `FakeExecutor` in place of a GPU worker and with
-schedtop's RecordingScheduler (CheckingScheduler with "check", which compares the state
-the trace rebuilds with vLLM's live block tables, ref counts and free queue after every
-step, and writes any difference to $SCHEDTOP_CHECK_FILE). RESULT gets the steps driven
-and the external ids of finished requests.
+"abort_step" and "stop_token_ids"), multiprocess or not, async or not. vLLM's own
+LLMEngine (and, with multiprocess, its engine-core process) runs with `FakeExecutor`
+in place of a GPU worker, and with schedtop's CheckingScheduler: the recorder, plus a
+comparison of the state the trace rebuilds with vLLM's live free queue, block tables,
+ref counts and computed tokens after every step, written to $SCHEDTOP_CHECK_FILE.
+RESULT gets the steps driven and the finished requests' ids.
 
 This is a test helper, not shipped: the check is the "test hook" of issue 12.
 """
@@ -201,7 +201,8 @@ class CheckingMixin(RecordingMixin):
         blocks = pool.blocks
         for block_id, count in enumerate(pic.ref_cnts):
             if block_id and blocks[block_id].ref_cnt != count:
-                return f"block {block_id}: ref count {count} in the trace, {blocks[block_id].ref_cnt} in vLLM"
+                live_count = blocks[block_id].ref_cnt
+                return f"block {block_id}: ref count {count} in the trace, {live_count} in vLLM"
         computed = {r.request_id: r.num_computed_tokens for r in pic.requests}
         vcomputed = {rid: r.num_computed_tokens for rid, r in sched.requests.items()}
         if computed != vcomputed:

@@ -346,7 +346,9 @@ def _resim_vllm(trace: str, overrides: dict[str, Any], out: str | None) -> None:
     result = resimulate_with_vllm(trace, overrides, out)
     click.echo(f"vLLM's scheduler ran {result.num_steps} steps; trace: {result.trace}")
     if result.reproduced:
-        click.echo("every decision reproduced" if not overrides else "the change alters no decision")
+        click.echo(
+            "every decision reproduced" if not overrides else "the change alters no decision"
+        )
         return
     click.echo(f"first difference at step {result.divergence_step}: {', '.join(result.fields)}")
     click.echo("")
