@@ -49,13 +49,17 @@ BLOCK_SIZE = 16
 class Bench:
     """One scheduler with `n` requests decoding, stepped like vLLM's engine core."""
 
-    def __init__(self, n: int, is_async: bool, recording: bool, trace: Path | None) -> None:
+    def __init__(
+        self, n: int, is_async: bool, recording: bool, trace: Path | None, steps: int
+    ) -> None:
+        # Room for every request's whole run: a full pool would preempt and shrink the batch.
+        blocks_each = (8 + steps + 2 * BLOCK_SIZE) // BLOCK_SIZE + 1
         cfg = EngineConfig(
             block_size=BLOCK_SIZE,
-            num_blocks=n * 8 + 64,
+            num_blocks=n * blocks_each + 64,
             max_num_batched_tokens=max(2048, n),
             max_num_seqs=n,
-            max_model_len=4096,
+            max_model_len=8 + steps + 4 * BLOCK_SIZE,
             async_scheduling=is_async,
         )
         vllm_config, kv = vllm_configs(cfg)
@@ -127,8 +131,9 @@ class Bench:
 
 
 def measure(n: int, is_async: bool, steps: int, repeats: int, tmp: Path) -> dict[str, float]:
-    plain = Bench(n, is_async, False, None)
-    rec = Bench(n, is_async, True, tmp / f"bench-{n}-{is_async}.trace")
+    total = 20 + steps * repeats
+    plain = Bench(n, is_async, False, None, total)
+    rec = Bench(n, is_async, True, tmp / f"bench-{n}-{is_async}.trace", total)
     for b in (plain, rec):
         for _ in range(20):  # admit everyone (prefill), reach steady decoding
             b.step()
@@ -142,6 +147,8 @@ def measure(n: int, is_async: bool, steps: int, repeats: int, tmp: Path) -> dict
         best_rec = min(best_rec, t)
         bytes_per_step = (rec.trace_bytes() - before) / steps
     rec.sched.shutdown()
+    for b in (plain, rec):  # every request still decoding: the batch never shrank
+        assert len(b.sched.running) == n and not b.sched.waiting, "the pool ran out"
     return {
         "plain_us": best_plain * 1e6,
         "rec_us": best_rec * 1e6,
