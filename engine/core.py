@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from operator import attrgetter
+from typing import Any, Protocol
 
 from engine.config import EngineConfig
 from engine.events import NULL_SINK, EventSink
 from engine.outputs import ModelRunnerOutput, SchedulerOutput
-from engine.report import StepReport
+from engine.records import Sample, Scheduled, Snapshot, Step, ns
 from engine.request import Request
-from engine.scheduler import Scheduler
-from engine.state import EngineState, snapshot
+from engine.scheduler import Outcome, Scheduler
+from engine.state import snapshot
+
+_REF = attrgetter("ref")
 
 
 class Runner(Protocol):
@@ -23,12 +25,42 @@ class Runner(Protocol):
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput: ...
 
 
-@dataclass(frozen=True, slots=True)
 class StepResult:
-    """What one step produced for callers."""
+    """What one step produced for callers: its record, the requests it touched, and the
+    request id of every ref the record names."""
 
-    report: StepReport  # the whole record of the step
-    updated: list[Request]  # requests that got tokens or finished this step
+    __slots__ = ("report", "updated", "_requests", "_names")
+
+    def __init__(
+        self, report: Step, updated: list[Request], requests: Sequence[Sequence[Request]]
+    ) -> None:
+        self.report = report  # the whole record of the step (the explicit form)
+        self.updated = updated  # requests that got tokens or finished this step
+        self._requests = requests  # every request the record can name
+        self._names: dict[int, str] | None = None
+
+    @property
+    def names(self) -> dict[int, str]:
+        """ref -> request id for every request the step's record names (built on demand:
+        most callers never ask)."""
+        if self._names is None:
+            self._names = {r.ref: r.request_id for group in self._requests for r in group}
+        return self._names
+
+    def sampled(self) -> dict[str, list[int]]:
+        """The tokens each request sampled this step, by request id, in scheduling order."""
+        rep, names = self.report, self.names
+        counts = rep.sample_counts or [1] * len(rep.scheduled)
+        tokens = rep.sampled_tokens or ()
+        out: dict[str, list[int]] = {}
+        at = 0
+        for entry, count in zip(rep.scheduled, counts):
+            if count:
+                out[names[entry.ref]] = list(tokens[at : at + count])
+                at += count
+        for s in rep.other_samples:  # async scheduling: samples of an earlier batch
+            out[names[s.ref]] = list(s.token_ids or ())
+        return out
 
 
 class EngineCore:
@@ -48,7 +80,6 @@ class EngineCore:
         self.sink = sink
         self.clock = clock
         self.scheduler = Scheduler(config)
-        self.finished: dict[str, Request] = {}  # finished since the caller last took them
         # Async scheduling: executed batches whose update is still to come, oldest first.
         self.batches: deque[tuple[SchedulerOutput, ModelRunnerOutput]] = deque()
 
@@ -56,96 +87,142 @@ class EngineCore:
     def step_index(self) -> int:
         return self.scheduler.step_index
 
+    @property
+    def finished(self) -> dict[str, Request]:
+        """Requests finished since the caller last took them, by id (the scheduler's)."""
+        return self.scheduler.finished
+
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
-        if request.is_finished:
-            self.finished[request.request_id] = request
 
     def abort(self, request_id: str, message: str = "") -> bool:
-        request = self.scheduler.requests.get(request_id)
-        if request is None or not self.scheduler.abort(request_id, message):
-            return False
-        self.finished[request_id] = request
-        return True
+        return self.scheduler.abort(request_id, message)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self.batches)
 
     def step(self, mid_step: Callable[[], None] | None = None) -> StepResult:
-        """One iteration: schedule(), the runner, update_from_output(), then the report.
-        `mid_step` runs between the runner and the update, where vLLM's engine core
-        applies the aborts that came in while the model ran (re-simulations use it)."""
+        """One iteration: schedule(), the runner, update_from_output(), then one step
+        record, assembled from parts that no longer change, for the sink. `mid_step` runs
+        between the runner and the update, where vLLM's engine core applies the aborts
+        that came in while the model ran (re-simulations use it)."""
         sched = self.scheduler
         if self.config.async_scheduling:
             return self._step_async(mid_step)
         t0 = self.clock()
-        out, report = sched.schedule()
+        out, decided = sched.schedule()
         t1 = self.clock()
         result = self.runner.execute(out) if not out.is_empty else ModelRunnerOutput([], [])
-        self._mid_step(mid_step, report)
-        t2 = self.clock()
-        updated = sched.update_from_output(out, result, report)
-        t3 = self.clock()
-        return self._end_step(report, result, updated, t1 - t0, t3 - t2)
-
-    def _mid_step(self, mid_step: Callable[[], None] | None, report: StepReport) -> None:
         if mid_step is not None:
-            finishes = len(self.finished)
             mid_step()
-            if len(self.finished) != finishes:
-                # An abort after schedule() can take out one of the leading decodes.
-                report.num_leading_decodes = -1
+        t2 = self.clock()
+        outcome = sched.update_from_output(out, result)
+        t3 = self.clock()
+        return self._report(decided, outcome, result, ns(t1 - t0), ns(t3 - t2))
 
-    def _step_async(self, mid_step: Callable[[], None] | None = None) -> StepResult:
+    def _step_async(self, mid_step: Callable[[], None] | None) -> StepResult:
         """One iteration with two batches in flight, as vLLM's EngineCore with async
         scheduling (step_with_batch_queue): schedule and launch this step's batch, then
         apply the oldest batch's samples, unless the queue is not full yet and there is
-        more to schedule. The step's report carries the samples that arrived in it."""
+        more to schedule. The step's record carries the samples that arrived in it."""
         sched = self.scheduler
         batches = self.batches
         t0 = self.clock()
         busy = sched.has_unfinished() or sched.has_unreported_finishes
-        out, report = sched.schedule()
+        out, decided = sched.schedule()
         t1 = self.clock()
         if busy or not batches:
             result = self.runner.execute(out) if not out.is_empty else ModelRunnerOutput([], [])
             batches.append((out, result))
             if len(batches) < 2 and (not out.is_empty or sched.has_unfinished()):
-                return self._end_step(report, result, [], t1 - t0, 0.0)
-        self._mid_step(mid_step, report)
+                finishes, finished = sched.take_finishes()
+                none_yet = (0,) * len(decided.scheduled) if decided.scheduled else None
+                nothing = Outcome(finishes, finished, none_yet, (), (), [])
+                return self._report(decided, nothing, result, ns(t1 - t0), 0)
+        if mid_step is not None:
+            mid_step()
         t2 = self.clock()
         old_out, old_result = batches.popleft()
-        updated = sched.update_from_output(old_out, old_result, report)
+        outcome = sched.update_from_output(old_out, old_result)
         t3 = self.clock()
-        return self._end_step(report, old_result, updated, t1 - t0, t3 - t2)
+        return self._report(decided, outcome, old_result, ns(t1 - t0), ns(t3 - t2), old_out)
 
-    def _end_step(
+    def _report(
         self,
-        report: StepReport,
+        decided: Any,
+        outcome: Outcome,
         result: ModelRunnerOutput,
-        updated: list[Request],
-        schedule_s: float,
-        update_s: float,
+        schedule_ns: int,
+        update_ns: int,
+        batch: SchedulerOutput | None = None,
     ) -> StepResult:
         sched = self.scheduler
-        sched.end_step(report)
-        report.schedule_s = schedule_s
-        report.update_s = update_s
-        report.timings = result.timings
-        for req in updated:
-            if req.is_finished:
-                self.finished[req.request_id] = req
+        end = sched.end_step()
+        counts, tokens = outcome.sample_counts, outcome.sampled_tokens
+        others: tuple[Sample, ...] = ()
+        if batch is not None:
+            counts, tokens, others = _regroup(decided.scheduled, batch, outcome)
+        report = Step(
+            step=decided.step,
+            schedule_ns=schedule_ns,
+            update_ns=update_ns,
+            token_budget=self.config.max_num_batched_tokens,
+            arrivals=decided.arrivals,
+            scheduled=decided.scheduled,
+            admissions=decided.admissions,
+            preemptions=decided.preemptions,
+            shortfalls=decided.shortfalls,
+            running_stop=decided.running_stop,
+            waiting_stop=decided.waiting_stop,
+            finishes=outcome.finishes,
+            sample_counts=counts,
+            sampled_tokens=tokens,
+            other_samples=others,
+            spec_accepted=outcome.spec_accepted,
+            kv_events=end.kv_events,
+            free_blocks_after_schedule=decided.num_free_blocks,
+            free_blocks=end.num_free_blocks,
+            running=tuple(map(_REF, end.running)),
+            waiting=tuple(map(_REF, end.waiting)),
+            timings=tuple(result.timings),
+        )
         self.sink.on_step(report)
-        return StepResult(report, updated)
+        return StepResult(
+            report, outcome.updated, (end.running, end.waiting, outcome.finished, outcome.updated)
+        )
 
     def take_finished(self) -> list[Request]:
-        done = list(self.finished.values())
-        self.finished.clear()
-        return done
+        """Requests finished since the last call: by a stop, by an error in add_request or
+        schedule(), or by an abort."""
+        return self.scheduler.take_finished()
 
-    def snapshot(self, ref_cnts: bool = True) -> EngineState:
+    def snapshot(self) -> Snapshot:
         """The engine's full state now: requests, queues and the block map."""
-        return snapshot(self.scheduler, ref_cnts)
+        return snapshot(self.scheduler)
 
     def close(self) -> None:
         self.sink.close()
+
+
+def _regroup(
+    scheduled: tuple[Scheduled, ...], batch: SchedulerOutput, outcome: Outcome
+) -> tuple[tuple[int, ...] | None, tuple[int, ...], tuple[Sample, ...]]:
+    """Async: samples of an earlier batch, laid out against this step's entries (a record
+    holds samples per scheduled entry, and other_samples for requests without one)."""
+    ids = list(batch.num_scheduled_tokens)
+    counts = outcome.sample_counts or (1,) * len(ids)
+    refs = {r.request_id: r.ref for r in outcome.updated}
+    tokens = outcome.sampled_tokens
+    by_ref: dict[int, tuple[int, ...]] = {}
+    at = 0
+    for rid, count in zip(ids, counts):
+        if count:
+            by_ref[refs[rid]] = tuple(tokens[at : at + count])
+            at += count
+    per_entry = [by_ref.pop(e.ref, ()) for e in scheduled]
+    flat = tuple(t for toks in per_entry for t in toks)
+    others = tuple(Sample(ref, len(toks), toks) for ref, toks in by_ref.items())
+    entry_counts = tuple(map(len, per_entry))
+    if not others and all(c == 1 for c in entry_counts):
+        return None, flat, ()
+    return entry_counts, flat, others

@@ -41,7 +41,7 @@ from engine.core import EngineCore
 from engine.events import NULL_SINK
 from engine.kv.events import KVEventKind, KVEventLog
 from engine.kv.hashing import ROOT_HASH, hash_block
-from engine.report import (
+from engine.records import (
     Admission,
     Arrival,
     Finish,
@@ -49,16 +49,19 @@ from engine.report import (
     Preemption,
     QueueStop,
     Reason,
+    RequestState,
+    Sample,
+    SamplingParams,
     Scheduled,
     Shortfall,
-    StepReport,
+    Snapshot,
+    Status,
+    Step,
+    ns,
 )
-from engine.request import RequestStatus, SamplingParams
-from engine.state import EngineState, RequestState
 from recorder.errors import RecordingError
 from recorder.paths import trace_dir
 from recorder.recorder import DEFAULT_SNAPSHOT_INTERVAL, Recorder
-from recorder.schema import Step
 from recorder.writer import TraceWriter
 
 log = logging.getLogger("schedtop.recorder.vllm")
@@ -68,16 +71,16 @@ MID_STEP_ABORT = "aborted after schedule"  # Finish.message of an abort between 
 
 # vLLM's finished statuses by name (their values differ between releases).
 _FINISHED = {
-    "FINISHED_STOPPED": RequestStatus.FINISHED_STOPPED,
-    "FINISHED_LENGTH_CAPPED": RequestStatus.FINISHED_LENGTH_CAPPED,
-    "FINISHED_ABORTED": RequestStatus.FINISHED_ABORTED,
-    "FINISHED_IGNORED": RequestStatus.FINISHED_ERROR,
-    "FINISHED_ERROR": RequestStatus.FINISHED_ERROR,
+    "FINISHED_STOPPED": Status.FINISHED_STOPPED,
+    "FINISHED_LENGTH_CAPPED": Status.FINISHED_LENGTH_CAPPED,
+    "FINISHED_ABORTED": Status.FINISHED_ABORTED,
+    "FINISHED_IGNORED": Status.FINISHED_ERROR,
+    "FINISHED_ERROR": Status.FINISHED_ERROR,
 }
 _UNFINISHED = {
-    "WAITING": RequestStatus.WAITING,
-    "RUNNING": RequestStatus.RUNNING,
-    "PREEMPTED": RequestStatus.PREEMPTED,
+    "WAITING": Status.WAITING,
+    "RUNNING": Status.RUNNING,
+    "PREEMPTED": Status.PREEMPTED,
 }
 # What the taps call on vLLM objects: checked at start-up, so that a vLLM that moved
 # them is refused with a message rather than recorded wrong.
@@ -204,14 +207,14 @@ def _env_number(name: str, default: float) -> float:
 class _Facade:
     """What Recorder reads from an engine, answered from vLLM's scheduler."""
 
-    def __init__(self, config: EngineConfig, snapshot: Callable[[], EngineState]) -> None:
+    def __init__(self, config: EngineConfig, snapshot: Callable[[], Snapshot]) -> None:
         self.config = config
         self.step_index = 0
         self.sink = NULL_SINK
         self.runner = None
         self._snapshot = snapshot
 
-    def snapshot(self, ref_cnts: bool = True) -> EngineState:
+    def snapshot(self) -> Snapshot:
         return self._snapshot()
 
 
@@ -228,8 +231,15 @@ class _Step:
         self.preemptions: list[Preemption] = []
         self.pending: tuple[str, int, Reason | None] | None = None  # (id, wanted, reason)
         self.wait_fail: Reason | None = None  # why the head of waiting was not admitted
-        self.report: StepReport | None = None  # once schedule() returned
-        self.mid_step_aborts = False
+        self.decided = False  # schedule() has returned
+        self.schedule_ns = 0  # time in schedule()
+        self.arrivals: tuple[Arrival, ...] = ()  # added before schedule()
+        self.entries: tuple[Scheduled, ...] = ()  # what schedule() decided, in order
+        self.running_stop: QueueStop | None = None
+        self.waiting_stop: QueueStop | None = None
+        self.free_after_schedule = 0  # free blocks right after schedule()
+        self.finishes: list[Finish] = []  # aborts before schedule(), then the rest
+        self.samples: dict[int, tuple[int, ...]] = {}  # ref -> tokens that arrived
 
 
 class Tap:
@@ -247,7 +257,10 @@ class Tap:
         self.block_hash: dict[int, bytes] = {}  # block id -> schedtop hash, for cached blocks
         self.cached: dict[str, int] = {}  # request id -> leading blocks of its table cached
         self.live: dict[str, Any] = {}  # request id -> vLLM request, until it finishes
-        self.first_hits: dict[str, int] = {}  # request id -> prefix-hit tokens at admission
+        self.refs: dict[str, int] = {}  # request id -> ref, until it finishes
+        self.next_ref = 0
+        # ref -> [arrival_step, first_scheduled_step, first_token_step, prefix-hit tokens]
+        self.progress: dict[int, list[int]] = {}
         self.arrivals: list[Arrival] = []
         self.finishes: list[Finish] = []
         self.step: _Step | None = None
@@ -319,6 +332,7 @@ class Tap:
         tables = self.tables
         cached = self.cached
         kv = self.kv_log
+        refs = self.refs
 
         def allocate_slots(request: Any, num_new_tokens: int, *args: Any, **kw: Any) -> Any:
             rid = request.request_id
@@ -345,7 +359,7 @@ class Tap:
                 if evicted:
                     self._evicted(evicted)
                 if new:
-                    kv().add(KVEventKind.ALLOCATED, rid, [b.block_id for b in new])
+                    kv().add(KVEventKind.ALLOCATED, refs[rid], [b.block_id for b in new])
                 table = tables[rid]
                 done = cached.get(rid, 0)
                 if done < len(table) and table[done].block_hash is not None:
@@ -356,7 +370,7 @@ class Tap:
                         step.pending = None
                         if pending[2] is not None:
                             step.shortfalls.append(
-                                Shortfall(rid, pending[1], num_new_tokens, pending[2])
+                                Shortfall(refs[rid], pending[1], num_new_tokens, pending[2])
                             )
                     step.scheduled[rid] = num_new_tokens
                     step.budget -= num_new_tokens
@@ -375,7 +389,7 @@ class Tap:
             ids = [b.block_id for b in reversed(table)]
             free(request)
             if ids:
-                self.kv.add(KVEventKind.FREED, request.request_id, ids)
+                self.kv.add(KVEventKind.FREED, self.refs[request.request_id], ids)
             self.cached.pop(request.request_id, None)
 
         def cache_blocks(request: Any, num_computed_tokens: int) -> None:
@@ -425,13 +439,13 @@ class Tap:
         table = self._table(rid)
         hit_ids = [b.block_id for b in hits.blocks[0]] if hits is not None and hits.blocks else []
         if hit_ids:
-            self.kv.add(KVEventKind.PREFIX_HIT, rid, hit_ids, num_tokens=num_hit_tokens)
+            self.kv.add(KVEventKind.PREFIX_HIT, self.refs[rid], hit_ids, num_tokens=num_hit_tokens)
             self.cached[rid] = before + len(hit_ids)
         if evicted:
             self._evicted(evicted)
         new = table[before + len(hit_ids) :]
         if new:
-            self.kv.add(KVEventKind.ALLOCATED, rid, [b.block_id for b in new])
+            self.kv.add(KVEventKind.ALLOCATED, self.refs[rid], [b.block_id for b in new])
         self._on_cached(request)
         if step is not None:
             self._count_allocation(step, request, n, num_hit_tokens)
@@ -450,7 +464,7 @@ class Tap:
         ids = [b.block_id for b in table[done:end]]
         new_hashes = ours[done:end]
         self.block_hash.update(zip(ids, new_hashes))
-        self.kv.add(KVEventKind.CACHED, rid, ids, new_hashes)
+        self.kv.add(KVEventKind.CACHED, self.refs[rid], ids, new_hashes)
         self.cached[rid] = end
 
     def _hashes(self, request: Any, count: int) -> list[bytes]:
@@ -500,10 +514,14 @@ class Tap:
                 reason = Reason.TOKEN_BUDGET
         elif wanted > step.budget:
             reason = Reason.TOKEN_BUDGET
+        ref = self.refs[rid]
         if reason is not None:
-            step.shortfalls.append(Shortfall(rid, wanted, n, reason))
-        step.admissions.append(Admission(rid, num_hits, request.status.name == "PREEMPTED"))
-        self.first_hits.setdefault(rid, num_hits)
+            step.shortfalls.append(Shortfall(ref, wanted, n, reason))
+        step.admissions.append(Admission(ref, num_hits, request.status.name == "PREEMPTED"))
+        progress = self.progress[ref]
+        if progress[1] < 0:
+            progress[1] = step.index
+            progress[3] = num_hits
         step.scheduled[rid] = n
         step.budget -= n
 
@@ -529,14 +547,15 @@ class Tap:
             self.stop("a preemption outside schedule() (reset_prefix_cache with running requests)")
             return
         rid = victim.request_id
+        ref = self.refs[rid]
         given_back = step.scheduled.pop(rid, 0)
         if given_back:
             step.budget += given_back
             step.run_used -= given_back
-            step.shortfalls = [s for s in step.shortfalls if s.request_id != rid]
-        for_request = self.alloc_for or rid
+            step.shortfalls = [s for s in step.shortfalls if s.ref != ref]
+        for_request = self.refs.get(self.alloc_for or rid, ref)
         step.preemptions.append(
-            Preemption(rid, for_request, victim.num_computed_tokens, given_back)
+            Preemption(ref, for_request, victim.num_computed_tokens, given_back)
         )
 
     # -- the scheduler's calls -----------------------------------------------------------------
@@ -547,15 +566,22 @@ class Tap:
             self.stop(f"request {request.request_id!r} uses {problem}, which is not recorded")
             return
         rid = request.request_id
+        ref = self.next_ref
+        self.next_ref += 1
+        self.refs[rid] = ref
         self.live[rid] = request
+        self.progress[ref] = [self.next_step, -1, -1, -1]
         sp = request.sampling_params
-        prompt = list(request.prompt_token_ids or ())
+        prompt = tuple(request.prompt_token_ids or ())
         full = len(prompt) // self.block_size
         self.arrivals.append(
             Arrival(
+                ref,
                 rid,
-                prompt,
-                self._hashes(request, full) if self.redact else [],
+                len(prompt),
+                int(request.priority),
+                float(request.arrival_time),
+                sp.eos_token_id,
                 SamplingParams(
                     max_tokens=request.max_tokens,
                     temperature=float(sp.temperature),
@@ -565,35 +591,42 @@ class Tap:
                     stop_token_ids=tuple(sp.stop_token_ids or ()),
                     ignore_eos=False,  # vLLM clears eos_token_id instead
                 ),
-                int(request.priority),
-                float(request.arrival_time),
-                sp.eos_token_id,
+                prompt,
+                tuple(self._hashes(request, full)) if self.redact else None,
             )
         )
 
     def on_finished(self, requests: Iterable[Any], status: Any) -> None:
         """Requests finished from outside (aborts, stop strings): before the next
         schedule(), or between schedule() and update (then the message says so)."""
-        mid_step = self.step is not None and self.step.report is not None
+        step = self.step
+        mid_step = step is not None and step.decided
         for req in requests:
-            ours = _FINISHED.get(req.status.name, RequestStatus.FINISHED_ABORTED)
+            ours = _FINISHED.get(req.status.name, Status.FINISHED_ABORTED)
             message = MID_STEP_ABORT if mid_step else ""
-            if ours != RequestStatus.FINISHED_ABORTED:
+            if ours != Status.FINISHED_ABORTED:
                 message = (message + "; " if message else "") + f"vLLM {req.status.name}"
-            self.finishes.append(Finish(req.request_id, RequestStatus.FINISHED_ABORTED, message))
+            ref = self.refs.get(req.request_id)
+            if ref is None:
+                continue
+            finish = Finish(ref, Status.FINISHED_ABORTED, message)
+            if mid_step and step is not None:
+                step.finishes.append(finish)
+            else:
+                self.finishes.append(finish)
             self._forget(req.request_id)
-        if mid_step and self.step is not None:
-            self.step.mid_step_aborts = True
 
     def _forget(self, rid: str) -> None:
         self.live.pop(rid, None)
-        self.first_hits.pop(rid, None)
+        ref = self.refs.pop(rid, None)
+        if ref is not None:
+            self.progress.pop(ref, None)
         self.hashes.pop(rid, None)
         self.cached.pop(rid, None)
 
     def before_schedule(self) -> None:
         if self.step is not None:
-            self.end_step(None, 0.0)  # the previous step had no update (async queue filling)
+            self.end_step(0)  # the previous step had no update (async queue filling)
         sched = self.sched
         num_eligible = len(sched.running) + len(sched.waiting)
         cfg = self.config
@@ -611,6 +644,7 @@ class Tap:
         assert step is not None
         sched = self.sched
         requests = sched.requests
+        refs = self.refs
         entries: list[Scheduled] = []
         append = entries.append
         placeholders = self.placeholders
@@ -623,47 +657,26 @@ class Tap:
                 kind = decode
             else:
                 kind = prefill
-            append(Scheduled(rid, n, kind, req.num_computed_tokens - n))
-        report = StepReport(
-            step=step.index,
-            arrivals=self.arrivals,
-            scheduled=entries,
-            token_budget=self.config.max_num_batched_tokens,
-            admissions=step.admissions,
-            preemptions=step.preemptions,
-            shortfalls=step.shortfalls,
-            running_stop=self._running_stop(step),
-            waiting_stop=self._waiting_stop(step),
-            num_leading_decodes=self._leading_decodes(step, entries),
-            finishes=self.finishes,
-            num_free_blocks_after_schedule=self.pool.get_num_free_blocks(),
-        )
-        report.schedule_s = seconds
+            append(Scheduled(refs[rid], n, kind, req.num_computed_tokens - n))
+        step.entries = tuple(entries)
+        step.arrivals = tuple(self.arrivals)
+        step.finishes = self.finishes
+        step.running_stop = self._running_stop(step)
+        step.waiting_stop = self._waiting_stop(step)
+        step.free_after_schedule = self.pool.get_num_free_blocks()
+        step.schedule_ns = ns(seconds)
+        step.decided = True
         self.arrivals, self.finishes = [], []
-        step.report = report
         if self.is_async and launched:
             # vLLM's EngineCore (step_with_batch_queue) fills its two-batch queue
             # before it waits for the oldest batch: then no update follows this step.
             self.in_flight += 1
             if self.in_flight < 2 and (out.num_scheduled_tokens or sched.has_requests()):
-                self.end_step(report, 0.0)
-
-    def _leading_decodes(self, step: _Step, entries: list[Scheduled]) -> int:
-        if step.preemptions:
-            return -1
-        running = self.pre_running
-        k = 0
-        for e in entries:
-            if k >= len(running) or e.request_id != running[k] or e.kind != Kind.DECODE:
-                break
-            k += 1
-        return k
+                self.end_step(0)
 
     def _running_stop(self, step: _Step) -> QueueStop | None:
-        if (
-            any(p.victim == p.for_request for p in step.preemptions)
-            and self.config.policy == "fcfs"
-        ):
+        fcfs = self.config.policy == "fcfs"
+        if fcfs and any(p.victim == p.for_request for p in step.preemptions):
             return QueueStop(Reason.KV_BLOCKS, Reason.KV_BLOCKS)
         if self.config.max_num_batched_tokens - step.run_used > 0:
             return None
@@ -695,53 +708,70 @@ class Tap:
     def after_update(self, batch: Any, outputs: Any, seconds: float) -> None:
         """The samples and finishes of an executed batch (this step's, or with async
         scheduling the one before), then the end of the step."""
-        if self.step is None or self.step.report is None:
+        if self.step is None or not self.step.decided:
             self.before_schedule()  # vLLM updated without scheduling: an empty step
             self.after_schedule(_EmptyOutput(), 0.0, launched=False)
         step = self.step
-        assert step is not None and step.report is not None
-        report = step.report
+        assert step is not None
         if self.is_async:
             self.in_flight = max(self.in_flight - 1, 0)
-        report.finishes.extend(self.finishes)  # aborted between schedule() and now
-        self.finishes = []
-        sampled = report.sampled
-        flat = report.sampled_flat
+        samples = step.samples
+        refs = self.refs
+        progress = self.progress
+        index = step.index
         # vLLM emits outputs in the batch's scheduling order (per client).
         for engine_outputs in outputs.values():
             for o in engine_outputs.outputs:
                 tokens = o.new_token_ids
-                rid = o.request_id
+                ref = refs.get(o.request_id)
+                if ref is None:
+                    continue
                 if tokens:
-                    sampled[rid] = tokens
-                    flat += tokens
+                    samples[ref] = tuple(tokens)
+                    first = progress[ref]
+                    if first[2] < 0:
+                        first[2] = index
                 if o.finish_reason is None:
                     continue
-                req = self.live.get(rid)
+                req = self.live.get(o.request_id)
                 status = _FINISHED.get(req.status.name if req is not None else "")
-                report.finishes.append(Finish(rid, status or RequestStatus.FINISHED_ERROR, ""))
-                self._forget(rid)
-        self.end_step(report, seconds)
+                step.finishes.append(Finish(ref, status or Status.FINISHED_ERROR, ""))
+                self._forget(o.request_id)
+        self.end_step(ns(seconds))
 
-    def end_step(self, report: StepReport | None, update_s: float) -> None:
+    def end_step(self, update_ns: int) -> None:
         step = self.step
         assert step is not None
         self.step = None
-        if report is None:
-            report = step.report
-            assert report is not None
         sched = self.sched
-        report.update_s = update_s
-        report.kv_events = self.kv
+        refs = self.refs
+        counts, tokens, others = _layout(step.entries, step.samples)
+        record = Step(
+            step=step.index,
+            schedule_ns=step.schedule_ns,
+            update_ns=update_ns,
+            token_budget=self.config.max_num_batched_tokens,
+            arrivals=step.arrivals,
+            scheduled=step.entries,
+            admissions=tuple(step.admissions),
+            preemptions=tuple(step.preemptions),
+            shortfalls=tuple(step.shortfalls),
+            running_stop=step.running_stop,
+            waiting_stop=step.waiting_stop,
+            finishes=tuple(step.finishes),
+            sample_counts=counts,
+            sampled_tokens=tokens,
+            other_samples=others,
+            kv_events=self.kv.freeze(),
+            free_blocks_after_schedule=step.free_after_schedule,
+            free_blocks=self.pool.get_num_free_blocks(),
+            running=tuple(refs[r.request_id] for r in sched.running),
+            waiting=tuple(refs[r.request_id] for r in sched.waiting),
+        )
         self.kv = KVEventLog()
-        report.num_free_blocks = self.pool.get_num_free_blocks()
-        report.running = [r.request_id for r in sched.running]
-        report.waiting = [r.request_id for r in sched.waiting]
-        if step.mid_step_aborts:
-            report.num_leading_decodes = -1
         self.next_step += 1
         if self.recorder is not None and self.stopped is None:
-            self.recorder.on_step(report)
+            self.recorder.on_step(record)
             if self.recorder.error is not None:
                 self.stop(self.recorder.error)
             elif not sched.has_unfinished_requests() or (
@@ -749,33 +779,44 @@ class Tap:
             ):
                 self.flush()  # idle, or due: a reader sees every step so far
 
-    def snapshot(self) -> EngineState:
+    def snapshot(self) -> Snapshot:
         sched = self.sched
+        refs = self.refs
         reqs = []
-        for rid in sorted(sched.requests):
-            r = sched.requests[rid]
+        for rid, r in sched.requests.items():
+            ref = refs[rid]
+            arrival_step, first_scheduled, first_token, hits = self.progress[ref]
             reqs.append(
                 RequestState(
+                    ref,
                     rid,
-                    _UNFINISHED.get(r.status.name, RequestStatus.WAITING),
+                    _UNFINISHED.get(r.status.name, Status.WAITING),
                     r.num_prompt_tokens,
                     len(r.output_token_ids),
                     r.num_computed_tokens,
                     tuple(b.block_id for b in self._table(rid)),
                     r.num_preemptions,
                     r.priority,
-                    self.first_hits.get(rid, -1),
+                    float(r.arrival_time),
+                    hits,
+                    r.max_tokens,
+                    arrival_step,
+                    first_scheduled,
+                    first_token,
                 )
             )
+        reqs.sort(key=lambda r: r.ref)
         free = [b.block_id for b in self.pool.free_block_queue.get_all_free_blocks()]
-        return EngineState(
+        cached = sorted(self.block_hash.items())
+        return Snapshot(
             step=self.next_step - 1,
+            next_ref=self.next_ref,
             requests=tuple(reqs),
-            running=tuple(r.request_id for r in sched.running),
-            waiting=tuple(r.request_id for r in sched.waiting),
+            running=tuple(refs[r.request_id] for r in sched.running),
+            waiting=tuple(refs[r.request_id] for r in sched.waiting),
             free_queue=tuple(free),
-            ref_cnts=(),
-            block_hashes=tuple(sorted(self.block_hash.items())),
+            cached_block_ids=tuple(b for b, _ in cached),
+            cached_hashes=tuple(h for _, h in cached),
         )
 
     def on_reset_prefix_cache(self) -> None:
@@ -784,6 +825,24 @@ class Tap:
             ids = sorted(self.block_hash)
             self.kv.add(KVEventKind.EVICTED, None, ids, [self.block_hash[b] for b in ids])
             self.block_hash.clear()
+
+
+def _layout(
+    entries: tuple[Scheduled, ...], samples: dict[int, tuple[int, ...]]
+) -> tuple[tuple[int, ...] | None, tuple[int, ...], tuple[Sample, ...]]:
+    """Samples laid out against the step's entries: per-entry counts (None: one each),
+    the tokens in entry order, and samples of requests without an entry (async: the
+    previous batch's, of a request not scheduled again)."""
+    if not samples:
+        return ((0,) * len(entries) if entries else None), (), ()
+    pop = samples.pop
+    per_entry = [pop(e.ref, ()) for e in entries]
+    flat = tuple(t for toks in per_entry for t in toks)
+    others = tuple(Sample(ref, len(toks), toks) for ref, toks in samples.items())
+    counts = tuple(map(len, per_entry))
+    if not others and len(flat) == len(counts) and 0 not in counts:
+        return None, flat, ()
+    return counts, flat, others
 
 
 class _EmptyOutput:

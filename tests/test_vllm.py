@@ -176,8 +176,8 @@ def assert_snapshots_match_the_steps(trace: Path) -> None:
                 apply(state, rec)
             elif isinstance(rec, Snapshot):
                 snapshots += 1
-                from_snap = State.from_snapshot(reader.header, rec).picture()
-                assert from_snap == state.picture(), f"{trace.name}: snapshot of step {rec.step}"
+                from_snap = State.from_snapshot(reader.header, rec).to_snapshot()
+                assert from_snap == state.to_snapshot(), f"{trace.name}: snapshot of {rec.step}"
     assert snapshots > 0 or state.step < 15
 
 

@@ -188,26 +188,26 @@ class CheckingMixin(RecordingMixin):
         sched: Any = self
         tap = self._schedtop
         assert tap is not None
-        pic = self._check_state.picture()
+        state = self._check_state
         pool = tap.pool
         free = tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks())
-        if pic.free_queue != free:
-            return f"free queue: trace {pic.free_queue[:20]}... vLLM {free[:20]}..."
-        tables = {r.request_id: r.block_ids for r in pic.requests}
+        if tuple(state.free) != free:
+            return f"free queue: trace {tuple(state.free)[:20]}... vLLM {free[:20]}..."
+        tables = {r.request_id: tuple(r.block_ids) for r in state.requests.values()}
         live = {rid: tuple(b.block_id for b in tap._table(rid)) for rid in sched.requests}
-        live = {rid: t for rid, t in live.items() if t or rid in tables}
         if {k: v for k, v in tables.items() if v} != {k: v for k, v in live.items() if v}:
             return f"block tables: trace {tables} vLLM {live}"
         blocks = pool.blocks
-        for block_id, count in enumerate(pic.ref_cnts):
+        for block_id, count in enumerate(state.ref_cnts):
             if block_id and blocks[block_id].ref_cnt != count:
                 live_count = blocks[block_id].ref_cnt
                 return f"block {block_id}: ref count {count} in the trace, {live_count} in vLLM"
-        computed = {r.request_id: r.num_computed_tokens for r in pic.requests}
+        computed = {r.request_id: r.num_computed_tokens for r in state.requests.values()}
         vcomputed = {rid: r.num_computed_tokens for rid, r in sched.requests.items()}
         if computed != vcomputed:
             return f"computed tokens: trace {computed} vLLM {vcomputed}"
-        if list(pic.running) != [r.request_id for r in sched.running]:
+        names = [state.requests[ref].request_id for ref in state.running]
+        if names != [r.request_id for r in sched.running]:
             return "running queue differs"
         return ""
 
