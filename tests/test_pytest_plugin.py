@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
@@ -32,10 +33,17 @@ def traces(tmp_path: Path) -> Path:
     return directory
 
 
+def installed() -> bool:
+    """Whether the `pytest11` entry point is installed (setup.sh's install makes it)."""
+    return any(ep.name == "schedtop" for ep in entry_points(group="pytest11"))
+
+
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     pytester.makepyfile(USER_TEST)
-    # The installed entry point appears only after a reinstall: load the module by name.
-    return pytester.runpytest_subprocess("-p", "replays.pytest_plugin", *args)
+    # Through the entry point where the package is installed with it; else (a checkout
+    # whose install predates the entry point) load the module by name.
+    load = () if installed() else ("-p", "replays.pytest_plugin")
+    return pytester.runpytest_subprocess(*load, *args)
 
 
 def test_every_trace_reproduces(pytester: pytest.Pytester, traces: Path) -> None:
