@@ -516,7 +516,9 @@ class Scheduler:
                 num_spec = 0
                 if before + n < len(req.all_token_ids) + req.num_output_placeholders:
                     kind = Kind.CHUNK
-                elif n == 1 and (req.output_token_ids or req.num_output_placeholders):
+                elif n == 1 and req.output_token_ids:
+                    # (Async: a request's first decode, its first sample still in flight,
+                    # counts as PREFILL: a DECODE entry's request already has tokens.)
                     kind = Kind.DECODE
                 else:
                     kind = Kind.PREFILL

@@ -274,7 +274,6 @@ class Tap:
         self.writer: TraceWriter | None = None
         self.threshold = 0  # the step's long-prefill cap (0: off)
         self.pre_running: list[str] = []  # running queue when schedule() began
-        self.placeholders: dict[str, int] = {}  # their in-flight samples then
         self.in_flight = 0  # async: batches scheduled and not updated yet
 
     # -- opening and closing ---------------------------------------------------------------
@@ -635,8 +634,6 @@ class Tap:
             threshold = max(threshold, cfg.max_num_batched_tokens // num_eligible)
         self.threshold = threshold
         self.pre_running = [r.request_id for r in sched.running]
-        if self.is_async:
-            self.placeholders = {r.request_id: r.num_output_placeholders for r in sched.running}
         self.step = _Step(self.next_step, cfg.max_num_batched_tokens)
 
     def after_schedule(self, out: Any, seconds: float, launched: bool = True) -> None:
@@ -647,13 +644,12 @@ class Tap:
         refs = self.refs
         entries: list[Scheduled] = []
         append = entries.append
-        placeholders = self.placeholders
         chunk, decode, prefill = Kind.CHUNK, Kind.DECODE, Kind.PREFILL
         for rid, n in out.num_scheduled_tokens.items():
             req = requests[rid]
             if req.is_prefill_chunk:
                 kind = chunk
-            elif n == 1 and (req.output_token_ids or placeholders.get(rid)):
+            elif n == 1 and req.output_token_ids:  # as schedtop labels it
                 kind = decode
             else:
                 kind = prefill
