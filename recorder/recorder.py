@@ -10,6 +10,7 @@ The engine does not know the recorder exists: the recorder installs itself as
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import time
@@ -48,6 +49,7 @@ class Recorder:
         redact_prompts: bool = False,
         snapshot_interval: int = DEFAULT_SNAPSHOT_INTERVAL,
         model: str | None = None,
+        engine_name: str | None = None,
         strict: bool = False,
         on_step_record: Callable[[Step], None] | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
@@ -76,7 +78,10 @@ class Recorder:
         self._step_ends = array("Q")
         self._snapshots: list[tuple[int, int]] = []
         self._counts = [0, 0, 0, 0]  # steps, arrivals, finishes, preemptions
-        self._append(self._header(engine, model, redact_prompts, wall_clock()), boundary=True)
+        header = self._header(engine, model, redact_prompts, wall_clock())
+        if engine_name is not None:  # another engine's scheduler recorded through ours
+            header = dataclasses.replace(header, engine=engine_name)
+        self._append(header, boundary=True)
         if mid_run:
             snap = engine.snapshot()
             self._compactor.adopt(snap)

@@ -48,6 +48,9 @@ def resimulate(
                 "re-simulation needs every arrival from step 0"
             )
         config = config_for(header.config, overrides or {})
+        # With async scheduling a step's samples arrive a step later: only the scripted
+        # runner (tokens per request, not per step) can hand them out.
+        scripted = scripted or config.async_scheduling
         if not overrides and not header.redacted and not scripted:
             result = run_faithful(reader, config, out, max_steps)
             if result.reproduced or max_steps is not None:

@@ -149,8 +149,8 @@ class _Clock:
 class _TimedRunner(_ScriptedRunner):
     """The scripted runner, plus the model's time for each step it executes."""
 
-    def __init__(self, k: int, model: CostModel, clock: _Clock) -> None:
-        super().__init__(k)
+    def __init__(self, config: EngineConfig, model: CostModel, clock: _Clock) -> None:
+        super().__init__(config)
         self.model = model
         self.clock = clock
 
@@ -182,7 +182,7 @@ class _TimedRun:
         self.config = config
         self.base = base
         self.clock = _Clock(model.predict_ns((0, 0, 0, 0, 0)))
-        self.runner = _TimedRunner(config.num_speculative_tokens, model, self.clock)
+        self.runner = _TimedRunner(config, model, self.clock)
         self.engine = EngineCore(config, self.runner, clock=self.clock.seconds)
         self.obs = Observer(config.num_blocks - 1)
 
@@ -235,7 +235,8 @@ class _TimedRun:
                 s = scripts[nxt]
                 a = s.arrival
                 self.runner.add_script(a.request_id, _fill_redacted(s) if redacted else s.tokens)
-                self.runner.accepted[a.request_id] = list(s.accepted)
+                self.runner.accepted[a.request_id] = s.accepted
+                self.runner.proposed[a.request_id] = s.proposed
                 live[a.request_id] = nxt
                 hasher = _RecordedHasher(self.config.block_size, s, nxt) if redacted else plain
                 engine.add_request(request_of(a, hasher))

@@ -308,8 +308,16 @@ def info(trace: str) -> None:
     help="Write the re-simulated trace here (with --set, the default is a new "
     "file in the trace directory).",
 )
+@click.option(
+    "--engine",
+    type=click.Choice(["schedtop", "vllm"]),
+    default="schedtop",
+    show_default=True,
+    help="Whose scheduler re-simulates: schedtop's, or the installed vLLM's "
+    "(an interpreter with vLLM: $SCHEDTOP_VLLM_PYTHON).",
+)
 @user_errors
-def resim(trace: str, settings: tuple[str, ...], out: str | None) -> None:
+def resim(trace: str, settings: tuple[str, ...], out: str | None, engine: str) -> None:
     """Re-drive today's scheduler with a trace's inputs.
 
     With the recorded config every decision must come out the same: exit status 0 when
@@ -321,6 +329,9 @@ def resim(trace: str, settings: tuple[str, ...], out: str | None) -> None:
     from replays.resim import resimulate
 
     overrides = parse_settings(settings)
+    if engine == "vllm":
+        _resim_vllm(trace, overrides, out)
+        return
     if overrides and out is None:
         path = new_trace_path("resim")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -499,6 +510,24 @@ class _progress:
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+def _resim_vllm(trace: str, overrides: dict[str, Any], out: str | None) -> None:
+    from replays.diff import diff_traces, format_diff
+    from replays.vllm_resim import resimulate_with_vllm
+
+    result = resimulate_with_vllm(trace, overrides, out)
+    click.echo(f"vLLM's scheduler ran {result.num_steps} steps; trace: {result.trace}")
+    if result.reproduced:
+        click.echo(
+            "every decision reproduced" if not overrides else "the change alters no decision"
+        )
+        return
+    click.echo(f"first difference at step {result.divergence_step}: {', '.join(result.fields)}")
+    click.echo("")
+    click.echo(format_diff(diff_traces(trace, result.trace)))
+    if not overrides:
+        sys.exit(1)
 
 
 @main.command()

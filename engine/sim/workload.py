@@ -17,7 +17,7 @@ from typing import Any, Protocol, TextIO, TypeVar
 
 from engine.config import EngineConfig
 
-DRIVER_KEYS = ("max_steps", "async_scheduling")
+DRIVER_KEYS = ("max_steps",)
 
 
 class WorkloadError(ValueError):
@@ -73,8 +73,6 @@ def parse_workload(
     raw_cfg = data.get("config", {})
     if not isinstance(raw_cfg, dict):
         raise WorkloadError(f"{source}: 'config' must be an object")
-    if raw_cfg.get("async_scheduling"):
-        raise WorkloadError(f"{source}: config.async_scheduling=true is not supported")
     try:
         config = EngineConfig.from_dict({**raw_cfg, **(overrides or {})}, ignore=DRIVER_KEYS)
     except (ValueError, TypeError) as e:
