@@ -306,3 +306,27 @@ def test_trace_steps_are_not_disturbed_by_client_records(tmp_path: Path) -> None
     assert steps == list(range(len(steps)))
     assert kinds.count("Client") == 4 and kinds.count("Step") == len(steps)
     assert json.dumps(kinds)  # nothing unknown
+
+
+def test_the_tui_header_shows_http_counts_and_a_followed_requests_client_timings(
+    tmp_path: Path,
+) -> None:
+    from tui.commands import FollowRequest, GotoEdge
+    from tui.launch import open_session
+
+    async def go() -> str:
+        async with served(tmp_path / "t.trace") as (client, _):
+            r = await client.post("/v1/completions", json={**body(1, "abc", True)})
+            rid = r.headers["x-request-id"]
+            await completion(client, body(2, "abc", stream=False))
+            await client.post("/v1/completions", json={"prompt": "abc", "bogus": True})
+            return rid
+
+    rid = run(go())
+    session = open_session(tmp_path / "t.trace", live=False)
+    assert session.frame().header.http == ""  # before the first response ended
+    session.handle(GotoEdge(end=True))
+    session.handle(FollowRequest(rid))
+    header = session.frame().header
+    assert header.http == "HTTP 2 ok · 1 4xx"
+    assert header.client.startswith("client: queue ") and "HTTP 200" in header.client

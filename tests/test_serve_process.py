@@ -94,3 +94,27 @@ def test_clients_that_leave_abort_their_requests(
     streamed = next(c for c in gone if c.stream)
     assert streamed.request_id == ids[0] and streamed.ttft_ns is not None
     assert next(c for c in gone if not c.stream).status == 499
+
+
+def test_stats_show_what_the_server_adds(server: tuple[ServerProcess, Path]) -> None:
+    """`schedtop stats` on a server's trace: HTTP statuses, client aborts, client-side
+    timings (this test runs after the one above, on the same server's trace)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.serve_support import REPO
+
+    proc, traces = server
+    (trace,) = traces.glob("*.trace")
+    cmd = [sys.executable, "-m", "tui.cli", "stats", str(trace)]
+    text = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert "client aborts           2" in text
+    assert "client TTFT p50 / p99" in text and "client ITL p50 / p99" in text
+    assert "HTTP responses          3 (2 2xx, 1 4xx, 0 5xx; 499: 1)" in text, text
+    data = json.loads(
+        subprocess.run([*cmd, "--json"], cwd=REPO, capture_output=True, text=True).stdout
+    )
+    assert data["num_aborted"] == 2
+    assert data["server"]["aborted"] == 2 and data["server"]["statuses"] == {"200": 2, "499": 1}
+    assert data["server"]["ttft_p50"] > 0 and data["server"]["itl_p99"] > 0
