@@ -180,6 +180,7 @@ BAD = [
     ({"prompt": [1, 2, 10**9]}, 400, None, "not a token id"),
     ({"prompt": "hi", "model": "gpt-4"}, 404, "model", "does not exist"),
     ({"max_tokens": 3}, 400, "prompt", "prompt"),
+    ({"prompt": "hi", "priority": 1}, 400, None, "--scheduling-policy priority"),
 ]
 
 
@@ -268,6 +269,27 @@ def test_a_full_waiting_queue_answers_503_and_the_admitted_finish() -> None:
             assert "--max-waiting 1" in r.json()["error"]["message"]
         else:
             assert r.json()["usage"]["completion_tokens"] == 12
+
+
+def test_priorities_order_the_waiting_queue_under_the_priority_policy(tmp_path: Path) -> None:
+    """With one running slot, the lower priority value is admitted first among waiters."""
+
+    async def go() -> None:
+        async with served(tmp_path / "t.trace", max_num_seqs=1, policy="priority") as (c, _):
+            long = {"prompt": "a", "max_tokens": 200, "ignore_eos": True}
+            first = asyncio.ensure_future(completion(c, long))
+            await asyncio.sleep(0.05)  # running before the others arrive
+            later = [
+                completion(c, {"prompt": f"p{p}", "max_tokens": 2, "priority": p})
+                for p in (5, 1, 3)
+            ]
+            await asyncio.gather(first, *later)
+
+    run(go())
+    with TraceReader(tmp_path / "t.trace") as reader:
+        names = {a.ref: a.priority for s in reader.steps() for a in s.arrivals}
+        admitted = [names[a.ref] for s in reader.steps() for a in s.admissions]
+    assert admitted[0] == 0 and admitted[1:] == sorted(admitted[1:])
 
 
 def test_models_and_version() -> None:

@@ -245,6 +245,12 @@ class EngineLoop:
                 503,
                 [],
             )
+        if sub.priority != 0 and self.engine.config.policy != "priority":
+            return (
+                f"priority={sub.priority}: priorities need --scheduling-policy priority",
+                400,
+                [],
+            )
         try:
             ids = self.engine.tokenize(sub.prompt)
         except RequestError as e:
@@ -341,6 +347,14 @@ class EngineLoop:
             self._aloop.call_soon_threadsafe(_deliver, batch)
 
     def _shutdown(self) -> None:
+        """Answer whatever is still queued, abort what runs, record the last step."""
+        while True:
+            try:
+                cmd = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(cmd, Submission):
+                self._send(cmd.out, Update(error="the server is shutting down", status=503))
         for rid, live in list(self._live.items()):
             with contextlib.suppress(Exception):  # the engine may be what failed
                 self.engine.abort(rid)
