@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recorder.errors import TraceError
+from recorder.multi import SegmentedReader, open_trace
 from recorder.reader import Cut, TraceReader
 from recorder.schema import Header, Snapshot, Step
 
@@ -31,6 +32,7 @@ class TraceSummary:
     closed_cleanly: bool  # the writer closed it (footer present)
     cut: Cut | None  # where an incomplete last record starts, if any
     end: int  # where the last whole record ends
+    segments: tuple[Path, ...] = ()  # a run directory's segment files, oldest first
 
 
 def summarize(path: str | os.PathLike[str]) -> TraceSummary:
@@ -43,7 +45,8 @@ def summarize(path: str | os.PathLike[str]) -> TraceSummary:
 
 
 def _summarize(path: str | os.PathLike[str]) -> TraceSummary:
-    with TraceReader(path) as reader:
+    with open_trace(path) as reader:
+        size = reader.size if isinstance(reader, SegmentedReader) else reader.path.stat().st_size
         footer = reader.footer
         if footer is not None:
             index = reader.index()
@@ -58,12 +61,12 @@ def _summarize(path: str | os.PathLike[str]) -> TraceSummary:
                 len(footer.snapshot_offsets),
             )
             last_step = index.last_step
-            end = reader.path.stat().st_size
+            end = size
         else:
-            last_step, last_time, totals, end = _count(reader)
+            last_step, last_time, totals, end = _count(reader, size)
         return TraceSummary(
             reader.path,
-            reader.path.stat().st_size,
+            size,
             reader.version,
             reader.header,
             reader.header.first_step,
@@ -73,10 +76,11 @@ def _summarize(path: str | os.PathLike[str]) -> TraceSummary:
             closed_cleanly=footer is not None,
             cut=reader.cut,
             end=end,
+            segments=tuple(reader.segments) if isinstance(reader, SegmentedReader) else (),
         )
 
 
-def _count(reader: TraceReader) -> tuple[int, int, tuple[int, int, int, int], int]:
+def _count(reader: TraceReader, size: int) -> tuple[int, int, tuple[int, int, int, int], int]:
     last_step = reader.header.first_step - 1
     last_time = arrivals = finishes = preemptions = snapshots = 0
     for entry in reader.entries():
@@ -88,7 +92,7 @@ def _count(reader: TraceReader) -> tuple[int, int, tuple[int, int, int, int], in
             preemptions += len(rec.preemptions)
         elif isinstance(rec, Snapshot):
             snapshots += 1
-    end = reader.cut.offset if reader.cut is not None else reader.path.stat().st_size
+    end = reader.cut.offset if reader.cut is not None else size
     return last_step, last_time, (arrivals, finishes, preemptions, snapshots), end
 
 
@@ -112,6 +116,9 @@ def format_summary(s: TraceSummary) -> str:
         f"preemptions {s.num_preemptions:,}  snapshots {s.num_snapshots}",
         f"closed    {_closing(s)}",
     ]
+    if s.segments:
+        names = s.segments[0].name + ("" if len(s.segments) == 1 else f" .. {s.segments[-1].name}")
+        lines.insert(1, f"segments  {len(s.segments)}: {names}")
     return "\n".join(lines)
 
 
@@ -119,8 +126,9 @@ def _closing(s: TraceSummary) -> str:
     if s.closed_cleanly:
         return "yes, cleanly (footer index present)"
     if s.cut is not None:
+        where = f"{s.segments[-1].name} " if s.segments else ""
         text = (
-            f"no: the tail is cut at byte {s.cut.offset:,} ({s.cut.reason}); every "
+            f"no: the tail {where}is cut at byte {s.cut.offset:,} ({s.cut.reason}); every "
             "record before it is whole"
         )
     else:

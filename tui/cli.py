@@ -377,7 +377,7 @@ def find(
 
     Predicates: preempt, preempt:ID, admit:ID, first-token:ID, finish:ID, free<N, slow>MS,
     wait>STEPS, util<PERCENT. Exit status 1 when nothing matches."""
-    from recorder.reader import TraceReader
+    from recorder.multi import open_trace
     from replays.breakpoints import find as find_step
     from replays.breakpoints import find_all, parse
     from replays.timeline import Timeline
@@ -387,7 +387,7 @@ def find(
     except ValueError as e:
         click.echo(f"schedtop: error: {e}", err=True)
         sys.exit(2)
-    with TraceReader(trace) as reader:
+    with open_trace(trace) as reader:
         tl = Timeline(reader)
         if every:
             hits = list(find_all(tl, preds))

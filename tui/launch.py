@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recorder.errors import TraceError
+from recorder.multi import open_trace
 from recorder.paths import SUFFIX, trace_dir
 from recorder.reader import TraceReader
 from replays.breakpoints import Predicate
@@ -38,7 +39,7 @@ def open_session(
     """A Session over the trace at `path`, checked down to its first step's state.
     Raises TraceError for a file that cannot be shown."""
     try:
-        reader = TraceReader(path)
+        reader = open_trace(path)
     except TraceError as e:
         if not (live and e.incomplete and Path(path).exists()):
             raise
@@ -84,7 +85,7 @@ class Choice:
 def being_written(path: Path, now: float | None = None) -> bool:
     """Whether a trace is still being written: it has no footer, and its writer (named in
     the file name) is alive or it changed in the last RECENT_S seconds."""
-    with TraceReader(path) as reader:
+    with open_trace(path) as reader:
         if reader.closed_cleanly:
             return False
     m = _PID.search(path.name)
