@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from recorder.errors import TraceError
+from recorder.paths import SUFFIX
 from recorder.reader import Entry, Scan, TraceIndex, TraceReader
 from recorder.schema import End, Footer, Step
 from recorder.segments import SegmentFile, is_run_dir, list_segments
@@ -46,7 +47,11 @@ class SegmentedReader(TraceReader):
         self.path = Path(directory)
         found = list_segments(self.path)
         if not found:
-            what = "no such directory" if not self.path.exists() else "no trace segments in it"
+            what = (
+                "no such directory"
+                if not self.path.exists()
+                else "a directory without trace segments (segment-NNNNNN.trace) in it"
+            )
             raise TraceError(what, incomplete=not self.path.exists()).at(self.path)
         self._segs: list[TraceReader] = []
         self._next_seq = found[0].seq
@@ -276,7 +281,7 @@ class SegmentedReader(TraceReader):
             ).at(seg.path)
 
 
-def latest_run_or_trace(directory: Path) -> list[Path]:
+def traces_in(directory: Path) -> list[Path]:
     """Trace files and run directories in `directory`, newest first (by name)."""
     try:
         children = list(directory.iterdir())
@@ -285,6 +290,6 @@ def latest_run_or_trace(directory: Path) -> list[Path]:
     found = [
         p
         for p in children
-        if (p.name.endswith(".trace") and p.is_file()) or (p.is_dir() and is_run_dir(p))
+        if (p.name.endswith(SUFFIX) and p.is_file()) or (p.is_dir() and is_run_dir(p))
     ]
     return sorted(found, key=lambda p: p.name, reverse=True)
