@@ -182,13 +182,28 @@ class _Pace:
 
 @main.command()
 @click.argument("trace", metavar="TRACE")
+@click.option(
+    "--api-key",
+    envvar="SCHEDTOP_API_KEY",
+    metavar="KEY",
+    help="For http://HOST:PORT: the server's API key (also $SCHEDTOP_API_KEY).",
+)
 @user_errors
-def live(trace: str) -> None:
-    """Follow a trace that an engine is writing: stay on the newest step until you step
-    back (F or end follows again). Keys: ? in the app."""
-    from tui.launch import open_session, run_app
+def live(trace: str, api_key: str | None) -> None:
+    """Follow a trace that an engine is writing (a file, a server's run directory, or a
+    server's stream at http://HOST:PORT): stay on the newest step until you step back
+    (F or end follows again). Keys: ? in the app."""
+    from tui.launch import open_remote_session, open_session, run_app
+    from tui.remote import is_url
 
-    run_app(open_session(trace, live=True))
+    if not is_url(trace):
+        run_app(open_session(trace, live=True))
+        return
+    session, stream = open_remote_session(trace, api_key)
+    try:
+        run_app(session)
+    finally:
+        stream.close()
 
 
 @main.command()

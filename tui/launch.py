@@ -20,6 +20,7 @@ from recorder.paths import SUFFIX, trace_dir
 from recorder.reader import TraceReader
 from replays.breakpoints import Predicate
 from replays.timeline import Timeline
+from tui.remote import RemoteStream
 from tui.session import Session
 
 KEYFRAME_INTERVAL = 32
@@ -56,6 +57,28 @@ def open_session(
         reader.close()
         raise
     return Session(timeline, name=Path(path).name, live=live, breakpoints=breakpoints)
+
+
+def open_remote_session(url: str, api_key: str | None = None) -> tuple[Session, RemoteStream]:
+    """A live Session over a server's stream, and the stream (close it after the app).
+    Raises StreamError (a TraceError) when the server cannot be reached or refuses."""
+    stream = RemoteStream(url, api_key)
+    first = stream.start()
+    try:
+        session = open_session(first, live=True)
+    except BaseException:
+        stream.close()
+        raise
+    session.name = url
+
+    def resync() -> Timeline | None:
+        path = stream.take_resync()
+        if path is None:
+            return None
+        return Timeline(TraceReader(path), live=True, keyframe_interval=KEYFRAME_INTERVAL)
+
+    session.resync = resync
+    return session, stream
 
 
 def _open(path: str | os.PathLike[str], live: bool) -> TraceReader:
