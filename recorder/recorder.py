@@ -20,13 +20,13 @@ from importlib import metadata
 from pathlib import Path
 
 from engine.core import EngineCore
-from engine.events import NULL_SINK, EventSink
+from engine.events import NULL_SINK, ClientReport, EventSink, report_client
 from engine.report import StepReport
 from recorder.codec import MAX_RECORD_BYTES, encode
 from recorder.convert import StepConverter, scalar_config
 from recorder.errors import RecordingError
 from recorder.paths import new_trace_path
-from recorder.schema import End, Footer, Header, Record, RecordType, Snapshot, Step
+from recorder.schema import Client, End, Footer, Header, Record, RecordType, Snapshot, Step
 from recorder.writer import TraceSink, TraceWriter
 
 log = logging.getLogger("schedtop.recorder")
@@ -141,6 +141,24 @@ class Recorder:
                 self.error = f"step {report.step}: {type(e).__name__}: {e}"
         self._downstream.on_step(report)
 
+    def on_client(self, report: ClientReport) -> None:
+        """A server's view of one HTTP request: a CLIENT record between two steps."""
+        if self.error is None and not self._closed:
+            try:
+                self._append(
+                    client_record(report, self.engine.step_index - 1, self._now_ns()),
+                    boundary=True,
+                )
+            except Exception as e:
+                if self.strict:
+                    raise
+                log.exception("recording a client report failed")
+                self.error = f"client record: {type(e).__name__}: {e}"
+        report_client(self._downstream, report)
+
+    def _now_ns(self) -> int:
+        return self._clock() - self._t0
+
     def close(self) -> None:
         """Write the footer (if recording went well), flush, fsync and close. Idempotent."""
         if self._closed:
@@ -228,6 +246,30 @@ class Recorder:
             num_preemptions=preemptions,
             end_time_ns=self._clock() - self._t0,
         )
+
+
+def client_record(report: ClientReport, after_step: int, time_ns: int) -> Client:
+    """The trace's CLIENT record of a server's ClientReport (seconds become ns)."""
+
+    def ns(s: float | None) -> int | None:
+        return None if s is None else max(0, round(s * 1e9))
+
+    return Client(
+        after_step=after_step,
+        time_ns=time_ns,
+        request_id=report.request_id,
+        endpoint=report.endpoint,
+        status=report.status,
+        finish_reason=report.finish_reason,
+        stream=report.stream,
+        prompt_tokens=report.prompt_tokens,
+        completion_tokens=report.completion_tokens,
+        queue_ns=ns(report.queue_s),
+        ttft_ns=ns(report.ttft_s),
+        e2e_ns=ns(report.e2e_s) or 0,
+        itl_ns=tuple(max(0, round(g * 1e9)) for g in report.itl_s),
+        message=report.message,
+    )
 
 
 def open_recording(
