@@ -27,11 +27,13 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.core import EngineCore
+from engine.events import ClientReport, report_client
 from engine.report import StepReport
 from recorder.codec import encode
 from recorder.errors import RecordingError
@@ -56,6 +58,11 @@ FLUSH_WAIT_S = 2.0  # incident(): how long to wait for the engine thread to flus
 __all__ = ["ServerRecording", "StreamSubscription", "open_server_recording"]
 
 
+# What a viewer's stream carries after its header and snapshot: not the segments' own
+# headers, first snapshots, footers and ends (the stream goes on across rotations).
+_STREAMED = frozenset((RecordType.STEP, RecordType.SNAPSHOT, RecordType.CLIENT))
+
+
 @dataclass(frozen=True, slots=True)
 class _Closed:
     """A segment that is complete on disk."""
@@ -76,7 +83,7 @@ class _SegmentWriter(TraceWriter):
 
     def append(self, rtype: int, body: bytes, *, boundary: bool = False) -> int:
         offset = super().append(rtype, body, boundary=boundary)
-        if self.hub.live and not self.quiet and rtype in (RecordType.STEP, RecordType.SNAPSHOT):
+        if self.hub.live and not self.quiet and rtype in _STREAMED:
             self.hub.publish(frame(rtype, body))
         return offset
 
@@ -96,6 +103,7 @@ class ServerRecording:
         segment_s: float = SEGMENT_S,
         stream_limit: int = DEFAULT_LIMIT,
         max_viewers: int = DEFAULT_MAX_VIEWERS,
+        clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         if max_bytes < MIN_MAX_BYTES:
             raise ValueError(f"max_bytes={max_bytes}: must be at least {MIN_MAX_BYTES} bytes")
@@ -112,9 +120,13 @@ class ServerRecording:
         self.max_bytes = max_bytes
         self.segment_bytes = max_bytes // SEGMENTS_PER_BOUND
         self.segment_s = segment_s
-        self.error: str | None = None  # why rotation stopped, if it has
+        self.error: str | None = None  # why rotation or recording stopped, if it has
+        self._clock = clock
         self._options: dict[str, Any] = dict(
-            redact_prompts=redact_prompts, model=model, snapshot_interval=snapshot_interval
+            redact_prompts=redact_prompts,
+            model=model,
+            snapshot_interval=snapshot_interval,
+            clock=clock,
         )
         self._hub = StreamHub(stream_limit, max_viewers)
         self._lock = threading.Lock()  # the segment list, read by incident()
@@ -125,7 +137,7 @@ class ServerRecording:
         self._flush_cond = threading.Condition(self._lock)
         self._closed = False
         self._recorder = self._new_segment(None)
-        self._segment_started = time.monotonic()
+        self._segment_started = clock()
         self._downstream = core.sink
         core.sink = self
 
@@ -137,6 +149,11 @@ class ServerRecording:
         self._between_steps()
         if self._rotation_due():
             self._rotate()
+
+    def on_client(self, report: ClientReport) -> None:
+        """A server's view of one HTTP request (engine thread, between two steps)."""
+        self._recorder.on_client(report)
+        report_client(self._downstream, report)
 
     def on_idle(self) -> None:
         """Called by the engine thread when it has no work (at least every 100 ms):
@@ -155,6 +172,7 @@ class ServerRecording:
             self.core.sink = self._downstream
         try:
             self._recorder.close()
+            self.error = self.error or self._recorder.error
         finally:
             self._hub.close()
             with self._flush_cond:
@@ -168,6 +186,11 @@ class ServerRecording:
         path = self._recorder.path
         assert path is not None
         return path
+
+    @property
+    def flushed_step(self) -> int:
+        """The last step a reader of the directory can already see."""
+        return self._recorder.flushed_step
 
     @property
     def _writer(self) -> TraceWriter | None:
@@ -201,7 +224,7 @@ class ServerRecording:
         writer = self._writer
         size = writer.offset if writer is not None else 0
         return size >= self.segment_bytes or (
-            time.monotonic() - self._segment_started >= self.segment_s
+            self._clock() - self._segment_started >= self.segment_s * 1e9
         )
 
     def _rotate(self) -> None:
@@ -215,7 +238,7 @@ class ServerRecording:
         # The next segment is on disk before this one ends: a reader that finds this
         # one finished and no next one knows the recording is over.
         old.close()
-        self._segment_started = time.monotonic()
+        self._segment_started = self._clock()
         path = old.path
         assert path is not None
         try:

@@ -651,6 +651,10 @@ def serve(
     finally:
         if recording is not None:
             recording.close()
+            if recording.error:
+                click.echo(
+                    f"schedtop: warning: recording stopped early: {recording.error}", err=True
+                )
 
 
 def _size(text: str, option: str) -> int:
@@ -671,42 +675,25 @@ def _version() -> str:
         return "dev"
 
 
-class _FileRecording:
-    """A server's recording into one trace file: the recorder, plus on_idle (flush what
-    the last client reports added, so that a viewer sees them without a next step)."""
-
-    def __init__(self, recorder: Any) -> None:
-        self.recorder = recorder
-        self.path = recorder.path
-
-    def on_idle(self) -> None:
-        self.recorder.sink.flush()
-
-    def close(self) -> None:
-        self.recorder.close()
-        if self.recorder.error:
-            click.echo(
-                f"schedtop: warning: recording stopped early: {self.recorder.error}", err=True
-            )
-
-
 def _server_recording(
     engine: Any, trace_dir: str | None, max_bytes: int, redact: bool, settings: Any
 ) -> Any:
-    """The recording of a server run, wired to its engine core."""
+    """The recording of a server run, wired to its engine core: rotating segments in a
+    new directory under `trace_dir`, a live stream, incidents."""
     from pathlib import Path
 
-    from recorder.paths import new_trace_path
-    from recorder.recorder import open_recording
+    from recorder.serving import open_server_recording
 
-    path = None
-    if trace_dir is not None:
-        path = Path(trace_dir) / new_trace_path("serve").name
-        path.parent.mkdir(parents=True, exist_ok=True)
-    recorder = open_recording(
-        engine.core, path, kind="serve", redact_prompts=redact, model=settings.model_name
-    )
-    return _FileRecording(recorder)
+    try:
+        return open_server_recording(
+            engine,
+            Path(trace_dir) if trace_dir is not None else None,
+            max_bytes=max_bytes,
+            redact_prompts=redact,
+            model=settings.model_name,
+        )
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--trace-max-bytes") from None
 
 
 def _where(recording: Any) -> str:
