@@ -46,9 +46,11 @@ class RemoteStream:
         self._target = _parse(url)
         self._api_key = api_key
         self._own_spool = spool_dir is None
-        self.spool_dir = (
-            Path(tempfile.mkdtemp(prefix="schedtop-live-")) if spool_dir is None else spool_dir
-        )
+        if spool_dir is None:
+            spool_dir = Path(tempfile.mkdtemp(prefix="schedtop-live-"))
+        else:
+            spool_dir.mkdir(parents=True, exist_ok=True)
+        self.spool_dir = spool_dir
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
         self._spools: list[Path] = []  # one per stream start: the first, then each resync
@@ -61,6 +63,7 @@ class RemoteStream:
         self.ended = False  # the server ended the stream (or the connection broke)
         self.bytes_read = 0
         self._conn: http.client.HTTPConnection | None = None
+        self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._closing = False
 
@@ -100,14 +103,16 @@ class RemoteStream:
     def close(self) -> None:
         """Disconnect, stop the thread, and remove the spool directory if it is ours."""
         self._closing = True
-        conn = self._conn
-        if conn is not None and conn.sock is not None:
+        conn, sock = self._conn, self._sock
+        if sock is not None:
             with contextlib.suppress(OSError):  # wakes the reader thread's recv
-                conn.sock.shutdown(socket.SHUT_RDWR)
+                sock.shutdown(socket.SHUT_RDWR)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
         if conn is not None:
             conn.close()
+        if sock is not None:
+            sock.close()
         self._close_spool()
         if self._own_spool:
             shutil.rmtree(self.spool_dir, ignore_errors=True)
@@ -123,6 +128,7 @@ class RemoteStream:
             headers["Authorization"] = f"Bearer {self._api_key}"
         try:
             conn.request("GET", path, headers=headers)
+            sock = conn.sock  # (a response that ends with the connection takes it over)
             resp = conn.getresponse()
         except (OSError, http.client.HTTPException) as e:
             conn.close()
@@ -134,9 +140,9 @@ class RemoteStream:
             body = resp.read(2048).decode("utf-8", "replace").strip()
             conn.close()
             raise StreamError(_refusal(self.url, resp.status, body, self._api_key is not None))
-        assert conn.sock is not None
-        conn.sock.settimeout(None)  # from here on reads block; close() shuts the socket down
-        self._conn = conn
+        assert sock is not None
+        sock.settimeout(None)  # from here on reads block; close() shuts the socket down
+        self._conn, self._sock = conn, sock
         return resp
 
     # -- the reader thread -------------------------------------------------------------------
