@@ -24,7 +24,7 @@ from pathlib import Path
 
 from recorder.errors import TraceError
 from recorder.paths import SUFFIX
-from recorder.reader import Entry, Scan, TraceIndex, TraceReader
+from recorder.reader import Cut, Entry, Scan, TraceIndex, TraceReader
 from recorder.schema import End, Footer, Step
 from recorder.segments import SegmentFile, is_run_dir, list_segments
 
@@ -56,6 +56,7 @@ class SegmentedReader(TraceReader):
         self._segs: list[TraceReader] = []
         self._next_seq = found[0].seq
         self.cut = None
+        self._unborn: Cut | None = None  # a last segment its writer died creating
         self.finished = False
         self._index: TraceIndex | None = None
         try:
@@ -111,8 +112,11 @@ class SegmentedReader(TraceReader):
                 if not self._segs and not seg.path.exists():
                     self._next_seq = seg.seq + 1  # rotation deleted it since the listing
                     continue
-                if tail and e.incomplete:
-                    return added  # its writer is just starting it
+                if e.incomplete and seg is found[-1] and self._segs:
+                    if not tail:  # the writer died creating it: the trace ends before it
+                        where = self._virtual(len(self._segs), 0)
+                        self._unborn = self.cut = Cut(where, f"{seg.path.name}: {e.message}")
+                    return added  # (following: its writer is just starting it)
                 e.path = str(seg.path)
                 raise
             if self._segs:
@@ -138,7 +142,7 @@ class SegmentedReader(TraceReader):
 
     def _combined_footer(self) -> Footer | None:
         """A footer for the whole when every segment has one (the run ended cleanly)."""
-        if any(s.footer is None for s in self._segs):
+        if self._unborn is not None or any(s.footer is None for s in self._segs):
             return None
         index = self.index()
         footers = [s.footer for s in self._segs if s.footer is not None]
@@ -153,6 +157,10 @@ class SegmentedReader(TraceReader):
             num_preemptions=sum(f.num_preemptions for f in footers),
             end_time_ns=footers[-1].end_time_ns,
         )
+
+    def _cut_at(self, seg: TraceReader) -> None:
+        """Report a segment's cut (only the last can have one: the others are whole)."""
+        self.cut = seg.cut if seg.cut is not None or seg is not self._segs[-1] else self._unborn
 
     def _locate(self, offset: int) -> tuple[int, TraceReader, int]:
         i = offset >> _SHIFT
@@ -182,7 +190,7 @@ class SegmentedReader(TraceReader):
                         ).at(seg.path)
                     last_step = record.step
                 yield Entry(self._virtual(i, entry.offset), record)
-            self.cut = seg.cut
+            self._cut_at(seg)
             if last:
                 self.finished = seg.finished
                 return
@@ -226,7 +234,7 @@ class SegmentedReader(TraceReader):
                 snap_steps += idx.snapshot_steps
                 snap_offsets += (self._virtual(i, o) for o in idx.snapshot_offsets)
                 next_step = idx.last_step + 1
-                self.cut = seg.cut
+                self._cut_at(seg)
             self._index = TraceIndex(self.header.first_step, steps, snap_steps, snap_offsets)
         return self._index
 
@@ -242,7 +250,7 @@ class SegmentedReader(TraceReader):
             snap_offsets += (self._virtual(i, o) for o in found.snapshot_offsets)
             next_step += len(found.step_offsets)
             end = self._virtual(i, found.end)
-            self.cut = seg.cut
+            self._cut_at(seg)
             if not found.finished:
                 return Scan(steps, snap_steps, snap_offsets, end, False)
             if i == len(self._segs) - 1 and not (tail and self._add_new()):

@@ -294,3 +294,63 @@ def test_incident_copies_the_segments_covering_the_window(tmp_path: Path) -> Non
     # the incident is not a segment: the directory still reads as before
     with open_trace(tmp_path / "run") as r:
         assert r.index().last_step == last
+
+
+def test_a_last_segment_its_writer_died_creating_ends_the_trace(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    rec, engine = record_server(run, busy_workload(8))
+    last = engine.step_index - 1
+    (run / "segment-000001.trace").write_bytes(b"\x89STR")  # killed while writing it
+    info = summarize(run)
+    assert info.last_step == last and not info.closed_cleanly
+    assert info.cut is not None and "segment-000001.trace" in info.cut.reason
+    out = CliRunner().invoke(main, ["info", str(run)])
+    assert out.exit_code == 0 and "cut" in out.output
+
+
+# -- following a live run ---------------------------------------------------------------------
+
+
+def test_a_live_timeline_follows_rotation_and_deletion(tmp_path: Path) -> None:
+    w = busy_workload()
+    engine = make_engine(w)
+    run = tmp_path / "run"
+    rec = ServerRecording(engine, run, max_bytes=MIN_MAX_BYTES, snapshot_interval=16)
+    steps = run_steps(w, engine)
+    for _ in range(5):
+        next(steps)
+    rec.on_idle()  # flushes
+    whole = tmp_path / "whole.trace"
+    record_file(whole, w)
+    with open_trace(run) as r, TraceReader(whole) as ref:
+        tl = Timeline(r, live=True)
+        assert tl.last_step == 4 and not tl.finished
+        seen_deleted = False
+        for i, _ in enumerate(steps):
+            if i % 9 == 0:
+                rec.on_idle()
+                tl.refresh()
+                s = tl.last_step
+                assert tl.state(s).to_snapshot() == state_at(ref, s).to_snapshot()
+                seen_deleted = seen_deleted or not (run / "segment-000000.trace").exists()
+        rec.close()
+        tl.refresh()
+        assert tl.finished and tl.last_step == engine.step_index - 1
+        assert seen_deleted, "old segments went while it followed"
+        # the deleted segments are still open here: going back to step 0 works
+        assert tl.state(0).to_snapshot() == state_at(ref, 0).to_snapshot()
+
+
+def test_schedtop_attaches_to_a_run_directory_being_written(tmp_path: Path) -> None:
+    from tui.launch import choose
+
+    older = tmp_path / "20200101-000000.000-sim-1.trace"
+    record_file(older, busy_workload(4))
+    engine = make_engine(busy_workload(4))
+    rec = open_server_recording(engine, tmp_path)
+    rec.on_idle()
+    choice = choose(tmp_path)
+    assert choice is not None and choice.path == rec.directory and choice.live
+    rec.close()
+    choice = choose(tmp_path)
+    assert choice is not None and choice.path == rec.directory and not choice.live
