@@ -9,8 +9,9 @@ incident extraction.
 The trace is written as segments in one directory per run (recorder.segments): each
 segment is a whole trace (header, snapshot, steps, footer), and they continue each other
 (same refs, same clock), so the directory reads as one trace. A segment is closed and a
-new one started when it reaches 1/8 of `max_bytes` or `segment_s` seconds, and the oldest
-are deleted so that the directory stays under `max_bytes`. One Recorder per segment does
+new one started when its steps reach 1/8 of `max_bytes` or it is `segment_s` seconds old,
+and the oldest are deleted so that the directory stays under `max_bytes` (unless one
+opening snapshot alone is larger than that). One Recorder per segment does
 the recording; this class only decides when to rotate and feeds the viewers' streams
 (recorder.stream) with the very records it writes.
 
@@ -132,6 +133,7 @@ class ServerRecording:
         self._lock = threading.Lock()  # the segment list, read by incident()
         self._closed_segments: list[_Closed] = []
         self._seq = 0
+        self._start_bytes = 0  # the current segment's bytes before its first step
         self._flush_asked = 0  # incident() asks the engine thread to flush...
         self._flush_done = 0  # ...and waits until it has
         self._flush_cond = threading.Condition(self._lock)
@@ -222,7 +224,7 @@ class ServerRecording:
         if self.error is not None or self._recorder.error is not None:
             return False
         writer = self._writer
-        size = writer.offset if writer is not None else 0
+        size = writer.offset - self._start_bytes if writer is not None else 0
         return size >= self.segment_bytes or (
             self._clock() - self._segment_started >= self.segment_s * 1e9
         )
@@ -251,9 +253,10 @@ class ServerRecording:
             self._delete_oldest()
 
     def _delete_oldest(self) -> None:
-        """Keep closed segments within max_bytes less room for two (the one being written
-        may overshoot by a step): the directory stays under max_bytes."""
-        room = self.max_bytes - 2 * self.segment_bytes
+        """Keep the closed segments within max_bytes less room for the one being written:
+        its opening header and snapshot, segment_bytes of steps, and as much again (it
+        may overshoot by a step, and the next opening snapshot may be larger)."""
+        room = self.max_bytes - 2 * (self.segment_bytes + self._start_bytes)
         total = sum(s.size for s in self._closed_segments)
         while self._closed_segments and total > room:
             gone = self._closed_segments.pop(0)
@@ -278,6 +281,7 @@ class ServerRecording:
             raise
         writer.quiet = False
         writer.drain()
+        self._start_bytes = writer.offset  # preamble, header and opening snapshot
         return recorder
 
     # -- other threads --------------------------------------------------------------------------
