@@ -14,7 +14,8 @@ from typing import Any
 
 from recorder.multi import open_trace
 from recorder.reader import TraceReader
-from recorder.schema import Snapshot, Status, Step
+from recorder.schema import Client, Snapshot, Status, Step
+from replays.clients import ServerStats, format_server, server_stats
 from replays.reducer import apply
 from replays.state import ReqState, State
 
@@ -58,6 +59,8 @@ class TraceStats:
     usable_blocks: int  # blocks in the pool, the null block aside
     mean_budget_use: float  # scheduled tokens / budget, averaged over steps
     requests: list[RequestStats] = field(default_factory=list)  # in arrival order
+    num_aborted: int = 0  # finished with FINISHED_ABORTED (a client left, or a stop string)
+    server: ServerStats | None = None  # the HTTP side, when a server wrote the trace
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,13 +96,16 @@ class _Collector:
         self.min_free = self.usable
         self.preemptions = 0
         self.budget_use = 0.0
+        self.clients: list[Client] = []
 
     def run(self) -> TraceStats:
         state: State | None = None
         for entry in self.reader.entries():
             rec = entry.record
             if not isinstance(rec, Step):
-                if isinstance(rec, Snapshot) and state is None:
+                if isinstance(rec, Client):
+                    self.clients.append(rec)
+                elif isinstance(rec, Snapshot) and state is None:
                     state = State.from_snapshot(self.reader.header, rec)
                     self.reqs.update(state.requests)
                 continue
@@ -202,6 +208,8 @@ class _Collector:
             usable_blocks=self.usable,
             mean_budget_use=self.budget_use / steps if steps else 0.0,
             requests=requests,
+            num_aborted=sum(1 for r in requests if r.status == "aborted"),
+            server=server_stats(self.clients),
         )
 
 
@@ -211,7 +219,11 @@ def format_stats(s: TraceStats) -> str:
     rate = "tokens/s" if u == "s" else "tokens/step"
     rows = [
         ("steps", f"{s.num_steps}" + (f" in {s.duration_s:.2f} s" if u == "s" else "")),
-        ("requests", f"{s.num_requests} ({s.num_finished} finished, {s.num_errors} errors)"),
+        (
+            "requests",
+            f"{s.num_requests} ({s.num_finished} finished, {s.num_errors} errors, "
+            f"{s.num_aborted} aborted)",
+        ),
         ("output tokens", f"{s.output_tokens}"),
         ("throughput", f"{s.throughput:.2f} {rate}"),
         ("TTFT p50 / p99", f"{_v(s.ttft_p50, u)} / {_v(s.ttft_p99, u)}"),
@@ -221,6 +233,8 @@ def format_stats(s: TraceStats) -> str:
         ("peak KV blocks", f"{s.peak_blocks} of {s.usable_blocks}"),
         ("budget use", f"{s.mean_budget_use:.1%} mean"),
     ]
+    if s.server is not None:
+        rows += format_server(s.server)
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 

@@ -159,11 +159,10 @@ class EngineLoop:
     def _run(self) -> None:
         try:
             while True:
-                busy = self.engine.has_unfinished()
-                if not self._drain(block=not busy):
+                if not self._drain(block=not self._has_work()):
                     break
                 self._flush()
-                if self.engine.has_unfinished():
+                if self._has_work():
                     self._step()
                 self._flush()
         except Exception as e:  # a bug: say so, and fail every request rather than hang
@@ -188,9 +187,14 @@ class EngineLoop:
             if cmd is _STOP:
                 return False
             self._apply(cmd)
-            if block and self.engine.has_unfinished():
+            if block and self._has_work():
                 block = False
             self._flush()
+
+    def _has_work(self) -> bool:
+        """Requests to run, or an abort with nothing left to run: that still gets its
+        step, whose record is where the trace shows the abort and the blocks freed."""
+        return self.engine.has_unfinished() or self.engine.core.scheduler.has_unreported
 
     def _idle(self) -> None:
         self.stats.idle_free_blocks = self.engine.core.scheduler.kv.num_free_blocks
@@ -343,6 +347,9 @@ class EngineLoop:
             self._send(live.sub.out, Update(num_tokens=live.num_tokens, finish_reason="abort"))
         self._live.clear()
         self._flush()
+        if self.engine.core.scheduler.has_unreported and not self.stats.errors:
+            with contextlib.suppress(Exception):  # the last aborts' step, for the trace
+                self.engine.step()
 
 
 def _deliver(batch: list[tuple[asyncio.Queue[Update], Update]]) -> None:

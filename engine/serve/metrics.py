@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from engine.report import StepReport
 
 # vLLM does the same: no `*_created` series beside every counter and histogram.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -124,7 +124,7 @@ def serve_forever(
 def _server_class() -> Any:
     import uvicorn
 
-    class Server(uvicorn.Server):  # type: ignore[misc]
+    class Server(uvicorn.Server):
         """uvicorn re-raises SIGINT/SIGTERM once it has shut down, which would end the
         process before the recording is closed: here the signal only stops serving."""
 
