@@ -29,6 +29,7 @@ from replays.resim import ResimError, resimulate
 from replays.stats import trace_stats
 from replays.timeline import Timeline
 from tests.helpers import workload
+from tests.tui_support import app_test, at_step, make_app, submit
 from tui.cli import main
 
 STEP_NS = 1_000_000_000  # the fake clock: every step takes one second
@@ -354,3 +355,33 @@ def test_schedtop_attaches_to_a_run_directory_being_written(tmp_path: Path) -> N
     rec.close()
     choice = choose(tmp_path)
     assert choice is not None and choice.path == rec.directory and not choice.live
+
+
+@app_test
+async def test_schedtop_replay_of_a_directory_steps_across_a_boundary(tmp_path: Path) -> None:
+    w = busy_workload(16)
+    engine = make_engine(w)
+    rec = ServerRecording(engine, tmp_path / "run", snapshot_interval=1000)
+    rec.segment_bytes = 2500
+    for _ in run_steps(w, engine):
+        pass
+    rec.close()
+    second = list_segments(tmp_path / "run")[1].path
+    boundary = TraceReader(second).header.first_step
+    whole = tmp_path / "whole.trace"
+    record_file(whole, w)
+    ref = Timeline(TraceReader(whole))
+    app = make_app(tmp_path / "run")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("g")
+        await submit(pilot, str(boundary - 2))
+        for key, step in [("right", boundary - 1), ("right", boundary), ("right", boundary + 1)]:
+            await pilot.press(key)
+            await at_step(pilot, step)
+        for step in (boundary, boundary - 1, boundary - 2):
+            await pilot.press("left")
+            await at_step(pilot, step)
+            assert app.frame is not None
+            want = ref.state(step)
+            assert app.frame.header.running == len(want.running)
+            assert app.frame.header.free_blocks == len(want.free)

@@ -39,6 +39,7 @@ from tests.tui_support import app_test, wait_until
 from tui.app import SchedtopApp
 from tui.cli import main
 from tui.launch import open_remote_session
+from tui.remote import RemoteStream
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "test-key-123"
@@ -176,6 +177,12 @@ async def test_live_over_http_shows_the_load_and_matches_the_trace(server: Serve
                 return f is not None and f.header.running >= 2 and f.header.mode == "LIVE"
 
             await wait_until(pilot, running, timeout=60)
+            # other viewers come and go meanwhile
+            for _ in range(3):
+                other = RemoteStream(server.url, KEY)
+                with TraceReader(other.start()) as r:
+                    assert r.header.first_step > 0
+                other.close()
             rows = app.frame.requests if app.frame is not None else ()
             assert sum(r.state == "running" for r in rows) >= 2
             for t in first + more:
