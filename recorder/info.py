@@ -33,6 +33,7 @@ class TraceSummary:
     cut: Cut | None  # where an incomplete last record starts, if any
     end: int  # where the last whole record ends
     segments: tuple[Path, ...] = ()  # a run directory's segment files, oldest first
+    first_time_s: float = 0.0  # when the first step ended (a mid-run trace's steps/s)
 
 
 def summarize(path: str | os.PathLike[str]) -> TraceSummary:
@@ -77,7 +78,16 @@ def _summarize(path: str | os.PathLike[str]) -> TraceSummary:
             cut=reader.cut,
             end=end,
             segments=tuple(reader.segments) if isinstance(reader, SegmentedReader) else (),
+            first_time_s=_first_time(reader, last_step) / 1e9,
         )
+
+
+def _first_time(reader: TraceReader, last_step: int) -> int:
+    """When a mid-run trace's first step ended (0 for one that starts at step 0)."""
+    if reader.header.first_step == 0 or last_step < reader.header.first_step:
+        return 0
+    first = next(reader.steps(), None)
+    return first.time_ns if first is not None else 0
 
 
 def _count(reader: TraceReader, size: int) -> tuple[int, int, tuple[int, int, int, int], int]:
@@ -100,7 +110,17 @@ def format_summary(s: TraceSummary) -> str:
     h = s.header
     started = datetime.datetime.fromtimestamp(h.start_time_ns / 1e9, datetime.UTC)
     steps = s.last_step - s.first_step + 1
-    rate = f", {steps / s.duration_s:.0f} steps/s" if s.duration_s > 0 else ""
+    rate = ""
+    if s.first_time_s and s.duration_s > s.first_time_s and steps > 1:
+        rate = f", {(steps - 1) / (s.duration_s - s.first_time_s):.0f} steps/s"
+    elif not s.first_time_s and s.duration_s > 0:
+        rate = f", {steps / s.duration_s:.0f} steps/s"
+    # A mid-run trace (a segment, an incident) spans part of the recording's clock.
+    when = (
+        f"time {s.first_time_s:.3f}..{s.duration_s:.3f} s"
+        if s.first_time_s
+        else f"duration {s.duration_s:.3f} s"
+    )
     knobs = textwrap.wrap(
         " ".join(f"{k}={v}" for k, v in sorted(h.config.items())), 88, subsequent_indent=" " * 10
     ) or [""]
@@ -111,7 +131,7 @@ def format_summary(s: TraceSummary) -> str:
         + ("  (prompts redacted)" if h.redacted else ""),
         f"config    {knobs[0]}",
         *knobs[1:],
-        f"steps     {steps:,} ({s.first_step}..{s.last_step})  duration {s.duration_s:.3f} s{rate}",
+        f"steps     {steps:,} ({s.first_step}..{s.last_step})  {when}{rate}",
         f"requests  {s.num_arrivals:,} arrived, {s.num_finishes:,} finished  "
         f"preemptions {s.num_preemptions:,}  snapshots {s.num_snapshots}",
         f"closed    {_closing(s)}",
