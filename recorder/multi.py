@@ -57,6 +57,7 @@ class SegmentedReader(TraceReader):
         self._next_seq = found[0].seq
         self.cut = None
         self._unborn: Cut | None = None  # a last segment its writer died creating
+        self._starting = False  # following: the next segment's header is not whole yet
         self.finished = False
         self._index: TraceIndex | None = None
         try:
@@ -95,10 +96,11 @@ class SegmentedReader(TraceReader):
     # -- segments ----------------------------------------------------------------------------
 
     def _add_new(self, found: list[SegmentFile] | None = None, tail: bool = True) -> bool:
-        """Open the segments written since the last look; False when there is none."""
+        """Open the segments written since the last look; False when there is none (and
+        `_starting` says whether one is there, its header not yet whole)."""
         if found is None:
             found = list_segments(self.path)
-        added = False
+        added = self._starting = False
         for seg in found:
             if seg.seq < self._next_seq:
                 continue
@@ -116,6 +118,7 @@ class SegmentedReader(TraceReader):
                     if not tail:  # the writer died creating it: the trace ends before it
                         where = self._virtual(len(self._segs), 0)
                         self._unborn = self.cut = Cut(where, f"{seg.path.name}: {e.message}")
+                    self._starting = tail
                     return added  # (following: its writer is just starting it)
                 e.path = str(seg.path)
                 raise
@@ -254,7 +257,7 @@ class SegmentedReader(TraceReader):
             if not found.finished:
                 return Scan(steps, snap_steps, snap_offsets, end, False)
             if i == len(self._segs) - 1 and not (tail and self._add_new()):
-                return Scan(steps, snap_steps, snap_offsets, end, True)
+                return Scan(steps, snap_steps, snap_offsets, end, not self._starting)
             i += 1
             seg = self._segs[i]
             local = seg.records_start
@@ -271,7 +274,7 @@ class SegmentedReader(TraceReader):
                 out.append(Entry(self._virtual(i, entry.offset), entry.record))
             if seg.finished:
                 if i == len(self._segs) - 1 and not self._add_new():
-                    self.finished = True
+                    self.finished = not self._starting
                     break
                 self._tail = self._virtual(i + 1, self._segs[i + 1].records_start)
                 continue

@@ -20,6 +20,7 @@ from recorder.info import summarize
 from recorder.multi import SegmentedReader, open_trace
 from recorder.reader import TraceReader
 from recorder.recorder import Recorder
+from recorder.schema import Step
 from recorder.segments import join, list_segments
 from recorder.serving import MIN_MAX_BYTES, ServerRecording, open_server_recording
 from recorder.writer import TraceWriter
@@ -385,3 +386,25 @@ async def test_schedtop_replay_of_a_directory_steps_across_a_boundary(tmp_path: 
             want = ref.state(step)
             assert app.frame.header.running == len(want.running)
             assert app.frame.header.free_blocks == len(want.free)
+
+
+def test_poll_follows_a_directory_to_its_end(tmp_path: Path) -> None:
+    w = busy_workload(16)
+    engine = make_engine(w)
+    run = tmp_path / "run"
+    rec = ServerRecording(engine, run, snapshot_interval=16)
+    rec.segment_bytes = 2000
+    steps = run_steps(w, engine)
+    next(steps)
+    rec.on_idle()
+    seen: list[int] = []
+    with open_trace(run) as r:
+        for i, _ in enumerate(steps):
+            if i % 5 == 0:
+                rec.on_idle()
+                seen += [e.record.step for e in r.poll() if isinstance(e.record, Step)]
+        rec.close()
+        seen += [e.record.step for e in r.poll() if isinstance(e.record, Step)]
+        assert r.finished
+        assert len(list_segments(run)) > 3
+    assert seen == list(range(engine.step_index))
