@@ -43,7 +43,7 @@ from recorder.paths import new_run_dir
 from recorder.reader import TraceReader
 from recorder.recorder import DEFAULT_SNAPSHOT_INTERVAL, Recorder
 from recorder.schema import RecordType
-from recorder.segments import INCIDENTS, join, segment_name
+from recorder.segments import INCIDENTS, join, list_segments, segment_name
 from recorder.stream import DEFAULT_LIMIT, DEFAULT_MAX_VIEWERS, StreamHub, StreamSubscription
 from recorder.writer import TraceWriter
 
@@ -116,6 +116,8 @@ class ServerRecording:
             raise RecordingError(
                 f"{directory}: cannot create the trace directory: {e.strerror}"
             ) from None
+        if list_segments(directory):
+            raise RecordingError(f"{directory}: holds another run's segments already")
         self.core = core
         self.directory = directory
         self.max_bytes = max_bytes

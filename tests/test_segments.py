@@ -408,3 +408,13 @@ def test_poll_follows_a_directory_to_its_end(tmp_path: Path) -> None:
         assert r.finished
         assert len(list_segments(run)) > 3
     assert seen == list(range(engine.step_index))
+
+
+def test_a_directory_with_another_runs_segments_is_refused(tmp_path: Path) -> None:
+    from recorder.errors import RecordingError
+
+    record_server(tmp_path / "run", busy_workload(2))
+    before = sizes(tmp_path / "run")
+    with pytest.raises(RecordingError, match="holds another run's segments"):
+        ServerRecording(make_engine(busy_workload(2)), tmp_path / "run")
+    assert sizes(tmp_path / "run") == before
