@@ -223,10 +223,10 @@ def table(a: Run, b: Run) -> str:
 
 
 def last_free_blocks(trace_dir: Path) -> tuple[int, int]:
-    from recorder.reader import TraceReader
+    from recorder.multi import open_trace
 
-    (path,) = trace_dir.glob("*.trace")
-    with TraceReader(path) as reader:
+    (path,) = trace_dir.iterdir()  # the run's directory of segments
+    with open_trace(path) as reader:
         last = None
         for step in reader.steps():
             last = step

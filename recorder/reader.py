@@ -181,6 +181,18 @@ class TraceReader:
                     return
             offset = after
 
+    def frames(self, start: int | None = None) -> Iterator[tuple[int, int, bytes]]:
+        """Every whole record from `start` (default: the first after the header) as
+        (offset, type, body), checksummed but not decoded; stops before END, or at an
+        incomplete last record (reported in `cut`)."""
+        offset = self.records_start if start is None else start
+        while (frame := self._frame_at(offset)) is not None:
+            rtype, body, after = frame
+            if rtype == RecordType.END:
+                return
+            yield offset, rtype, body
+            offset = after
+
     def steps(self, start: int | None = None) -> Iterator[Step]:
         """The step records from `start`, in order."""
         for entry in self.entries(start):

@@ -20,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 
 from engine.core import EngineCore
-from engine.events import ClientReport, report_client
+from engine.events import NULL_SINK, ClientReport, EventSink, report_client
 from engine.report import StepReport
 from recorder.codec import MAX_RECORD_BYTES, encode
 from recorder.convert import StepConverter, scalar_config
@@ -39,7 +39,11 @@ class Recorder:
 
     Attach it to a fresh engine, or between two steps of a running one (it then starts
     with a snapshot). A recording that fails (disk full, or a bug here) stops with one
-    warning and never stops the engine, unless `strict` (tests) makes it raise."""
+    warning and never stops the engine, unless `strict` (tests) makes it raise.
+
+    `install=False` leaves `engine.sink` alone (an owner passes reports on itself);
+    `continue_from` makes this the next segment of another recording (its refs, clock and
+    start time; the segment starts with a snapshot)."""
 
     def __init__(
         self,
@@ -53,6 +57,8 @@ class Recorder:
         on_step_record: Callable[[Step], None] | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
         wall_clock: Callable[[], int] = time.time_ns,
+        install: bool = True,
+        continue_from: Recorder | None = None,
     ) -> None:
         if snapshot_interval < 1:
             raise ValueError(f"snapshot_interval={snapshot_interval}: must be >= 1")
@@ -69,26 +75,53 @@ class Recorder:
         self.on_step_record = on_step_record  # sees every Step record before it is written
         self.error: str | None = None  # why recording stopped, once it has
         self._clock = clock
-        self._t0 = clock()
         self._closed = False
         self._first_step = engine.step_index
-        self._conv = StepConverter(engine.config.policy, redact_prompts)
+        if continue_from is None:
+            self._t0 = clock()
+            start_ns = wall_clock()
+            self._conv = StepConverter(engine.config.policy, redact_prompts)
+        else:
+            # The next segment of one recording: the same refs, clock and start time, so
+            # that the segments put end to end read as one trace.
+            self._t0 = continue_from._t0
+            start_ns = continue_from.start_time_ns
+            self._conv = continue_from._conv
         self._step_offsets = array("Q")
         self._step_ends = array("Q")
         self._snapshots: list[tuple[int, int]] = []
         self._counts = [0, 0, 0, 0]  # steps, arrivals, finishes, preemptions
-        self._append(self._header(engine, model, redact_prompts, wall_clock()), boundary=True)
-        if mid_run:
+        self.header = self._header(engine, model, redact_prompts, start_ns)
+        self._append(self.header, boundary=True)
+        if continue_from is not None and mid_run:
+            self._write_snapshot(self.snapshot())
+        elif mid_run:
             state = engine.snapshot()
             snap = self._conv.adopt(list(engine.scheduler.requests.values()), state)
             self._write_snapshot(snap)
-        self._downstream = engine.sink
-        engine.sink = self
+        self._downstream: EventSink = NULL_SINK
+        if install:
+            self._downstream = engine.sink
+            engine.sink = self
 
     @property
     def path(self) -> Path | None:
         """The trace file, when the sink is one."""
         return getattr(self.sink, "path", None)
+
+    @property
+    def start_time_ns(self) -> int:
+        """The wall clock (Unix ns) when the recording started."""
+        return self.header.start_time_ns
+
+    @property
+    def elapsed_ns(self) -> int:
+        """Now, on the clock of the step records' time_ns."""
+        return self._clock() - self._t0
+
+    def snapshot(self) -> Snapshot:
+        """The engine's state now, in this recording's refs (call between two steps)."""
+        return self._conv.snapshot(self.engine.snapshot(ref_cnts=False))
 
     @property
     def flushed_step(self) -> int:
@@ -167,7 +200,7 @@ class Recorder:
         counts[2] += len(report.finishes)
         counts[3] += len(report.preemptions)
         if snapshot_due:
-            self._write_snapshot(self._conv.snapshot(self.engine.snapshot(ref_cnts=False)))
+            self._write_snapshot(self.snapshot())
 
     def _write_snapshot(self, snap: Snapshot) -> None:
         self._snapshots.append((snap.step, self._append(snap, boundary=True)))

@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields
 from itertools import zip_longest
 from pathlib import Path
 
+from recorder.multi import open_trace
 from recorder.reader import TraceReader
 from recorder.schema import Kind, Reason, Status, Step
 from replays.reducer import StepView
@@ -66,7 +67,7 @@ def diff_traces(a: str | Path, b: str | Path) -> TraceDiff:
     first: int | None = None
     what: tuple[str, ...] = ()
     differing = 0
-    with TraceReader(a) as ra, TraceReader(b) as rb:
+    with open_trace(a) as ra, open_trace(b) as rb:
         for rec_a, rec_b in zip_longest(_steps(ra), _steps(rb)):
             fields_: tuple[str, ...]
             if rec_a is None or rec_b is None:
@@ -96,7 +97,7 @@ def _steps(reader: TraceReader) -> Iterator[Step]:
 
 
 def _side(path: Path, step: int) -> StepSide | None:
-    with TraceReader(path) as reader:
+    with open_trace(path) as reader:
         timeline = Timeline(reader)
         if step > timeline.last_step:
             return None

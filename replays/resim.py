@@ -33,6 +33,7 @@ from engine.kv.hashing import ROOT_HASH, BlockHasher
 from engine.outputs import ModelRunnerOutput, SchedulerOutput
 from engine.request import Request, SamplingParams
 from engine.sim.runner import SimRunner
+from recorder.multi import open_trace
 from recorder.reader import TraceReader
 from recorder.recorder import Recorder
 from recorder.schema import Arrival, KVKind, Status, Step
@@ -85,7 +86,7 @@ def resimulate(
     """Re-simulate the trace at `path`, with `overrides` applied to its config; write the
     new trace to `out` if given. `scripted` skips the faithful runner (tests use it);
     `max_steps` stops a faithful re-simulation early (benchmarks use it)."""
-    with TraceReader(path) as reader:
+    with open_trace(path) as reader:
         header = reader.header
         if header.first_step != 0:
             raise ResimError(
@@ -429,10 +430,10 @@ class _ScriptedRunner(SimRunner):
 def _run_scripted(
     reader: TraceReader, config: EngineConfig, overrides: dict[str, Any], out: str | Path | None
 ) -> ResimResult:
-    scripts, num_recorded = _collect(TraceReader(reader.path))
+    scripts, num_recorded = _collect(open_trace(reader.path))
     runner = _ScriptedRunner(config.num_speculative_tokens)
     engine = EngineCore(config, runner)
-    checker = _Checker(_steps(TraceReader(reader.path)))
+    checker = _Checker(_steps(open_trace(reader.path)))
     recorder = _recorder(engine, reader, out, checker)
     plain = BlockHasher(config.block_size)
     by_step: dict[int, list[int]] = {}

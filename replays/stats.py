@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recorder.multi import open_trace
 from recorder.reader import TraceReader
 from recorder.schema import Client, Snapshot, Status, Step
 from replays.clients import ServerStats, format_server, server_stats
@@ -78,7 +79,7 @@ def percentile(values: list[float], q: float) -> float | None:
 
 def trace_stats(path: str | Path) -> TraceStats:
     """Compute the metrics of the trace at `path` (its readable part, if it was cut)."""
-    with TraceReader(path) as reader:
+    with open_trace(path) as reader:
         return _Collector(reader).run()
 
 

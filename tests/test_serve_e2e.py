@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from recorder.reader import TraceReader
+from recorder.multi import open_trace
 from recorder.schema import Client, Status, Step
 from tests.model_support import have_default_model
 from tests.serve_support import REPO, ServerProcess, metric, sse_events, stream_text
@@ -212,7 +212,7 @@ def test_sixteen_concurrent_streams_match_offline_and_the_trace_resimulates(
         time.sleep(0.1)
 
     assert proc.stop() == 0
-    (trace,) = traces.glob("*.trace")
+    (trace,) = traces.iterdir()  # the run's directory of segments
     resim = subprocess.run(
         [sys.executable, "-m", "tui.cli", "resim", str(trace)],
         cwd=REPO,
@@ -222,7 +222,7 @@ def test_sixteen_concurrent_streams_match_offline_and_the_trace_resimulates(
     )
     assert resim.returncode == 0, resim.stdout + resim.stderr
     assert "every decision reproduced" in resim.stdout
-    with TraceReader(trace) as reader:
+    with open_trace(trace) as reader:
         usable = reader.header.num_blocks - 1
         entries = [e.record for e in reader.entries()]
     steps = [s for s in entries if isinstance(s, Step)]

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from recorder.reader import TraceReader
+from recorder.multi import open_trace
 from recorder.schema import Client, Status
 from tests.model_support import write_tiny_gguf
 from tests.serve_support import ServerProcess, metric
@@ -71,8 +71,8 @@ def test_clients_that_leave_abort_their_requests(
         assert list(r.iter_lines())[-2:] == ["data: [DONE]", ""]
 
     assert proc.stop() == 0  # Ctrl-C: a clean exit, the trace closed
-    (trace,) = traces.glob("*.trace")
-    with TraceReader(trace) as reader:
+    (trace,) = traces.iterdir()  # the run's directory of segments
+    with open_trace(trace) as reader:
         assert reader.closed_cleanly
         refs: dict[str, int] = {}
         aborted: set[int] = set()
@@ -106,7 +106,7 @@ def test_stats_show_what_the_server_adds(server: tuple[ServerProcess, Path]) -> 
     from tests.serve_support import REPO
 
     proc, traces = server
-    (trace,) = traces.glob("*.trace")
+    (trace,) = traces.iterdir()  # the run's directory of segments
     cmd = [sys.executable, "-m", "tui.cli", "stats", str(trace)]
     text = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert "client aborts           2" in text

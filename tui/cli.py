@@ -182,13 +182,28 @@ class _Pace:
 
 @main.command()
 @click.argument("trace", metavar="TRACE")
+@click.option(
+    "--api-key",
+    envvar="SCHEDTOP_API_KEY",
+    metavar="KEY",
+    help="For http://HOST:PORT: the server's API key (also $SCHEDTOP_API_KEY).",
+)
 @user_errors
-def live(trace: str) -> None:
-    """Follow a trace that an engine is writing: stay on the newest step until you step
-    back (F or end follows again). Keys: ? in the app."""
-    from tui.launch import open_session, run_app
+def live(trace: str, api_key: str | None) -> None:
+    """Follow a trace that an engine is writing (a file, a server's run directory, or a
+    server's stream at http://HOST:PORT): stay on the newest step until you step back
+    (F or end follows again). Keys: ? in the app."""
+    from tui.launch import open_remote_session, open_session, run_app
+    from tui.remote import is_url
 
-    run_app(open_session(trace, live=True))
+    if not is_url(trace):
+        run_app(open_session(trace, live=True))
+        return
+    session, stream = open_remote_session(trace, api_key)
+    try:
+        run_app(session)
+    finally:
+        stream.close()
 
 
 @main.command()
@@ -377,7 +392,7 @@ def find(
 
     Predicates: preempt, preempt:ID, admit:ID, first-token:ID, finish:ID, free<N, slow>MS,
     wait>STEPS, util<PERCENT. Exit status 1 when nothing matches."""
-    from recorder.reader import TraceReader
+    from recorder.multi import open_trace
     from replays.breakpoints import find as find_step
     from replays.breakpoints import find_all, parse
     from replays.timeline import Timeline
@@ -387,7 +402,7 @@ def find(
     except ValueError as e:
         click.echo(f"schedtop: error: {e}", err=True)
         sys.exit(2)
-    with TraceReader(trace) as reader:
+    with open_trace(trace) as reader:
         tl = Timeline(reader)
         if every:
             hits = list(find_all(tl, preds))
@@ -636,6 +651,10 @@ def serve(
     finally:
         if recording is not None:
             recording.close()
+            if recording.error:
+                click.echo(
+                    f"schedtop: warning: recording stopped early: {recording.error}", err=True
+                )
 
 
 def _size(text: str, option: str) -> int:
@@ -656,42 +675,25 @@ def _version() -> str:
         return "dev"
 
 
-class _FileRecording:
-    """A server's recording into one trace file: the recorder, plus on_idle (flush what
-    the last client reports added, so that a viewer sees them without a next step)."""
-
-    def __init__(self, recorder: Any) -> None:
-        self.recorder = recorder
-        self.path = recorder.path
-
-    def on_idle(self) -> None:
-        self.recorder.sink.flush()
-
-    def close(self) -> None:
-        self.recorder.close()
-        if self.recorder.error:
-            click.echo(
-                f"schedtop: warning: recording stopped early: {self.recorder.error}", err=True
-            )
-
-
 def _server_recording(
     engine: Any, trace_dir: str | None, max_bytes: int, redact: bool, settings: Any
 ) -> Any:
-    """The recording of a server run, wired to its engine core."""
+    """The recording of a server run, wired to its engine core: rotating segments in a
+    new directory under `trace_dir`, a live stream, incidents."""
     from pathlib import Path
 
-    from recorder.paths import new_trace_path
-    from recorder.recorder import open_recording
+    from recorder.serving import open_server_recording
 
-    path = None
-    if trace_dir is not None:
-        path = Path(trace_dir) / new_trace_path("serve").name
-        path.parent.mkdir(parents=True, exist_ok=True)
-    recorder = open_recording(
-        engine.core, path, kind="serve", redact_prompts=redact, model=settings.model_name
-    )
-    return _FileRecording(recorder)
+    try:
+        return open_server_recording(
+            engine,
+            Path(trace_dir) if trace_dir is not None else None,
+            max_bytes=max_bytes,
+            redact_prompts=redact,
+            model=settings.model_name,
+        )
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--trace-max-bytes") from None
 
 
 def _where(recording: Any) -> str:

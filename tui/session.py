@@ -101,6 +101,8 @@ class Session:
         self.cursor = timeline.last_step if live else timeline.first_step
         if self.cursor < timeline.first_step:
             self.cursor = timeline.first_step - 1  # no steps yet
+        # Live over a stream: a fresh Timeline when the stream skipped ahead (resync).
+        self.resync: Callable[[], Timeline | None] | None = None
         self._clock = clock
         self._grew_at = clock()
         self._idle_shown = 0
@@ -186,6 +188,32 @@ class Session:
         else:
             self.notices.append(("information", "at the last step: nothing to play"))
 
+    def restart(self, timeline: Timeline) -> None:
+        """Go on with a new Timeline of the same engine that starts later (the stream
+        skipped this viewer ahead to a fresh snapshot): state from there, following."""
+        skipped_from = self.tl.last_step
+        self.tl.reader.close()
+        self.tl = timeline
+        self.history = History()
+        self.search = None
+        self.playing = False
+        self.following = True
+        self.cursor = max(timeline.last_step, timeline.first_step - 1)
+        self._step = None
+        self._backfill = None
+        self._followed_to = None
+        self._before_names = {}
+        self._ended = timeline.finished
+        self.notes.append(
+            Event(
+                timeline.first_step,
+                "note",
+                f"this view fell behind the server: skipped from step {skipped_from:,} "
+                f"to step {timeline.first_step:,}",
+            )
+        )
+        self.dirty = True
+
     # -- time-driven work --------------------------------------------------------------------
 
     def timeout(self) -> float | None:
@@ -215,6 +243,8 @@ class Session:
             self._play(now)
 
     def _grow(self, now: float) -> None:
+        if self.resync is not None and (fresh := self.resync()) is not None:
+            self.restart(fresh)
         tl = self.tl
         grew = tl.refresh()
         if self.clients is not None and (grew or now - self._clients_at >= CLIENTS_S):

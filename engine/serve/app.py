@@ -407,8 +407,7 @@ def _unsupported(loop: EngineLoop, endpoint: str) -> Response:
         loop,
         endpoint,
         501,
-        "this server records into a single trace file: live streams and incident "
-        "traces need a segmented recording (schedtop serve --trace-dir)",
+        "this server does not record (--no-trace): there is no live stream and no incident trace",
     )
 
 

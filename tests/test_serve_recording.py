@@ -1,0 +1,246 @@
+"""`schedtop serve`'s flight recorder, end to end: the real server on the default model as
+a real process on a free loopback port, real HTTP clients, and what it leaves on disk.
+
+- `schedtop live http://...` (the app, under Textual's Pilot) shows running requests
+  during a load; its state at a step equals the trace directory's at the same step;
+- a small --trace-max-bytes keeps the directory under the bound, every kept segment reads
+  on its own, and the directory reads as one trace;
+- POST /v1/schedtop/incident returns a file `schedtop info` reads, covering the window;
+- kill -9 of the server loses no step it had flushed (it flushes when idle).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from recorder.info import summarize
+from recorder.multi import SegmentedReader, open_trace
+from recorder.reader import TraceReader
+from recorder.segments import list_segments
+from replays.reducer import state_at
+from replays.stats import trace_stats
+from replays.timeline import Timeline
+from tests.model_support import have_default_model
+from tests.tui_support import app_test, wait_until
+from tui.app import SchedtopApp
+from tui.cli import main
+from tui.launch import open_remote_session
+from tui.remote import RemoteStream
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "test-key-123"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.model,
+    pytest.mark.skipif(not have_default_model(), reason="the default model is not installed"),
+]
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[str]
+    url: str
+    directory: Path  # this run's segment directory
+
+    def post(self, path: str, body: dict[str, object], timeout: float = 120.0) -> dict[str, object]:
+        req = urllib.request.Request(
+            self.url + path,
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
+        )
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())  # type: ignore[no-any-return]
+
+
+def start_server(trace_dir: Path, *extra: str) -> Server:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tui.cli", "serve", "--port", "0", "--api-key", KEY]
+        + ["--trace-dir", str(trace_dir), *extra],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 180
+    for line in proc.stdout:
+        m = re.search(r"on (http://\S+)\s+\(trace: (.+)\)", line)
+        if m:
+            server = Server(proc, m.group(1), Path(m.group(2)))
+            threading.Thread(target=proc.stdout.read, daemon=True).start()  # drain
+            return server
+        if time.monotonic() > deadline:
+            break
+    proc.kill()
+    raise AssertionError(f"the server did not start: {proc.stdout.read()}")
+
+
+def stop(s: Server) -> None:
+    if s.proc.poll() is None:
+        s.proc.send_signal(signal.SIGINT)
+        try:
+            s.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            s.proc.kill()
+            s.proc.wait()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    s = start_server(tmp_path / "traces")
+    yield s
+    stop(s)
+
+
+@pytest.fixture
+def small_server(tmp_path: Path) -> Iterator[Server]:
+    """A 64 KiB bound, and a small KV pool so that an opening snapshot stays small."""
+    s = start_server(
+        tmp_path / "traces",
+        "--trace-max-bytes",
+        "64KiB",
+        "--num-gpu-blocks-override",
+        "256",
+        "--max-num-seqs",
+        "8",
+    )
+    yield s
+    stop(s)
+
+
+def load(
+    server: Server, n: int, max_tokens: int = 48, prompt_words: int = 0
+) -> list[threading.Thread]:
+    """n concurrent completions (bounded: each ends after max_tokens). Long prompts make
+    big arrival records (their token ids) at little cost: they share a cached prefix."""
+    long = "the sea is wide and deep. " * (prompt_words // 6)
+
+    def one(i: int) -> None:
+        server.post(
+            "/v1/completions",
+            {
+                "prompt": f"{long}Request {i}: write about the sea.",
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+            },
+        )
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def wait_idle_flushed(server: Server, last_step: int, timeout: float = 20.0) -> None:
+    """Until the directory shows `last_step` (the engine thread flushes when idle)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open_trace(server.directory) as r:
+                if r.index().last_step >= last_step:
+                    return
+        except Exception:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"step {last_step} never reached {server.directory}")
+
+
+@app_test
+async def test_live_over_http_shows_the_load_and_matches_the_trace(server: Server) -> None:
+    first = load(server, 4)
+    time.sleep(1.0)  # the viewer attaches mid-run
+    session, stream = open_remote_session(server.url, KEY)
+    try:
+        app = SchedtopApp(session)
+        async with app.run_test(size=(120, 40)) as pilot:
+            more = load(server, 8)
+
+            def running() -> bool:
+                f = app.frame
+                return f is not None and f.header.running >= 2 and f.header.mode == "LIVE"
+
+            await wait_until(pilot, running, timeout=60)
+            # other viewers come and go meanwhile
+            for _ in range(3):
+                other = RemoteStream(server.url, KEY)
+                with TraceReader(other.start()) as r:
+                    assert r.header.first_step > 0
+                other.close()
+            rows = app.frame.requests if app.frame is not None else ()
+            assert sum(r.state == "running" for r in rows) >= 2
+            for t in first + more:
+                while t.is_alive():
+                    await pilot.pause(0.1)
+
+            def idle() -> bool:
+                f = app.frame
+                return f is not None and f.header.running == 0 and f.header.waiting == 0
+
+            await wait_until(pilot, idle, timeout=30)
+            assert app.frame is not None
+            step = app.frame.header.step
+            spool = session.tl.reader.path  # what the viewer read, spooled
+        assert step > 0
+        wait_idle_flushed(server, step)
+        with TraceReader(spool) as mine, open_trace(server.directory) as r:
+            tl = Timeline(mine)
+            assert tl.first_step > 0, "attached mid-run: the stream started with a snapshot"
+            assert tl.last_step >= step
+            for s in (tl.first_step, (tl.first_step + step) // 2, step):
+                assert tl.state(s).to_snapshot() == state_at(r, s).to_snapshot(), s
+    finally:
+        stream.close()
+
+
+def test_rotation_incident_and_kill_9(small_server: Server) -> None:
+    server = small_server
+    for t in load(server, 40, max_tokens=4, prompt_words=700):
+        t.join()
+    # an incident of the last 10 minutes: everything still kept
+    path = Path(str(server.post("/v1/schedtop/incident", {"note": "slow"})["path"]))
+    info = summarize(path)
+    assert info.closed_cleanly and info.num_finishes >= 1
+    out = CliRunner().invoke(main, ["info", str(path)])
+    assert out.exit_code == 0 and "closed    yes, cleanly" in out.output
+    segs = list_segments(server.directory)
+    assert segs[0].seq > 0, "a 64 KiB bound deleted old segments"
+    assert sum(s.path.stat().st_size for s in segs) <= 64 << 10
+    assert info.first_step <= TraceReader(segs[0].path).header.first_step
+    # every kept segment reads on its own; the directory as one trace
+    for seg in segs[:-1]:
+        assert trace_stats(seg.path).num_steps > 0
+        found = CliRunner().invoke(main, ["find", str(seg.path), "free<100000"])
+        assert found.exit_code == 0, found.output
+    with open_trace(server.directory) as r:
+        assert isinstance(r, SegmentedReader)
+        tl = Timeline(r)
+        last = tl.last_step
+        for s in range(tl.first_step, last + 1):
+            tl.state(s)  # every step applies to the one before it
+        assert info.last_step <= last
+    # the server is idle: everything is flushed; kill -9 loses none of it
+    time.sleep(0.5)
+    server.proc.send_signal(signal.SIGKILL)
+    server.proc.wait()
+    with open_trace(server.directory) as r:
+        assert not r.closed_cleanly
+        assert r.index().last_step >= last
+    out = CliRunner().invoke(main, ["info", str(server.directory)])
+    assert out.exit_code == 0 and "closed    no" in out.output
