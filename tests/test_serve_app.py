@@ -185,8 +185,10 @@ BAD = [
 
 
 def test_bad_requests_get_openai_errors_and_the_others_complete(tmp_path: Path) -> None:
+    kept: list[int] = []
+
     async def go() -> tuple[list[httpx.Response], Any, Any, str]:
-        async with served(tmp_path / "t.trace") as (client, _):
+        async with served(tmp_path / "t.trace") as (client, loop):
             good = completion(client, body(1, "hello", stream=True))
             bad = [client.post("/v1/completions", json=b) for b, *_ in BAD]
             bad.append(client.post("/v1/completions", content=b'{"prompt": '))
@@ -194,6 +196,7 @@ def test_bad_requests_get_openai_errors_and_the_others_complete(tmp_path: Path) 
             bad.append(client.post("/v1/chat/completions", json={"messages": []}))
             *responses, ok = await asyncio.gather(*bad, good)
             whole = await completion(client, body(3, "hello", stream=False))
+            kept.append(len(loop.engine._outputs))
             return responses, ok, whole, (await client.get("/metrics")).text
 
     responses, ok, whole, metrics = run(go())
@@ -208,6 +211,7 @@ def test_bad_requests_get_openai_errors_and_the_others_complete(tmp_path: Path) 
         assert set(err) == {"message", "type", "param", "code"}
         assert err["param"] == param and fragment in err["message"]
     assert ok[-1] == "[DONE]" and whole["usage"]["completion_tokens"] == 9
+    assert kept == [0]  # a server forgets what it has served (it runs for days)
     assert metric(metrics, "vllm:request_success_total", finished_reason="length") == 2
     with TraceReader(tmp_path / "t.trace") as reader:
         clients = [e.record for e in reader.entries() if isinstance(e.record, Client)]

@@ -226,6 +226,7 @@ class EngineLoop:
         )
         out = engine.output(sub.request_id)
         if out.finished:  # refused by the scheduler (KV pool too small, ...)
+            engine.forget(sub.request_id)
             self.stats.refused += 1
             self._send(sub.out, Update(error=out.finish_message, status=400))
             return
@@ -283,6 +284,7 @@ class EngineLoop:
         self.stats.aborted += 1
         if self.metrics is not None:
             self.metrics.observe_finish(self.engine.output(request_id), "abort")
+        self.engine.forget(request_id)
 
     def _step(self) -> None:
         engine = self.engine
@@ -327,6 +329,7 @@ class EngineLoop:
             del self._live[out.request_id]
             if self.metrics is not None:
                 self.metrics.observe_finish(self.engine.output(out.request_id), reason)
+            self.engine.forget(out.request_id)
         if text or reason is not None or update.scheduled_at is not None:
             self._send(live.sub.out, update)
 
