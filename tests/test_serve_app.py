@@ -356,3 +356,15 @@ def test_the_tui_header_shows_http_counts_and_a_followed_requests_client_timings
     header = session.frame().header
     assert header.http == "HTTP 2 ok · 1 4xx"
     assert header.client.startswith("client: queue ") and "HTTP 200" in header.client
+
+
+def test_a_stopped_engine_answers_503_instead_of_hanging() -> None:
+    async def go() -> tuple[int, int, str]:
+        async with served() as (client, loop):
+            await asyncio.to_thread(loop.stop)
+            r = await client.post("/v1/completions", json={"prompt": "hi"})
+            health = (await client.get("/health")).status_code
+            return r.status_code, health, r.json()["error"]["message"]
+
+    status, health, message = run(go())
+    assert (status, health) == (503, 503) and "engine is not running" in message

@@ -219,6 +219,10 @@ async def _generate(
     except Refused as e:
         _report_refusal(loop, endpoint, received, e.status, e.message)
         return _error(e.status, e.message, e.param)
+    if not loop.alive:  # nobody would ever answer: say so rather than hang
+        message = "the engine is not running (see the server's log)"
+        _report_refusal(loop, endpoint, received, 503, message)
+        return _error(503, message)
     ex = _Exchange(loop, endpoint, body.stream, received)
     ex.request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     out: asyncio.Queue[Update] = asyncio.Queue()
