@@ -254,3 +254,21 @@ def test_the_client_says_what_is_wrong(
         RemoteStream("ftp://x")
     with pytest.raises(StreamError, match="cannot connect"):
         RemoteStream("http://127.0.0.1:1").start()
+
+
+def test_schedtop_live_http_says_what_is_wrong_in_one_line(
+    http_stream: tuple[type[_Handler], str],
+) -> None:
+    from click.testing import CliRunner
+
+    from tui.cli import main
+
+    handler, url = http_stream
+    handler.key = "sesame"
+    out = CliRunner().invoke(main, ["live", url])
+    assert out.exit_code == 2
+    assert out.output.strip() == (
+        f"schedtop: error: {url}: the server wants an API key (401): pass --api-key KEY"
+    )
+    out = CliRunner().invoke(main, ["live", "http://127.0.0.1:1"])
+    assert out.exit_code == 2 and "cannot connect" in out.output
