@@ -171,8 +171,8 @@ def main() -> None:
     for r in rows:
         print(
             f"{r['name']:<28} {r['median_us']:>10.0f} {r['mean_us']:>9.0f} {r['p99_us']:>9.0f} "
-            f"{r['median_us'] / base:>13.2f}x {r['rotations']:>9} {r['segments']:>4} {r['skips']:>5} "
-            f"{r['dropped']:>7} {r['peak']:>11,}"
+            f"{r['median_us'] / base:>13.2f}x {r['rotations']:>9} {r['segments']:>4} "
+            f"{r['skips']:>5} {r['dropped']:>7} {r['peak']:>11,}"
         )
 
 
