@@ -56,6 +56,7 @@ class Server:
     proc: subprocess.Popen[str]
     url: str
     directory: Path  # this run's segment directory
+    drain: threading.Thread  # reads the server's output to its end
 
     def post(self, path: str, body: dict[str, object], timeout: float = 120.0) -> dict[str, object]:
         req = urllib.request.Request(
@@ -82,13 +83,16 @@ def start_server(trace_dir: Path, *extra: str) -> Server:
     for line in proc.stdout:
         m = re.search(r"on (http://\S+)\s+\(trace: (.+)\)", line)
         if m:
-            server = Server(proc, m.group(1), Path(m.group(2)))
-            threading.Thread(target=proc.stdout.read, daemon=True).start()  # drain
-            return server
+            drain = threading.Thread(target=proc.stdout.read, daemon=True)
+            drain.start()
+            return Server(proc, m.group(1), Path(m.group(2)), drain)
         if time.monotonic() > deadline:
             break
     proc.kill()
-    raise AssertionError(f"the server did not start: {proc.stdout.read()}")
+    out = proc.stdout.read()
+    proc.wait()
+    proc.stdout.close()
+    raise AssertionError(f"the server did not start: {out}")
 
 
 def stop(s: Server) -> None:
@@ -99,6 +103,9 @@ def stop(s: Server) -> None:
         except subprocess.TimeoutExpired:
             s.proc.kill()
             s.proc.wait()
+    s.drain.join(timeout=10)
+    assert s.proc.stdout is not None
+    s.proc.stdout.close()
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +208,7 @@ async def test_live_over_http_shows_the_load_and_matches_the_trace(server: Serve
             for s in (lo, (lo + step) // 2, step):
                 assert tl.state(s).to_snapshot() == state_at(r, s).to_snapshot(), s
     finally:
+        session.tl.reader.close()
         stream.close()
 
 
@@ -216,7 +224,8 @@ def test_rotation_incident_and_kill_9(server: Server) -> None:
     segs = list_segments(server.directory)
     assert segs[0].seq > 0, "a 64 KiB bound deleted old segments"
     assert sum(s.path.stat().st_size for s in segs) <= 64 << 10
-    assert info.first_step <= TraceReader(segs[0].path).header.first_step
+    with TraceReader(segs[0].path) as oldest:
+        assert info.first_step <= oldest.header.first_step
     # every kept segment reads on its own; the directory as one trace
     for seg in segs[:-1]:
         assert trace_stats(seg.path).num_steps > 0

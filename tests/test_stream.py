@@ -297,5 +297,6 @@ def test_a_session_over_http_says_when_the_stream_ended(
         assert ("warning", f"{url}: the stream ended") in session.notices
         assert session.tl.last_step == engine.step_index - 1
     finally:
+        session.tl.reader.close()
         stream.close()
     assert not stream.spool_dir.exists(), "its own spool directory goes with it"
