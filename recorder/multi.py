@@ -197,9 +197,7 @@ class SegmentedReader(TraceReader):
             if last:
                 self.finished = seg.finished
                 return
-            if not seg.finished and seg.cut is None:
-                return  # pragma: no cover - entries() only stops early at END or a cut
-            i += 1
+            i += 1  # (whether the next one continues this one is checked below)
             seg = self._segs[i]
             local = seg.records_start
             self._check_first_step(seg, last_step)

@@ -90,6 +90,11 @@ def states(reader: TraceReader) -> list[object]:
     return [tl.state(s).to_snapshot() for s in range(tl.first_step, tl.last_step + 1)]
 
 
+def first_step(path: Path) -> int:
+    with TraceReader(path) as r:
+        return r.header.first_step
+
+
 def sizes(directory: Path) -> list[int]:
     return [s.path.stat().st_size for s in list_segments(directory)]
 
@@ -180,7 +185,7 @@ def test_replay_crosses_segment_boundaries_step_by_step(tmp_path: Path) -> None:
     record_file(whole, w)
     with open_trace(tmp_path / "run") as r, TraceReader(whole) as ref:
         assert isinstance(r, SegmentedReader) and len(r.segments) >= 3
-        boundaries = [TraceReader(p).header.first_step for p in r.segments[1:]]
+        boundaries = [first_step(p) for p in r.segments[1:]]
         tl, ref_tl = Timeline(r), Timeline(ref)
         for b in boundaries:  # forwards over the boundary, then back
             for s in (b - 2, b - 1, b, b + 1, b, b - 1, b - 2):
@@ -202,9 +207,12 @@ def test_a_missing_middle_segment_is_a_clear_error(tmp_path: Path) -> None:
     segs[1].path.unlink()
     with pytest.raises(TraceError, match="segment 1 is missing"):
         open_trace(tmp_path / "run")
-    readers = [TraceReader(segs[0].path), TraceReader(segs[2].path)]
-    with pytest.raises(TraceError, match="a segment is missing"):
-        join(readers, tmp_path / "joined.trace")
+    with (
+        TraceReader(segs[0].path) as a,
+        TraceReader(segs[2].path) as b,
+        pytest.raises(TraceError, match="a segment is missing"),
+    ):
+        join([a, b], tmp_path / "joined.trace")
     assert not (tmp_path / "joined.trace").exists()
     assert not (tmp_path / "joined.trace.part").exists()
 
@@ -368,11 +376,15 @@ async def test_schedtop_replay_of_a_directory_steps_across_a_boundary(tmp_path: 
         pass
     rec.close()
     second = list_segments(tmp_path / "run")[1].path
-    boundary = TraceReader(second).header.first_step
+    boundary = first_step(second)
     whole = tmp_path / "whole.trace"
     record_file(whole, w)
-    ref = Timeline(TraceReader(whole))
-    app = make_app(tmp_path / "run")
+    with TraceReader(whole) as ref_reader:
+        await _step_across(tmp_path / "run", Timeline(ref_reader), boundary)
+
+
+async def _step_across(run: Path, ref: Timeline, boundary: int) -> None:
+    app = make_app(run)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("g")
         await submit(pilot, str(boundary - 2))

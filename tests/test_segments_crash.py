@@ -43,6 +43,7 @@ def kill(directory: Path, steps: int, delay_s: float) -> int:
     child.kill()
     lines += child.stdout.read().split()
     child.wait()
+    child.stdout.close()
     assert "done" not in lines, "the child finished before it was killed"
     return max((int(x) for x in lines if x.lstrip("-").isdigit()), default=-1)
 

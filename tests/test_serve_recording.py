@@ -56,6 +56,7 @@ class Server:
     proc: subprocess.Popen[str]
     url: str
     directory: Path  # this run's segment directory
+    drain: threading.Thread  # reads the server's output to its end
 
     def post(self, path: str, body: dict[str, object], timeout: float = 120.0) -> dict[str, object]:
         req = urllib.request.Request(
@@ -82,13 +83,16 @@ def start_server(trace_dir: Path, *extra: str) -> Server:
     for line in proc.stdout:
         m = re.search(r"on (http://\S+)\s+\(trace: (.+)\)", line)
         if m:
-            server = Server(proc, m.group(1), Path(m.group(2)))
-            threading.Thread(target=proc.stdout.read, daemon=True).start()  # drain
-            return server
+            drain = threading.Thread(target=proc.stdout.read, daemon=True)
+            drain.start()
+            return Server(proc, m.group(1), Path(m.group(2)), drain)
         if time.monotonic() > deadline:
             break
     proc.kill()
-    raise AssertionError(f"the server did not start: {proc.stdout.read()}")
+    out = proc.stdout.read()
+    proc.wait()
+    proc.stdout.close()
+    raise AssertionError(f"the server did not start: {out}")
 
 
 def stop(s: Server) -> None:
@@ -99,20 +103,17 @@ def stop(s: Server) -> None:
         except subprocess.TimeoutExpired:
             s.proc.kill()
             s.proc.wait()
+    s.drain.join(timeout=10)
+    assert s.proc.stdout is not None
+    s.proc.stdout.close()
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    s = start_server(tmp_path / "traces")
-    yield s
-    stop(s)
-
-
-@pytest.fixture
-def small_server(tmp_path: Path) -> Iterator[Server]:
-    """A 64 KiB bound, and a small KV pool so that an opening snapshot stays small."""
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server for the module (the tests run in order; the last one kills it): a 64 KiB
+    bound, and a small KV pool so that an opening snapshot stays small."""
     s = start_server(
-        tmp_path / "traces",
+        tmp_path_factory.mktemp("serve-rec") / "traces",
         "--trace-max-bytes",
         "64KiB",
         "--num-gpu-blocks-override",
@@ -164,13 +165,13 @@ def wait_idle_flushed(server: Server, last_step: int, timeout: float = 20.0) -> 
 
 @app_test
 async def test_live_over_http_shows_the_load_and_matches_the_trace(server: Server) -> None:
-    first = load(server, 4)
+    first = load(server, 4, max_tokens=24, prompt_words=300)
     time.sleep(1.0)  # the viewer attaches mid-run
     session, stream = open_remote_session(server.url, KEY)
     try:
         app = SchedtopApp(session)
         async with app.run_test(size=(120, 40)) as pilot:
-            more = load(server, 8)
+            more = load(server, 8, max_tokens=24, prompt_words=300)
 
             def running() -> bool:
                 f = app.frame
@@ -203,14 +204,15 @@ async def test_live_over_http_shows_the_load_and_matches_the_trace(server: Serve
             tl = Timeline(mine)
             assert tl.first_step > 0, "attached mid-run: the stream started with a snapshot"
             assert tl.last_step >= step
-            for s in (tl.first_step, (tl.first_step + step) // 2, step):
+            lo = max(tl.first_step, r.header.first_step)  # (old segments go: 64 KiB bound)
+            for s in (lo, (lo + step) // 2, step):
                 assert tl.state(s).to_snapshot() == state_at(r, s).to_snapshot(), s
     finally:
+        session.tl.reader.close()
         stream.close()
 
 
-def test_rotation_incident_and_kill_9(small_server: Server) -> None:
-    server = small_server
+def test_rotation_incident_and_kill_9(server: Server) -> None:
     for t in load(server, 40, max_tokens=4, prompt_words=700):
         t.join()
     # an incident of the last 10 minutes: everything still kept
@@ -222,7 +224,8 @@ def test_rotation_incident_and_kill_9(small_server: Server) -> None:
     segs = list_segments(server.directory)
     assert segs[0].seq > 0, "a 64 KiB bound deleted old segments"
     assert sum(s.path.stat().st_size for s in segs) <= 64 << 10
-    assert info.first_step <= TraceReader(segs[0].path).header.first_step
+    with TraceReader(segs[0].path) as oldest:
+        assert info.first_step <= oldest.header.first_step
     # every kept segment reads on its own; the directory as one trace
     for seg in segs[:-1]:
         assert trace_stats(seg.path).num_steps > 0

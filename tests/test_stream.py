@@ -254,3 +254,49 @@ def test_the_client_says_what_is_wrong(
         RemoteStream("ftp://x")
     with pytest.raises(StreamError, match="cannot connect"):
         RemoteStream("http://127.0.0.1:1").start()
+
+
+def test_schedtop_live_http_says_what_is_wrong_in_one_line(
+    http_stream: tuple[type[_Handler], str],
+) -> None:
+    from click.testing import CliRunner
+
+    from tui.cli import main
+
+    handler, url = http_stream
+    handler.key = "sesame"
+    out = CliRunner().invoke(main, ["live", url])
+    assert out.exit_code == 2
+    assert out.output.strip() == (
+        f"schedtop: error: {url}: the server wants an API key (401): pass --api-key KEY"
+    )
+    out = CliRunner().invoke(main, ["live", "http://127.0.0.1:1"])
+    assert out.exit_code == 2 and "cannot connect" in out.output
+
+
+def test_a_session_over_http_says_when_the_stream_ended(
+    tmp_path: Path, http_stream: tuple[type[_Handler], str]
+) -> None:
+    from tui.launch import open_remote_session
+
+    w = busy_workload(8)
+    engine = make_engine(w)
+    rec = ServerRecording(engine, tmp_path / "run")
+    sub = rec.subscribe()
+    data = bytearray()
+    for _ in run_steps(w, engine):
+        data += drain(sub)
+    rec.close()
+    data += drain(sub)
+    handler, url = http_stream
+    handler.body = bytes(data)
+    session, stream = open_remote_session(url)
+    try:
+        stream._thread.join(10)  # type: ignore[union-attr]
+        session.tick()
+        assert ("warning", f"{url}: the stream ended") in session.notices
+        assert session.tl.last_step == engine.step_index - 1
+    finally:
+        session.tl.reader.close()
+        stream.close()
+    assert not stream.spool_dir.exists(), "its own spool directory goes with it"

@@ -71,7 +71,13 @@ def open_remote_session(url: str, api_key: str | None = None) -> tuple[Session, 
         raise
     session.name = url
 
+    said_end = False
+
     def resync() -> Timeline | None:
+        nonlocal said_end
+        if stream.ended and not said_end:
+            said_end = True
+            session.notices.append(("warning", stream.error or f"{url}: the stream ended"))
         path = stream.take_resync()
         if path is None:
             return None

@@ -138,7 +138,10 @@ class RemoteStream:
             raise StreamError(f"{self.url}: cannot connect: {reason}") from None
         if resp.status != 200:
             body = resp.read(2048).decode("utf-8", "replace").strip()
+            resp.close()
             conn.close()
+            if sock is not None:
+                sock.close()
             raise StreamError(_refusal(self.url, resp.status, body, self._api_key is not None))
         assert sock is not None
         sock.settimeout(None)  # from here on reads block; close() shuts the socket down
@@ -163,6 +166,7 @@ class RemoteStream:
             if not self._closing:
                 self.error = f"{self.url}: the stream broke: {e}"
         finally:
+            resp.close()
             with self._ready:
                 self.ended = True
                 self._ready.notify_all()

@@ -179,7 +179,10 @@ def build_app(
     async def stream() -> Response:
         if not isinstance(recording, LiveRecording):
             return _unsupported(loop, "/v1/schedtop/stream")
-        sub = await asyncio.to_thread(recording.subscribe)
+        try:
+            sub = await asyncio.to_thread(recording.subscribe)
+        except RuntimeError as e:  # the most viewers the recording serves are attached
+            return _refuse(loop, "/v1/schedtop/stream", 503, str(e))
         return StreamingResponse(_trace_bytes(sub), media_type="application/octet-stream")
 
     return app
