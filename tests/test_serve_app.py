@@ -14,13 +14,14 @@ from typing import Any
 import httpx
 import pytest
 
+from engine.model.options import RunnerOptions
 from engine.request import SamplingParams
 from engine.serve.app import ServeSettings
 from engine.serve.loop import EngineLoop
 from engine.serve.server import build
 from recorder.reader import TraceReader
 from recorder.recorder import open_recording
-from recorder.schema import Client, Status
+from recorder.schema import Client, Status, Step
 from replays.resim import resimulate
 from tests.model_support import tiny_engine, tiny_model
 from tests.serve_support import metric, sse_events, stream_text
@@ -32,9 +33,13 @@ Call = Callable[..., Awaitable[httpx.Response]]
 
 @asynccontextmanager
 async def served(
-    trace: Path | None = None, api_key: str | None = None, max_waiting: int = 0, **config: Any
+    trace: Path | None = None,
+    api_key: str | None = None,
+    max_waiting: int = 0,
+    options: RunnerOptions | None = None,
+    **config: Any,
 ) -> AsyncIterator[tuple[httpx.AsyncClient, EngineLoop]]:
-    engine = tiny_engine(MODEL, **config)
+    engine = tiny_engine(MODEL, options, **config)
     recorder = open_recording(engine.core, trace) if trace is not None else None
     settings = ServeSettings("tiny", engine.config.max_model_len, api_key=api_key)
     app, loop = build(engine, settings, max_waiting)
@@ -368,3 +373,22 @@ def test_a_stopped_engine_answers_503_instead_of_hanging() -> None:
 
     status, health, message = run(go())
     assert (status, health) == (503, 503) and "engine is not running" in message
+
+
+def test_a_prompt_the_kv_pool_can_never_hold_is_a_400_that_the_trace_shows(
+    tmp_path: Path,
+) -> None:
+    small = RunnerOptions(num_gpu_blocks_override=4)  # 3 usable blocks of 16 tokens
+
+    async def go() -> httpx.Response:
+        async with served(tmp_path / "t.trace", options=small) as (client, _):
+            return await client.post("/v1/completions", json={"prompt": "x" * 60})
+
+    r = run(go())
+    assert r.status_code == 400 and "KV blocks" in r.json()["error"]["message"]
+    with TraceReader(tmp_path / "t.trace") as reader:
+        entries = [e.record for e in reader.entries()]
+    (client,) = [c for c in entries if isinstance(c, Client)]
+    finishes = [f for s in entries if isinstance(s, Step) for f in s.finishes]
+    assert client.request_id and client.status == 400
+    assert [f.status for f in finishes] == [Status.FINISHED_ERROR]

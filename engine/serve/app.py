@@ -249,7 +249,8 @@ async def _generate(
     )
     first = await out.get()
     if first.error is not None:
-        ex.request_id = ""  # refused: the engine has no such request
+        if not first.arrived:
+            ex.request_id = ""  # refused before the scheduler: the trace has no such request
         ex.report(first.status, first.error)
         return _error(first.status, first.error, code="overloaded" if first.status == 503 else None)
     ex.prompt_tokens = first.prompt_tokens

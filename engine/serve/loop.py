@@ -56,6 +56,7 @@ class Update:
     error: str | None = None  # refused: the message (no other update follows)
     status: int = 200  # refused: the HTTP status to answer with
     scheduled_at: float | None = None  # engine clock of its first scheduling, once known
+    arrived: bool = False  # refused: it reached the scheduler (the trace has its arrival)
 
 
 ACCEPTED = Update()
@@ -228,7 +229,7 @@ class EngineLoop:
         if out.finished:  # refused by the scheduler (KV pool too small, ...)
             engine.forget(sub.request_id)
             self.stats.refused += 1
-            self._send(sub.out, Update(error=out.finish_message, status=400))
+            self._send(sub.out, Update(error=out.finish_message, status=400, arrived=True))
             return
         self.stats.added += 1
         self._live[sub.request_id] = _Live(
