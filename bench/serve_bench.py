@@ -127,15 +127,17 @@ async def stream_one(
     ttft = None
     gaps: list[float] = []
     last = t0
-    chunks = 0
+    chunks = tokens = 0
     async with client.stream("POST", "/v1/completions", json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
             if not line.startswith("data: "):
                 continue
             if line == "data: [DONE]":
-                return chunks, ttft, gaps, True
+                return tokens, ttft, gaps, True
             event = json.loads(line[6:])
+            if event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
             if event["choices"] and event["choices"][0]["text"]:
                 now = time.perf_counter()
                 if ttft is None:
@@ -145,8 +147,8 @@ async def stream_one(
                 last = now
                 chunks += 1
                 if leave_after is not None and chunks >= leave_after:
-                    return chunks, ttft, gaps, False
-    return chunks, ttft, gaps, False
+                    return chunks, ttft, gaps, False  # about one token a chunk
+    return tokens, ttft, gaps, False
 
 
 async def clients_run(
@@ -181,13 +183,18 @@ async def clients_run(
 # -- offline ---------------------------------------------------------------------------------
 
 
-def offline(ids: list[list[int]], max_tokens: list[int]) -> Run:
-    from engine.request import SamplingParams
+def offline_engine() -> Any:
     from engine.serve.server import load_engine
 
     engine, _ = load_engine(None, {})
+    return engine
+
+
+def offline(engine: Any, ids: list[list[int]], max_tokens: list[int]) -> Run:
+    """generate() of every request at once; TTFT from that moment (they all arrived)."""
+    from engine.request import SamplingParams
+
     params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in max_tokens]
-    engine.generate(ids[:2], params[:2])  # warm-up, as the server's first requests are
     t0 = engine.clock()
     outs = engine.generate(ids, params)
     run = Run("offline", wall_s=engine.clock() - t0)
@@ -197,6 +204,16 @@ def offline(ids: list[list[int]], max_tokens: list[int]) -> Run:
             run.ttft.append(o.first_token_time - t0)
         run.itl += [b - a for a, b in zip(o.token_times, o.token_times[1:])]
     return run
+
+
+def merged(runs: list[Run]) -> Run:
+    out = Run(runs[0].name)
+    for r in runs:
+        out.tokens += r.tokens
+        out.wall_s += r.wall_s
+        out.ttft += r.ttft
+        out.itl += r.itl
+    return out
 
 
 # -- report ----------------------------------------------------------------------------------
@@ -237,8 +254,9 @@ def last_free_blocks(trace_dir: Path) -> tuple[int, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--clients", type=int, default=32)
-    ap.add_argument("--per-client", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--per-client", type=int, default=1)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--repeats", type=int, default=2, help="server/offline pairs, alternated")
     ap.add_argument("--load", type=int, default=500, help="requests in the load scenario")
     ap.add_argument("--quick", action="store_true", help="8 clients, 16 tokens, 60 requests")
     args = ap.parse_args()
@@ -248,32 +266,42 @@ def main() -> None:
     ids = prompts(n, 1)
     bodies = [
         {"prompt": p, "max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True,
-         "stream": True}
+         "stream": True, "stream_options": {"include_usage": True}}
         for p in ids
     ]  # fmt: skip
 
+    engine = offline_engine()
+    pairs: list[tuple[Run, Run]] = []
     with tempfile.TemporaryDirectory() as tmp:
         trace_dir = Path(tmp)
         server = Server(trace_dir)
         try:
-            # Warm-up, as offline's.
+            # Warm-up on both sides; then server and offline alternate (the idle server
+            # costs nothing while offline runs), so a noisy neighbour hurts both.
             asyncio.run(clients_run(server.url, bodies[:2], 2, [None, None]))
-            served, _, _ = asyncio.run(clients_run(server.url, bodies, args.clients, [None] * n))
+            offline(engine, ids[:2], [args.max_tokens] * 2)
+            for _ in range(args.repeats):
+                served, _, _ = asyncio.run(
+                    clients_run(server.url, bodies, args.clients, [None] * n)
+                )
+                pairs.append((served, offline(engine, ids, [args.max_tokens] * n)))
             load = load_scenario(server, args)
         finally:
             server.stop()
         free, usable = last_free_blocks(trace_dir)
-    off = offline(ids, [args.max_tokens] * n)
 
     print(f"## throughput: {args.clients} streaming clients x {args.per_client} requests, "
-          f"{args.max_tokens} tokens each, default model")  # fmt: skip
-    print(table(served, off))
+          f"{args.max_tokens} tokens each, default model, {args.repeats} runs a side")  # fmt: skip
+    for i, (a, b) in enumerate(pairs):
+        print(f"run {i + 1}: server {a.tok_s:.1f} tok/s, offline {b.tok_s:.1f} tok/s, "
+              f"{a.tok_s / b.tok_s:.1%}")  # fmt: skip
+    print(table(merged([a for a, _ in pairs]), merged([b for _, b in pairs])))
     print()
     print(f"## load: {args.load} requests from {args.clients} clients, a quarter leaving early")
     for k, v in load.items():
-        print(f"{k:<28} {v}")
+        print(f"{k:<30} {v}")
     print(
-        f"{'free blocks at the end':<28} {free} of {usable}" + ("" if free == usable else "  LEAK")
+        f"{'free blocks at the end':<30} {free} of {usable}" + ("" if free == usable else "  LEAK")
     )
 
 
@@ -282,10 +310,11 @@ def load_scenario(server: Server, args: argparse.Namespace) -> dict[str, str]:
     ids = prompts(args.load, 2)
     bodies, leave = [], []
     for p in ids:
-        m = rng.randint(8, 48)
+        m = rng.randint(4, 24)
         seed = rng.randrange(1 << 30)
         bodies.append({"prompt": p, "max_tokens": m, "temperature": 0.7, "seed": seed,
-                       "ignore_eos": True, "stream": True})  # fmt: skip
+                       "ignore_eos": True, "stream": True,
+                       "stream_options": {"include_usage": True}})  # fmt: skip
         leave.append(rng.randint(1, m - 1) if rng.random() < 0.25 else None)
     before = server.metrics()
     tenth = max(1, args.load // 10)

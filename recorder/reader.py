@@ -215,6 +215,7 @@ class TraceReader:
                     out.append(Entry(offset, record))
             offset = after
             if kind == RecordType.END:
+                self.finished = True
                 break
         return out, offset
 

@@ -10,8 +10,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from recorder.errors import TraceError
 from recorder.reader import TraceReader
 from recorder.schema import Client, RecordType
+from recorder.segments import list_segments
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -98,26 +100,52 @@ def _ms(x: float | None) -> str:
 
 
 class ClientLog:
-    """The CLIENT records of a trace, read as it grows (the TUI's live mode) and looked up
-    by step: what had happened on the HTTP side by the end of a step."""
+    """The CLIENT records of a trace file or of a run directory's segments, read as they
+    grow (the TUI's live mode) and looked up by step: what had happened on the HTTP side
+    by the end of a step."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.records: list[Client] = []
         self._after: list[int] = []  # each record's after_step, ascending
-        self._offset: int | None = None
+        self._offsets: dict[Path, int] = {}  # per file: where the next read starts
+        self._done: set[Path] = set()  # segments read to their END record
+
+    def _files(self) -> list[Path]:
+        if not self.path.is_dir():
+            return [self.path]
+        return [s.path for s in list_segments(self.path)]
 
     def refresh(self) -> int:
         """Read what was appended since the last call; the number of new records."""
-        with TraceReader(self.path) as reader:
-            found, self._offset = reader.records_of(RecordType.CLIENT, self._offset, tail=True)
-        for entry in found:
-            rec = entry.record
-            assert isinstance(rec, Client)
-            self.records.append(rec)
-            # A record written before a later one names an earlier or equal step.
-            self._after.append(max(rec.after_step, self._after[-1] if self._after else -1))
-        return len(found)
+        new = 0
+        for path in self._files():
+            if path in self._done:
+                continue
+            try:
+                with TraceReader(path) as reader:
+                    found, end = reader.records_of(
+                        RecordType.CLIENT, self._offsets.get(path), tail=True
+                    )
+                    if reader.finished:
+                        self._done.add(path)
+            except FileNotFoundError:  # a segment deleted by rotation
+                continue
+            except TraceError as e:
+                if e.incomplete:  # a segment whose header is still being written
+                    continue
+                raise
+            self._offsets[path] = end
+            for entry in found:
+                self._add(entry.record)
+                new += 1
+        return new
+
+    def _add(self, rec: object) -> None:
+        assert isinstance(rec, Client)
+        self.records.append(rec)
+        # A record written before a later one names an earlier or equal step.
+        self._after.append(max(rec.after_step, self._after[-1] if self._after else -1))
 
     def upto(self, step: int) -> list[Client]:
         """The records written by the end of `step`."""

@@ -14,13 +14,14 @@ from typing import Any
 import httpx
 import pytest
 
+from engine.model.options import RunnerOptions
 from engine.request import SamplingParams
 from engine.serve.app import ServeSettings
 from engine.serve.loop import EngineLoop
 from engine.serve.server import build
 from recorder.reader import TraceReader
 from recorder.recorder import open_recording
-from recorder.schema import Client, Status
+from recorder.schema import Client, Status, Step
 from replays.resim import resimulate
 from tests.model_support import tiny_engine, tiny_model
 from tests.serve_support import metric, sse_events, stream_text
@@ -32,9 +33,13 @@ Call = Callable[..., Awaitable[httpx.Response]]
 
 @asynccontextmanager
 async def served(
-    trace: Path | None = None, api_key: str | None = None, max_waiting: int = 0, **config: Any
+    trace: Path | None = None,
+    api_key: str | None = None,
+    max_waiting: int = 0,
+    options: RunnerOptions | None = None,
+    **config: Any,
 ) -> AsyncIterator[tuple[httpx.AsyncClient, EngineLoop]]:
-    engine = tiny_engine(MODEL, **config)
+    engine = tiny_engine(MODEL, options, **config)
     recorder = open_recording(engine.core, trace) if trace is not None else None
     settings = ServeSettings("tiny", engine.config.max_model_len, api_key=api_key)
     app, loop = build(engine, settings, max_waiting)
@@ -180,12 +185,15 @@ BAD = [
     ({"prompt": [1, 2, 10**9]}, 400, None, "not a token id"),
     ({"prompt": "hi", "model": "gpt-4"}, 404, "model", "does not exist"),
     ({"max_tokens": 3}, 400, "prompt", "prompt"),
+    ({"prompt": "hi", "priority": 1}, 400, None, "--scheduling-policy priority"),
 ]
 
 
 def test_bad_requests_get_openai_errors_and_the_others_complete(tmp_path: Path) -> None:
+    kept: list[int] = []
+
     async def go() -> tuple[list[httpx.Response], Any, Any, str]:
-        async with served(tmp_path / "t.trace") as (client, _):
+        async with served(tmp_path / "t.trace") as (client, loop):
             good = completion(client, body(1, "hello", stream=True))
             bad = [client.post("/v1/completions", json=b) for b, *_ in BAD]
             bad.append(client.post("/v1/completions", content=b'{"prompt": '))
@@ -193,6 +201,7 @@ def test_bad_requests_get_openai_errors_and_the_others_complete(tmp_path: Path) 
             bad.append(client.post("/v1/chat/completions", json={"messages": []}))
             *responses, ok = await asyncio.gather(*bad, good)
             whole = await completion(client, body(3, "hello", stream=False))
+            kept.append(len(loop.engine._outputs))
             return responses, ok, whole, (await client.get("/metrics")).text
 
     responses, ok, whole, metrics = run(go())
@@ -207,6 +216,7 @@ def test_bad_requests_get_openai_errors_and_the_others_complete(tmp_path: Path) 
         assert set(err) == {"message", "type", "param", "code"}
         assert err["param"] == param and fragment in err["message"]
     assert ok[-1] == "[DONE]" and whole["usage"]["completion_tokens"] == 9
+    assert kept == [0]  # a server forgets what it has served (it runs for days)
     assert metric(metrics, "vllm:request_success_total", finished_reason="length") == 2
     with TraceReader(tmp_path / "t.trace") as reader:
         clients = [e.record for e in reader.entries() if isinstance(e.record, Client)]
@@ -270,6 +280,27 @@ def test_a_full_waiting_queue_answers_503_and_the_admitted_finish() -> None:
             assert r.json()["usage"]["completion_tokens"] == 12
 
 
+def test_priorities_order_the_waiting_queue_under_the_priority_policy(tmp_path: Path) -> None:
+    """With one running slot, the lower priority value is admitted first among waiters."""
+
+    async def go() -> None:
+        async with served(tmp_path / "t.trace", max_num_seqs=1, policy="priority") as (c, _):
+            long = {"prompt": "a", "max_tokens": 200, "ignore_eos": True}
+            first = asyncio.ensure_future(completion(c, long))
+            await asyncio.sleep(0.05)  # running before the others arrive
+            later = [
+                completion(c, {"prompt": f"p{p}", "max_tokens": 2, "priority": p})
+                for p in (5, 1, 3)
+            ]
+            await asyncio.gather(first, *later)
+
+    run(go())
+    with TraceReader(tmp_path / "t.trace") as reader:
+        names = {a.ref: a.priority for s in reader.steps() for a in s.arrivals}
+        admitted = [names[a.ref] for s in reader.steps() for a in s.admissions]
+    assert admitted[0] == 0 and admitted[1:] == sorted(admitted[1:])
+
+
 def test_models_and_version() -> None:
     async def go() -> tuple[Any, Any]:
         async with served() as (client, _):
@@ -330,3 +361,34 @@ def test_the_tui_header_shows_http_counts_and_a_followed_requests_client_timings
     header = session.frame().header
     assert header.http == "HTTP 2 ok · 1 4xx"
     assert header.client.startswith("client: queue ") and "HTTP 200" in header.client
+
+
+def test_a_stopped_engine_answers_503_instead_of_hanging() -> None:
+    async def go() -> tuple[int, int, str]:
+        async with served() as (client, loop):
+            await asyncio.to_thread(loop.stop)
+            r = await client.post("/v1/completions", json={"prompt": "hi"})
+            health = (await client.get("/health")).status_code
+            return r.status_code, health, r.json()["error"]["message"]
+
+    status, health, message = run(go())
+    assert (status, health) == (503, 503) and "engine is not running" in message
+
+
+def test_a_prompt_the_kv_pool_can_never_hold_is_a_400_that_the_trace_shows(
+    tmp_path: Path,
+) -> None:
+    small = RunnerOptions(num_gpu_blocks_override=4)  # 3 usable blocks of 16 tokens
+
+    async def go() -> httpx.Response:
+        async with served(tmp_path / "t.trace", options=small) as (client, _):
+            return await client.post("/v1/completions", json={"prompt": "x" * 60})
+
+    r = run(go())
+    assert r.status_code == 400 and "KV blocks" in r.json()["error"]["message"]
+    with TraceReader(tmp_path / "t.trace") as reader:
+        entries = [e.record for e in reader.entries()]
+    (client,) = [c for c in entries if isinstance(c, Client)]
+    finishes = [f for s in entries if isinstance(s, Step) for f in s.finishes]
+    assert client.request_id and client.status == 400
+    assert [f.status for f in finishes] == [Status.FINISHED_ERROR]

@@ -118,3 +118,16 @@ def test_stats_show_what_the_server_adds(server: tuple[ServerProcess, Path]) -> 
     assert data["num_aborted"] == 2
     assert data["server"]["aborted"] == 2 and data["server"]["statuses"] == {"200": 2, "499": 1}
     assert data["server"]["ttft_p50"] > 0 and data["server"]["itl_p99"] > 0
+
+
+def test_the_tui_reads_the_http_side_of_a_run_directory(
+    server: tuple[ServerProcess, Path],
+) -> None:
+    from tui.commands import GotoEdge
+    from tui.launch import open_session
+
+    _, traces = server
+    (run_dir,) = traces.iterdir()
+    session = open_session(run_dir, live=False)
+    session.handle(GotoEdge(end=True))
+    assert session.frame().header.http == "HTTP 1 ok · 2 left"

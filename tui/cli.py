@@ -613,28 +613,36 @@ def serve(
     /v1/schedtop/incident. Stop it with Ctrl-C."""
     from engine.model.progress import loading
     from engine.serve.app import ServeSettings
-    from engine.serve.server import Listen, load_engine, serve_forever
+    from engine.serve.server import Listen, bind, load_engine, serve_forever
 
     if no_trace and trace_dir:
         raise click.UsageError("--trace-dir and --no-trace exclude each other")
     try:
         listen = Listen(host, port, max_waiting)
         max_bytes = _size(trace_max_bytes, "--trace-max-bytes")
-        with loading("loading the model"):
-            engine, name = load_engine(model, options)
-        settings = ServeSettings(
-            model_name=served_model_name or name,
-            max_model_len=engine.config.max_model_len,
-            api_key=api_key,
-            version=_version(),
-            incident_window_s=incident_window,
-        )
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+    try:  # before the model loads: a taken port fails at once (vLLM binds first too)
+        sock = bind(listen.host, listen.port)
+    except OSError as e:
+        click.echo(f"schedtop: error: {e}", err=True)
+        sys.exit(2)
     recording = None
-    if not no_trace:
-        recording = _server_recording(engine, trace_dir, max_bytes, redact_prompts, settings)
     try:
+        with loading("loading the model"):
+            engine, name = load_engine(model, options)
+        try:
+            settings = ServeSettings(
+                model_name=served_model_name or name,
+                max_model_len=engine.config.max_model_len,
+                api_key=api_key,
+                version=_version(),
+                incident_window_s=incident_window,
+            )
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
+        if not no_trace:
+            recording = _server_recording(engine, trace_dir, max_bytes, redact_prompts, settings)
         serve_forever(
             engine,
             settings,
@@ -644,11 +652,10 @@ def serve(
                 f"schedtop serve: {settings.model_name} on {url}"
                 + (f"  (trace: {_where(recording)})" if recording is not None else ""),
             ),
+            sock=sock,
         )
-    except OSError as e:
-        click.echo(f"schedtop: error: {e}", err=True)
-        sys.exit(2)
     finally:
+        sock.close()
         if recording is not None:
             recording.close()
             if recording.error:

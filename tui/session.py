@@ -194,6 +194,7 @@ class Session:
         skipped_from = self.tl.last_step
         self.tl.reader.close()
         self.tl = timeline
+        self.clients = _client_log(timeline)  # a resync starts a new spool file
         self.history = History()
         self.search = None
         self.playing = False
@@ -485,7 +486,7 @@ class Session:
 def _client_log(timeline: Timeline) -> ClientLog | None:
     """The CLIENT records of the timeline's trace file (None when it has none to read)."""
     path = getattr(timeline.reader, "path", None)
-    if not isinstance(path, Path) or not path.is_file():
+    if not isinstance(path, Path) or not path.exists():
         return None
     log = ClientLog(path)
     try:

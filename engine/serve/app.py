@@ -222,6 +222,10 @@ async def _generate(
     except Refused as e:
         _report_refusal(loop, endpoint, received, e.status, e.message)
         return _error(e.status, e.message, e.param)
+    if not loop.alive:  # nobody would ever answer: say so rather than hang
+        message = "the engine is not running (see the server's log)"
+        _report_refusal(loop, endpoint, received, 503, message)
+        return _error(503, message)
     ex = _Exchange(loop, endpoint, body.stream, received)
     ex.request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     out: asyncio.Queue[Update] = asyncio.Queue()
@@ -245,7 +249,8 @@ async def _generate(
     )
     first = await out.get()
     if first.error is not None:
-        ex.request_id = ""  # refused: the engine has no such request
+        if not first.arrived:
+            ex.request_id = ""  # refused before the scheduler: the trace has no such request
         ex.report(first.status, first.error)
         return _error(first.status, first.error, code="overloaded" if first.status == 503 else None)
     ex.prompt_tokens = first.prompt_tokens

@@ -44,8 +44,9 @@ class IncrementalDetokenizer:
 
 
 class StopStrings:
-    """Cuts the text at the first stop string and holds back any tail that could still
-    become one, so that a client never sees a partial stop string."""
+    """Cuts the text at the first stop string, and holds back its last characters (one
+    fewer than the longest stop string has, as vLLM does) until more text shows that they
+    do not start one, so that a client never sees a partial stop string."""
 
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = tuple(s for s in stops if s)

@@ -56,6 +56,7 @@ class Update:
     error: str | None = None  # refused: the message (no other update follows)
     status: int = 200  # refused: the HTTP status to answer with
     scheduled_at: float | None = None  # engine clock of its first scheduling, once known
+    arrived: bool = False  # refused: it reached the scheduler (the trace has its arrival)
 
 
 ACCEPTED = Update()
@@ -226,8 +227,9 @@ class EngineLoop:
         )
         out = engine.output(sub.request_id)
         if out.finished:  # refused by the scheduler (KV pool too small, ...)
+            engine.forget(sub.request_id)
             self.stats.refused += 1
-            self._send(sub.out, Update(error=out.finish_message, status=400))
+            self._send(sub.out, Update(error=out.finish_message, status=400, arrived=True))
             return
         self.stats.added += 1
         self._live[sub.request_id] = _Live(
@@ -243,6 +245,12 @@ class EngineLoop:
                 f"the server is overloaded: {waiting} requests are waiting "
                 f"(--max-waiting {self.max_waiting}); retry later",
                 503,
+                [],
+            )
+        if sub.priority != 0 and self.engine.config.policy != "priority":
+            return (
+                f"priority={sub.priority}: priorities need --scheduling-policy priority",
+                400,
                 [],
             )
         try:
@@ -277,6 +285,7 @@ class EngineLoop:
         self.stats.aborted += 1
         if self.metrics is not None:
             self.metrics.observe_finish(self.engine.output(request_id), "abort")
+        self.engine.forget(request_id)
 
     def _step(self) -> None:
         engine = self.engine
@@ -321,6 +330,7 @@ class EngineLoop:
             del self._live[out.request_id]
             if self.metrics is not None:
                 self.metrics.observe_finish(self.engine.output(out.request_id), reason)
+            self.engine.forget(out.request_id)
         if text or reason is not None or update.scheduled_at is not None:
             self._send(live.sub.out, update)
 
@@ -341,6 +351,14 @@ class EngineLoop:
             self._aloop.call_soon_threadsafe(_deliver, batch)
 
     def _shutdown(self) -> None:
+        """Answer whatever is still queued, abort what runs, record the last step."""
+        while True:
+            try:
+                cmd = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(cmd, Submission):
+                self._send(cmd.out, Update(error="the server is shutting down", status=503))
         for rid, live in list(self._live.items()):
             with contextlib.suppress(Exception):  # the engine may be what failed
                 self.engine.abort(rid)

@@ -96,12 +96,15 @@ def serve_forever(
     listen: Listen,
     recording: ServerRecording | None = None,
     on_listening: Callable[[str], None] | None = None,
+    sock: socket.socket | None = None,
 ) -> EngineLoop:
-    """Serve until SIGINT/SIGTERM; returns the stopped loop (its stats)."""
+    """Serve until SIGINT/SIGTERM on `sock` (default: bind `listen`'s address now);
+    returns the stopped loop (its stats)."""
     import uvicorn
 
     app, loop = build(engine, settings, listen.max_waiting, recording)
-    sock = bind(listen.host, listen.port)
+    if sock is None:
+        sock = bind(listen.host, listen.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     if on_listening is not None:
