@@ -41,7 +41,8 @@ class ServerProcess:
             text=True,
         )
         found = threading.Event()
-        threading.Thread(target=self._read, args=(found,), daemon=True).start()
+        self._reader = threading.Thread(target=self._read, args=(found,), daemon=True)
+        self._reader.start()
         if not found.wait(START_TIMEOUT_S) or not self.url:
             self.stop()
             raise RuntimeError("the server did not start:\n" + "".join(self.output))
@@ -77,6 +78,9 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        self._reader.join(timeout=10)  # it reads the output to its end, then the pipe closes
+        if proc.stdout is not None:
+            proc.stdout.close()
         return proc.returncode
 
     def __exit__(self, *exc: object) -> None:

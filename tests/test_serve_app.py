@@ -355,10 +355,13 @@ def test_the_tui_header_shows_http_counts_and_a_followed_requests_client_timings
 
     rid = run(go())
     session = open_session(tmp_path / "t.trace", live=False)
-    assert session.frame().header.http == ""  # before the first response ended
-    session.handle(GotoEdge(end=True))
-    session.handle(FollowRequest(rid))
-    header = session.frame().header
+    try:
+        assert session.frame().header.http == ""  # before the first response ended
+        session.handle(GotoEdge(end=True))
+        session.handle(FollowRequest(rid))
+        header = session.frame().header
+    finally:
+        session.close()
     assert header.http == "HTTP 2 ok · 1 4xx"
     assert header.client.startswith("client: queue ") and "HTTP 200" in header.client
 

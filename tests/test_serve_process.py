@@ -129,5 +129,8 @@ def test_the_tui_reads_the_http_side_of_a_run_directory(
     _, traces = server
     (run_dir,) = traces.iterdir()
     session = open_session(run_dir, live=False)
-    session.handle(GotoEdge(end=True))
-    assert session.frame().header.http == "HTTP 1 ok · 2 left"
+    try:
+        session.handle(GotoEdge(end=True))
+        assert session.frame().header.http == "HTTP 1 ok · 2 left"
+    finally:
+        session.close()
