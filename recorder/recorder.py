@@ -21,12 +21,12 @@ from pathlib import Path
 
 from engine.core import EngineCore
 from engine.events import NULL_SINK, ClientReport, EventSink, report_client
-from engine.report import StepReport
+from engine.records import Step
 from recorder.codec import MAX_RECORD_BYTES, encode
-from recorder.convert import StepConverter, scalar_config
+from recorder.convert import StepCompactor, scalar_config
 from recorder.errors import RecordingError
 from recorder.paths import new_trace_path
-from recorder.schema import Client, End, Footer, Header, Record, RecordType, Snapshot, Step
+from recorder.schema import Client, End, Footer, Header, Record, Snapshot
 from recorder.writer import TraceSink, TraceWriter
 
 log = logging.getLogger("schedtop.recorder")
@@ -42,8 +42,8 @@ class Recorder:
     warning and never stops the engine, unless `strict` (tests) makes it raise.
 
     `install=False` leaves `engine.sink` alone (an owner passes reports on itself);
-    `continue_from` makes this the next segment of another recording (its refs, clock and
-    start time; the segment starts with a snapshot)."""
+    `continue_from` makes this the next segment of another recording (its clock and start
+    time; refs are the engine's own, so they continue; the segment starts with a snapshot)."""
 
     def __init__(
         self,
@@ -75,29 +75,26 @@ class Recorder:
         self.on_step_record = on_step_record  # sees every Step record before it is written
         self.error: str | None = None  # why recording stopped, once it has
         self._clock = clock
-        self._closed = False
-        self._first_step = engine.step_index
         if continue_from is None:
             self._t0 = clock()
             start_ns = wall_clock()
-            self._conv = StepConverter(engine.config.policy, redact_prompts)
         else:
-            # The next segment of one recording: the same refs, clock and start time, so
-            # that the segments put end to end read as one trace.
+            # The next segment of one recording: the same clock and start time, so that
+            # the segments put end to end read as one trace.
             self._t0 = continue_from._t0
             start_ns = continue_from.start_time_ns
-            self._conv = continue_from._conv
+        self._closed = False
+        self._first_step = engine.step_index
+        self._compactor = StepCompactor(engine.config.policy, redact_prompts)
         self._step_offsets = array("Q")
         self._step_ends = array("Q")
         self._snapshots: list[tuple[int, int]] = []
         self._counts = [0, 0, 0, 0]  # steps, arrivals, finishes, preemptions
         self.header = self._header(engine, model, redact_prompts, start_ns)
         self._append(self.header, boundary=True)
-        if continue_from is not None and mid_run:
-            self._write_snapshot(self.snapshot())
-        elif mid_run:
-            state = engine.snapshot()
-            snap = self._conv.adopt(list(engine.scheduler.requests.values()), state)
+        if mid_run:
+            snap = engine.snapshot()
+            self._compactor.adopt(snap)
             self._write_snapshot(snap)
         self._downstream: EventSink = NULL_SINK
         if install:
@@ -119,10 +116,6 @@ class Recorder:
         """Now, on the clock of the step records' time_ns."""
         return self._clock() - self._t0
 
-    def snapshot(self) -> Snapshot:
-        """The engine's state now, in this recording's refs (call between two steps)."""
-        return self._conv.snapshot(self.engine.snapshot(ref_cnts=False))
-
     @property
     def flushed_step(self) -> int:
         """The last step whose record a reader can already see (first_step - 1: none)."""
@@ -130,7 +123,7 @@ class Recorder:
 
     # -- EventSink -------------------------------------------------------------------------
 
-    def on_step(self, report: StepReport) -> None:
+    def on_step(self, report: Step) -> None:
         if self.error is None:
             try:
                 self._record(report)
@@ -178,20 +171,16 @@ class Recorder:
 
     # -- records -----------------------------------------------------------------------------
 
-    def _record(self, report: StepReport) -> None:
+    def _record(self, report: Step) -> None:
         if self.sink.error is not None:
             self.error = self.sink.error
             return
         time_ns = self._clock() - self._t0
         snapshot_due = (report.step + 1) % self.snapshot_interval == 0
-        body = None if self.on_step_record else self._conv.steady_body(report, time_ns=time_ns)
-        if body is not None:
-            offset = self.sink.append(RecordType.STEP, body, boundary=not snapshot_due)
-        else:
-            step = self._conv.convert(report, time_ns=time_ns)
-            if self.on_step_record is not None:
-                self.on_step_record(step)
-            offset = self._append(step, boundary=not snapshot_due)
+        step = self._compactor.compact(report, time_ns)
+        if self.on_step_record is not None:
+            self.on_step_record(step)
+        offset = self._append(step, boundary=not snapshot_due)
         self._step_offsets.append(offset)
         self._step_ends.append(self.sink.offset)
         counts = self._counts
@@ -200,7 +189,7 @@ class Recorder:
         counts[2] += len(report.finishes)
         counts[3] += len(report.preemptions)
         if snapshot_due:
-            self._write_snapshot(self.snapshot())
+            self._write_snapshot(self.engine.snapshot())
 
     def _write_snapshot(self, snap: Snapshot) -> None:
         self._snapshots.append((snap.step, self._append(snap, boundary=True)))

@@ -219,7 +219,7 @@ class ServerRecording:
         header = dataclasses.replace(rec.header, first_step=self.core.step_index)
         out = frame(*encode(header))
         if self.core.step_index > 0:
-            out += frame(*encode(rec.snapshot()))
+            out += frame(*encode(self.core.snapshot()))
         return out
 
     def _rotation_due(self) -> bool:

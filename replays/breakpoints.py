@@ -1,5 +1,5 @@
 """Breakpoints: predicates over steps, and the search for the next or previous step where
-any of them holds (DESIGN.md R2). The TUI's n/N and `schedtop find` use this one module.
+any of them holds (docs/contracts.md R2). The TUI's n/N and `schedtop find` use this one module.
 
 A predicate holds at a step or not (level, not edge): `free<8` holds at every step that
 ends with fewer than 8 free blocks. The spellings, as the CLI and the TUI's dialog take

@@ -14,10 +14,18 @@ from typing import Any
 
 from recorder.multi import open_trace
 from recorder.reader import TraceReader
-from recorder.schema import Client, Snapshot, Status, Step
+from recorder.schema import (
+    STATUS_LABELS,
+    Client,
+    RequestState,
+    Snapshot,
+    Step,
+    label,
+    percentile,
+)
 from replays.clients import ServerStats, format_server, server_stats
-from replays.reducer import apply
-from replays.state import ReqState, State
+from replays.reducer import apply, arrived
+from replays.state import State
 
 
 @dataclass
@@ -66,17 +74,6 @@ class TraceStats:
         return asdict(self)
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default); None for none."""
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 def trace_stats(path: str | Path) -> TraceStats:
     """Compute the metrics of the trace at `path` (its readable part, if it was cut)."""
     with open_trace(path) as reader:
@@ -91,7 +88,7 @@ class _Collector:
         self.usable = header.num_blocks - 1
         self.ends = array("q")  # each step's end, ns since recording started
         self.first_step = header.first_step
-        self.reqs: dict[int, ReqState] = {}
+        self.reqs: dict[int, RequestState] = {}
         self.finish: dict[int, tuple[int, int]] = {}  # ref -> (step, status)
         self.min_free = self.usable
         self.preemptions = 0
@@ -121,21 +118,7 @@ class _Collector:
         for a in rec.arrivals:
             r = state.requests.get(a.ref)
             if r is None:  # it finished in the same step (an error at arrival)
-                r = ReqState(
-                    a.ref,
-                    a.request_id,
-                    0,
-                    a.num_prompt_tokens,
-                    0,
-                    0,
-                    [],
-                    0,
-                    a.priority,
-                    a.arrival_time,
-                    -1,
-                    a.sampling.max_tokens,
-                    rec.step,
-                )
+                r = arrived(a, rec.step)
             self.reqs[a.ref] = r
         for f in rec.finishes:
             self.finish[f.ref] = (rec.step, f.status)
@@ -155,7 +138,7 @@ class _Collector:
         # A request arrives before its step starts: when the step before it ended.
         return self._time(step - 1) if self.timed else float(step - 1)
 
-    def _request(self, ref: int, r: ReqState) -> RequestStats:
+    def _request(self, ref: int, r: RequestState) -> RequestStats:
         finish_step, status = self.finish.get(ref, (-1, 0))
         first = r.first_token_step
         if first < 0 and r.num_output_tokens > 0:
@@ -164,7 +147,7 @@ class _Collector:
         tpot = None
         if first >= 0 and finish_step >= 0 and r.num_output_tokens > 1:
             tpot = (self._time(finish_step) - self._time(first)) / (r.num_output_tokens - 1)
-        name = Status(status).name.removeprefix("FINISHED_").lower() if status else ""
+        name = label(STATUS_LABELS, status) if status else ""
         return RequestStats(
             r.request_id,
             r.arrival_step,

@@ -78,7 +78,7 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        self._reader.join(10)  # it ends at the pipe's end, once the process has exited
+        self._reader.join(timeout=10)  # it reads the output to its end, then the pipe closes
         if proc.stdout is not None:
             proc.stdout.close()
         return proc.returncode

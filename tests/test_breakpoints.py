@@ -4,6 +4,7 @@ brute-force scan of the engine's own reports."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,14 +15,15 @@ from engine.sim.workload import load_workload
 from recorder.reader import TraceReader
 from replays.breakpoints import Predicate, find, find_all, parse
 from replays.timeline import Timeline
-from tests.helpers import Recorded, record, write_trace
+from tests.helpers import Recorded, open_reader, record, write_trace
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Recorded, Timeline]:
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Recorded, Timeline]]:
     run = record(load_workload(demo_workload_path()), snapshot_interval=40)
     path = write_trace(tmp_path_factory.mktemp("bp"), run.data)
-    return run, Timeline(TraceReader(path), keyframe_interval=8, max_keyframes=8)
+    with Timeline(TraceReader(path), keyframe_interval=8, max_keyframes=8) as tl:
+        yield run, tl
 
 
 def brute(run: Recorded, tl: Timeline, p: Predicate) -> list[int]:
@@ -31,31 +33,34 @@ def brute(run: Recorded, tl: Timeline, p: Predicate) -> list[int]:
     admitted: set[str] = set()
     tokened: set[str] = set()
     prev_t = 0
-    for i, (rep, state) in enumerate(zip(run.reports, run.states)):
+    for i, (result, state) in enumerate(zip(run.results, run.states)):
+        rep, names = result.report, result.names
+        sampled = result.sampled()
         for a in rep.arrivals:
             arrived[a.request_id] = i
-        admitted |= {a.request_id for a in rep.admissions}
+        admitted |= {names[a.ref] for a in rep.admissions}
         t = tl.record(i).time_ns
         k, req, v = p.kind, p.request, p.value
         if k == "preempt":
             hit = bool(rep.preemptions) and (
-                req is None or any(x.victim == req for x in rep.preemptions)
+                req is None or any(names[x.victim] == req for x in rep.preemptions)
             )
         elif k == "admit":
-            hit = any(a.request_id == req for a in rep.admissions)
+            hit = any(names[a.ref] == req for a in rep.admissions)
         elif k == "finish":
-            hit = any(f.request_id == req for f in rep.finishes)
+            hit = any(names[f.ref] == req for f in rep.finishes)
         elif k == "first-token":
-            hit = req in rep.sampled and req not in tokened
-            tokened |= set(rep.sampled)
+            hit = req in sampled and req not in tokened
+            tokened |= set(sampled)
         elif k == "free":
-            hit = rep.num_free_blocks < v
+            hit = rep.free_blocks < v
         elif k == "slow":
             hit = (t - prev_t) / 1e6 > v
         elif k == "util":
             hit = 100 * rep.num_scheduled_tokens / rep.token_budget < v
         else:
-            hit = any(r not in admitted and i - arrived[r] > v for r in state.waiting)
+            ids = [names[r] for r in state.waiting]
+            hit = any(r not in admitted and i - arrived[r] > v for r in ids)
         prev_t = t
         if hit:
             hits.append(i)
@@ -127,7 +132,7 @@ def test_first_token_that_also_finishes(tmp_path: Path) -> None:
     from tests.helpers import req, workload
 
     run = record(workload([req("one", 20, 1), req("two", 20, 5)]))
-    tl = Timeline(TraceReader(write_trace(tmp_path, run.data)))
+    tl = Timeline(open_reader(write_trace(tmp_path, run.data)))
     assert list(find_all(tl, [parse("first-token:one")])) == [0]
     assert run.reports[0].finishes[0].status == RequestStatus.FINISHED_LENGTH_CAPPED
 

@@ -361,7 +361,7 @@ def test_the_tui_header_shows_http_counts_and_a_followed_requests_client_timings
         session.handle(FollowRequest(rid))
         header = session.frame().header
     finally:
-        session.tl.reader.close()
+        session.close()
     assert header.http == "HTTP 2 ok · 1 4xx"
     assert header.client.startswith("client: queue ") and "HTTP 200" in header.client
 

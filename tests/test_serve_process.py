@@ -139,4 +139,4 @@ def test_the_tui_reads_the_http_side_of_a_run_directory(
         session.handle(GotoEdge(end=True))
         assert session.frame().header.http == "HTTP 1 ok · 2 left"
     finally:
-        session.tl.reader.close()
+        session.close()

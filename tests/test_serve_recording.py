@@ -1,5 +1,6 @@
-"""`schedtop serve`'s flight recorder, end to end: the real server on the default model as
-a real process on a free loopback port, real HTTP clients, and what it leaves on disk.
+"""`schedtop serve`'s flight recorder, end to end: the real server (on the tiny random
+model, as a GGUF file: fast to load and to step) as a real process on a free loopback
+port, real HTTP clients, and what it leaves on disk.
 
 - `schedtop live http://...` (the app, under Textual's Pilot) shows running requests
   during a load; its state at a step equals the trace directory's at the same step;
@@ -34,21 +35,18 @@ from recorder.segments import list_segments
 from replays.reducer import state_at
 from replays.stats import trace_stats
 from replays.timeline import Timeline
-from tests.model_support import have_default_model
+from tests.model_support import write_tiny_gguf
 from tests.tui_support import app_test, wait_until
 from tui.app import SchedtopApp
 from tui.cli import main
 from tui.launch import open_remote_session
 from tui.remote import RemoteStream
+from tui.viewmodel import Frame
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "test-key-123"
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.model,
-    pytest.mark.skipif(not have_default_model(), reason="the default model is not installed"),
-]
+pytestmark = pytest.mark.slow
 
 
 @dataclass
@@ -112,8 +110,11 @@ def stop(s: Server) -> None:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One server for the module (the tests run in order; the last one kills it): a 64 KiB
     bound, and a small KV pool so that an opening snapshot stays small."""
+    base = tmp_path_factory.mktemp("serve-rec")
     s = start_server(
-        tmp_path_factory.mktemp("serve-rec") / "traces",
+        base / "traces",
+        "--model",
+        str(write_tiny_gguf(base)),
         "--trace-max-bytes",
         "64KiB",
         "--num-gpu-blocks-override",
@@ -125,28 +126,35 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     stop(s)
 
 
-def load(
-    server: Server, n: int, max_tokens: int = 48, prompt_words: int = 0
-) -> list[threading.Thread]:
-    """n concurrent completions (bounded: each ends after max_tokens). Long prompts make
-    big arrival records (their token ids) at little cost: they share a cached prefix."""
-    long = "the sea is wide and deep. " * (prompt_words // 6)
+class Load:
+    """n concurrent completions (bounded: each ends after max_tokens), from threads. Long
+    prompts make big arrival records (their token ids) at little cost."""
 
-    def one(i: int) -> None:
-        server.post(
-            "/v1/completions",
-            {
-                "prompt": f"{long}Request {i}: write about the sea.",
-                "max_tokens": max_tokens,
-                "temperature": 0,
-                "ignore_eos": True,
-            },
-        )
+    def __init__(self, server: Server, n: int, max_tokens: int, prompt_words: int = 0) -> None:
+        self.errors: list[BaseException] = []
+        long = "the sea is wide and deep. " * (prompt_words // 6)
+        body = {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        self.threads = [
+            threading.Thread(target=self._one, args=(server, {**body, "prompt": f"{long}{i}"}))
+            for i in range(n)
+        ]
+        for t in self.threads:
+            t.start()
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    return threads
+    def _one(self, server: Server, body: dict[str, object]) -> None:
+        try:
+            server.post("/v1/completions", body)
+        except BaseException as e:  # noqa: BLE001 -- reported by done()
+            self.errors.append(e)
+
+    @property
+    def running(self) -> bool:
+        return any(t.is_alive() for t in self.threads)
+
+    def done(self) -> None:
+        for t in self.threads:
+            t.join()
+        assert not self.errors, self.errors
 
 
 def wait_idle_flushed(server: Server, last_step: int, timeout: float = 20.0) -> None:
@@ -165,30 +173,34 @@ def wait_idle_flushed(server: Server, last_step: int, timeout: float = 20.0) -> 
 
 @app_test
 async def test_live_over_http_shows_the_load_and_matches_the_trace(server: Server) -> None:
-    first = load(server, 4, max_tokens=24, prompt_words=300)
+    first = Load(server, 8, max_tokens=200, prompt_words=60)
     time.sleep(1.0)  # the viewer attaches mid-run
     session, stream = open_remote_session(server.url, KEY)
     try:
         app = SchedtopApp(session)
         async with app.run_test(size=(120, 40)) as pilot:
-            more = load(server, 8, max_tokens=24, prompt_words=300)
+            more = Load(server, 16, max_tokens=200, prompt_words=60)
+
+            shown: list[Frame] = []  # the frame that showed them (app.frame moves on)
 
             def running() -> bool:
                 f = app.frame
-                return f is not None and f.header.running >= 2 and f.header.mode == "LIVE"
+                if f is not None and f.header.running >= 2 and f.header.mode == "LIVE":
+                    shown.append(f)
+                return bool(shown)
 
             await wait_until(pilot, running, timeout=60)
+            assert sum(r.state == "running" for r in shown[0].requests) >= 2
             # other viewers come and go meanwhile
             for _ in range(3):
                 other = RemoteStream(server.url, KEY)
                 with TraceReader(other.start()) as r:
                     assert r.header.first_step > 0
                 other.close()
-            rows = app.frame.requests if app.frame is not None else ()
-            assert sum(r.state == "running" for r in rows) >= 2
-            for t in first + more:
-                while t.is_alive():
-                    await pilot.pause(0.1)
+            while first.running or more.running:
+                await pilot.pause(0.1)
+            first.done()
+            more.done()
 
             def idle() -> bool:
                 f = app.frame
@@ -213,8 +225,7 @@ async def test_live_over_http_shows_the_load_and_matches_the_trace(server: Serve
 
 
 def test_rotation_incident_and_kill_9(server: Server) -> None:
-    for t in load(server, 40, max_tokens=4, prompt_words=700):
-        t.join()
+    Load(server, 120, max_tokens=4, prompt_words=90).done()
     # an incident of the last 10 minutes: everything still kept
     path = Path(str(server.post("/v1/schedtop/incident", {"note": "slow"})["path"]))
     info = summarize(path)

@@ -292,10 +292,11 @@ class EngineLoop:
         started = self.clock()  # admissions happen at the step's start (vLLM's scheduled_ts)
         outs = engine.step()
         self.stats.steps += 1
-        report = engine.last_step.report if engine.last_step is not None else None
-        if report is not None:
+        last = engine.last_step
+        report = last.report if last is not None else None
+        if last is not None and report is not None:
             for a in report.admissions:
-                live = self._live.get(a.request_id)
+                live = self._live.get(last.names.get(a.ref, ""))
                 if live is not None and live.scheduled_at is None:
                     live.scheduled_at = started
             if self.metrics is not None:

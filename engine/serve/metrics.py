@@ -141,12 +141,14 @@ class ServeMetrics:
         self.preemptions.inc(len(report.preemptions))
         self.iteration_tokens.observe(report.num_scheduled_tokens)
         requests = engine.core.scheduler.requests
+        names = engine.last_step.names if engine.last_step is not None else {}
         for a in report.admissions:
             if a.resumed:
                 continue
-            self._admitted.setdefault(a.request_id, started)
+            rid = names.get(a.ref, "")
+            self._admitted.setdefault(rid, started)
             if self.prefix_caching:
-                req = requests.get(a.request_id)
+                req = requests.get(rid)
                 if req is not None:
                     self.prefix_queries.inc(req.num_prompt_tokens)
                     self.prefix_hits.inc(a.cached_tokens)
