@@ -12,18 +12,8 @@ from pathlib import Path
 
 from recorder.errors import TraceError
 from recorder.reader import TraceReader
-from recorder.schema import Client, RecordType
+from recorder.schema import Client, RecordType, percentile
 from recorder.segments import list_segments
-
-
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 @dataclass
@@ -65,14 +55,14 @@ def server_stats(clients: Iterable[Client]) -> ServerStats | None:
         client_errors=sum(n for s, n in statuses.items() if 400 <= s < 500),
         server_errors=sum(n for s, n in statuses.items() if s >= 500),
         aborted=sum(1 for c in records if c.finish_reason == "abort"),
-        queue_p50=_percentile(queue, 50),
-        queue_p99=_percentile(queue, 99),
-        ttft_p50=_percentile(ttft, 50),
-        ttft_p99=_percentile(ttft, 99),
-        itl_p50=_percentile(itl, 50),
-        itl_p99=_percentile(itl, 99),
-        e2e_p50=_percentile(e2e, 50),
-        e2e_p99=_percentile(e2e, 99),
+        queue_p50=percentile(queue, 50),
+        queue_p99=percentile(queue, 99),
+        ttft_p50=percentile(ttft, 50),
+        ttft_p99=percentile(ttft, 99),
+        itl_p50=percentile(itl, 50),
+        itl_p99=percentile(itl, 99),
+        e2e_p50=percentile(e2e, 50),
+        e2e_p99=percentile(e2e, 99),
         endpoints=dict(sorted(Counter(c.endpoint for c in records).items())),
     )
 
@@ -173,7 +163,7 @@ class ClientLog:
         """A request's client-side timings, once its response ended by `step` ("" before)."""
         for c in reversed(self.upto(step)):
             if c.request_id == request_id:
-                itl = _percentile([g / 1e9 for g in c.itl_ns], 50)
+                itl = percentile([g / 1e9 for g in c.itl_ns], 50)
                 return (
                     f"client: queue {_ms(None if c.queue_ns is None else c.queue_ns / 1e9)}, "
                     f"TTFT {_ms(None if c.ttft_ns is None else c.ttft_ns / 1e9)}, "
