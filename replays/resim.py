@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from recorder.reader import TraceReader
+from recorder.multi import open_trace
 from replays.resim_base import Divergence, ResimError, ResimResult, config_for
 from replays.resim_faithful import run_faithful
 from replays.resim_scripted import run_scripted
@@ -40,7 +40,7 @@ def resimulate(
     """Re-simulate the trace at `path`, with `overrides` applied to its config; write the
     new trace to `out` if given. `scripted` skips the faithful runner (tests use it);
     `max_steps` stops a faithful re-simulation early (benchmarks use it)."""
-    with TraceReader(path) as reader:
+    with open_trace(path) as reader:
         header = reader.header
         if header.first_step != 0:
             raise ResimError(

@@ -18,6 +18,7 @@ from engine.core import EngineCore
 from engine.kv.hashing import ROOT_HASH, BlockHasher
 from engine.request import Request
 from engine.sim.runner import SimRunner
+from recorder.multi import open_trace
 from recorder.reader import TraceReader
 from recorder.schema import Arrival, KVKind, Status
 from replays.reducer import apply_with_view
@@ -154,9 +155,9 @@ class _ScriptedRunner(SimRunner):
 def run_scripted(
     reader: TraceReader, config: EngineConfig, overrides: dict[str, Any], out: str | Path | None
 ) -> ResimResult:
-    with TraceReader(reader.path) as again:
+    with open_trace(reader.path) as again:
         scripts, num_recorded = _collect(again)
-    with TraceReader(reader.path) as recorded:  # compared step by step as the run goes
+    with open_trace(reader.path) as recorded:  # compared step by step as the run goes
         checker = Checker(recorded.steps())
         return _run(reader, config, overrides, out, scripts, num_recorded, checker)
 

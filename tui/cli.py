@@ -201,13 +201,28 @@ class _Pace:
 
 @main.command()
 @click.argument("trace", metavar="TRACE")
+@click.option(
+    "--api-key",
+    envvar="SCHEDTOP_API_KEY",
+    metavar="KEY",
+    help="For http://HOST:PORT: the server's API key (also $SCHEDTOP_API_KEY).",
+)
 @user_errors
-def live(trace: str) -> None:
-    """Follow a trace that an engine is writing: stay on the newest step until you step
-    back (F or end follows again). Keys: ? in the app."""
-    from tui.launch import open_session, run_app
+def live(trace: str, api_key: str | None) -> None:
+    """Follow a trace that an engine is writing (a file, a server's run directory, or a
+    server's stream at http://HOST:PORT): stay on the newest step until you step back
+    (F or end follows again). Keys: ? in the app."""
+    from tui.launch import open_remote_session, open_session, run_app
+    from tui.remote import is_url
 
-    run_app(open_session(trace, live=True))
+    if not is_url(trace):
+        run_app(open_session(trace, live=True))
+        return
+    session, stream = open_remote_session(trace, api_key)
+    try:
+        run_app(session)
+    finally:
+        stream.close()
 
 
 @main.command()
@@ -592,7 +607,7 @@ def find(
 
     Predicates: preempt, preempt:ID, admit:ID, first-token:ID, finish:ID, free<N, slow>MS,
     wait>STEPS, util<PERCENT. Exit status 1 when nothing matches."""
-    from recorder.reader import TraceReader
+    from recorder.multi import open_trace
     from replays.breakpoints import find as find_step
     from replays.breakpoints import find_all, parse
     from replays.timeline import Timeline
@@ -602,7 +617,7 @@ def find(
     except ValueError as e:
         click.echo(f"schedtop: error: {e}", err=True)
         sys.exit(2)
-    with TraceReader(trace) as reader:
+    with open_trace(trace) as reader:
         tl = Timeline(reader)
         if every:
             hits = list(find_all(tl, preds))
@@ -724,6 +739,194 @@ def run(
     click.echo(f"workload: {w.source}" + (f" - {w.description}" if w.description else ""))
     click.echo(format_summary(summary))
     recording.report()
+
+
+def _engine_options(fn: F) -> F:
+    """The engine and runner flags `serve` shares with `run` (vLLM's names)."""
+    for option in reversed(
+        [
+            click.option("--max-num-batched-tokens", type=int, help="Per-step token budget."),
+            click.option("--max-num-seqs", type=int, help="Cap on running requests."),
+            click.option("--block-size", type=int, help="Tokens per KV block."),
+            click.option(
+                "--long-prefill-token-threshold", type=int, help="Per-request tokens per step."
+            ),
+            click.option(
+                "--enable-prefix-caching/--no-enable-prefix-caching",
+                default=None,
+                help="Reuse KV blocks of shared prefixes.",
+            ),
+            click.option("--scheduling-policy", type=click.Choice(["fcfs", "priority"])),
+            click.option("--max-model-len", type=int, help="Prompt + output tokens, at most."),
+            click.option("--kv-cache-memory", metavar="SIZE", help="KV cache size on CPU."),
+            click.option("--gpu-memory-utilization", type=float, help="Fraction of GPU memory."),
+            click.option("--num-gpu-blocks-override", type=int, help="KV blocks, fixed."),
+            click.option("--device", type=click.Choice(["auto", "cpu", "cuda"])),
+            click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"])),
+            click.option("--seed", type=int, help="Seed of unseeded sampling."),
+        ]
+    ):
+        fn = option(fn)
+    return fn
+
+
+@main.command()
+@click.option("--model", metavar="PATH", help="A .gguf file or a Hugging Face model directory.")
+@click.option(
+    "--served-model-name", metavar="NAME", help="The name clients use (default: the model file's)."
+)
+@_engine_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=8000, show_default=True, help="0: any free port.")
+@click.option(
+    "--api-key",
+    envvar="SCHEDTOP_API_KEY",
+    metavar="KEY",
+    help="Require 'Authorization: Bearer KEY' on /v1/* (also $SCHEDTOP_API_KEY).",
+)
+@click.option(
+    "--max-waiting",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Answer 503 once this many requests wait (0: no bound).",
+)
+@click.option(
+    "--trace-dir",
+    metavar="DIR",
+    help="Where the recording goes (default: the trace directory).",
+)
+@click.option(
+    "--trace-max-bytes",
+    metavar="SIZE",
+    default="2GiB",
+    show_default=True,
+    help="Keep the recording under this size (segmented recordings).",
+)
+@click.option(
+    "--incident-window",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="What POST /v1/schedtop/incident copies by default.",
+)
+@click.option("--no-trace", is_flag=True, help="Do not record.")
+@click.option(
+    "--redact-prompts", is_flag=True, help="Leave prompt and output token ids out of the trace."
+)
+@user_errors
+def serve(
+    model: str | None,
+    served_model_name: str | None,
+    host: str,
+    port: int,
+    api_key: str | None,
+    max_waiting: int,
+    trace_dir: str | None,
+    trace_max_bytes: str,
+    incident_window: float,
+    no_trace: bool,
+    redact_prompts: bool,
+    **options: Any,
+) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API (FastAPI + uvicorn) and record
+    every step, like `run`. Routes: /v1/completions, /v1/chat/completions, /v1/models,
+    /health, /version, /metrics (Prometheus, vLLM's names), /v1/schedtop/stream,
+    /v1/schedtop/incident. Stop it with Ctrl-C."""
+    from engine.model.progress import loading
+    from engine.serve.app import ServeSettings
+    from engine.serve.server import Listen, bind, load_engine, serve_forever
+
+    if no_trace and trace_dir:
+        raise click.UsageError("--trace-dir and --no-trace exclude each other")
+    try:
+        listen = Listen(host, port, max_waiting)
+        max_bytes = _size(trace_max_bytes, "--trace-max-bytes")
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    try:  # before the model loads: a taken port fails at once (vLLM binds first too)
+        sock = bind(listen.host, listen.port)
+    except OSError as e:
+        click.echo(f"schedtop: error: {e}", err=True)
+        sys.exit(2)
+    recording = None
+    try:
+        with loading("loading the model"):
+            engine, name = load_engine(model, options)
+        try:
+            settings = ServeSettings(
+                model_name=served_model_name or name,
+                max_model_len=engine.config.max_model_len,
+                api_key=api_key,
+                version=_version(),
+                incident_window_s=incident_window,
+            )
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
+        if not no_trace:
+            recording = _server_recording(engine, trace_dir, max_bytes, redact_prompts, settings)
+        serve_forever(
+            engine,
+            settings,
+            listen,
+            recording,
+            on_listening=lambda url: click.echo(
+                f"schedtop serve: {settings.model_name} on {url}"
+                + (f"  (trace: {_where(recording)})" if recording is not None else ""),
+            ),
+            sock=sock,
+        )
+    finally:
+        sock.close()
+        if recording is not None:
+            recording.close()
+            if recording.error:
+                click.echo(
+                    f"schedtop: warning: recording stopped early: {recording.error}", err=True
+                )
+
+
+def _size(text: str, option: str) -> int:
+    from engine.model.kv_cache import parse_size
+
+    try:
+        return int(parse_size(text))
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint=option) from None
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("schedtop")
+    except metadata.PackageNotFoundError:
+        return "dev"
+
+
+def _server_recording(
+    engine: Any, trace_dir: str | None, max_bytes: int, redact: bool, settings: Any
+) -> Any:
+    """The recording of a server run, wired to its engine core: rotating segments in a
+    new directory under `trace_dir`, a live stream, incidents."""
+    from pathlib import Path
+
+    from recorder.serving import open_server_recording
+
+    try:
+        return open_server_recording(
+            engine,
+            Path(trace_dir) if trace_dir is not None else None,
+            max_bytes=max_bytes,
+            redact_prompts=redact,
+            model=settings.model_name,
+        )
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--trace-max-bytes") from None
+
+
+def _where(recording: Any) -> str:
+    return str(getattr(recording, "directory", None) or getattr(recording, "path", ""))
 
 
 if __name__ == "__main__":
