@@ -22,7 +22,7 @@ from replays.whatif import whatif
 from tests.model_support import needs_default_model
 
 BOUND = 0.20  # the acceptance bound on each compared metric's relative error
-SMALL_POOL = 33  # KV blocks (the null block included) of the second run: it preempts
+SMALL_POOL = 25  # KV blocks (the null block included) of the second run: it preempts
 
 
 def workload(path: Path) -> Path:
@@ -44,7 +44,7 @@ def workload(path: Path) -> Path:
                 },
             }
         )
-        t += rng.expovariate(1 / 0.2)
+        t += rng.expovariate(1 / 0.02)
     path.write_text(json.dumps({"config": {"num_threads": 1}, "requests": requests}))
     return path
 
