@@ -22,6 +22,7 @@ def user_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from engine.model.errors import ModelError
+        from engine.safe_output import OutputError
         from engine.sim.workload import WorkloadError
         from recorder.errors import RecordingError, TraceError
         from replays.resim import ResimError
@@ -30,7 +31,15 @@ def user_errors(fn: F) -> F:
 
         try:
             return fn(*args, **kwargs)
-        except (WorkloadError, ModelError, TraceError, RecordingError, ResimError, NoTerminal) as e:
+        except (
+            WorkloadError,
+            ModelError,
+            TraceError,
+            RecordingError,
+            ResimError,
+            NoTerminal,
+            OutputError,
+        ) as e:
             click.echo(f"schedtop: error: {e}", err=True)
             sys.exit(2)
         except DemoError as e:
@@ -38,6 +47,29 @@ def user_errors(fn: F) -> F:
             sys.exit(1)
 
     return wrapper  # type: ignore[return-value]
+
+
+FORCE = click.option(
+    "--force", is_flag=True, help="Overwrite output files that exist (never devices or links)."
+)
+
+
+def check_outputs(
+    outputs: dict[str, str | None], inputs: list[str | None], force: bool, trace: str | None = None
+) -> None:
+    """Refuse bad output paths before any work (engine.safe_output has the rules). A
+    trace another process is recording is named with that writer's pid first."""
+    from engine.safe_output import Output
+    from engine.safe_output import check_outputs as check
+    from recorder.writer import check_not_being_written
+
+    if trace:
+        check_not_being_written(trace)
+    check(
+        [Output(opt, path) for opt, path in outputs.items() if path is not None],
+        [p for p in inputs if p],
+        force=force,
+    )
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
@@ -105,6 +137,7 @@ def _attach() -> None:
     help="Run at most this many steps per second, to watch the trace live "
     "(`schedtop live TRACE`). Default: as fast as it goes.",
 )
+@FORCE
 @user_errors
 def sim(
     workload: str | None,
@@ -114,6 +147,7 @@ def sim(
     no_trace: bool,
     redact_prompts: bool,
     pace: float,
+    force: bool,
 ) -> None:
     """Run a workload through the real scheduler with a simulated model.
 
@@ -124,6 +158,7 @@ def sim(
 
     if no_trace and trace_path:
         raise click.UsageError("--trace and --no-trace exclude each other")
+    check_outputs({"--trace": trace_path, "--decisions": decisions}, [workload], force, trace_path)
     w = load(workload, settings)
     recording = _Recording(
         None if no_trace else trace_path, "sim", redact_prompts, enabled=not no_trace
@@ -289,8 +324,9 @@ def info(trace: str) -> None:
     help="Write the re-simulated trace here (with --set, the default is a new "
     "file in the trace directory).",
 )
+@FORCE
 @user_errors
-def resim(trace: str, settings: tuple[str, ...], out: str | None) -> None:
+def resim(trace: str, settings: tuple[str, ...], out: str | None, force: bool) -> None:
     """Re-drive today's scheduler with a trace's inputs.
 
     With the recorded config every decision must come out the same: exit status 0 when
@@ -301,6 +337,7 @@ def resim(trace: str, settings: tuple[str, ...], out: str | None) -> None:
     from replays.diff import diff_traces, format_diff
     from replays.resim import resimulate
 
+    check_outputs({"--trace": out}, [trace], force, out)
     overrides = parse_settings(settings)
     if overrides and out is None:
         path = new_trace_path("resim")
@@ -415,12 +452,14 @@ def find(
     metavar="OUT.json",
     help="Write the Chrome trace-event format, for ui.perfetto.dev or chrome://tracing.",
 )
+@FORCE
 @user_errors
-def export(trace: str, out: str) -> None:
+def export(trace: str, out: str, force: bool) -> None:
     """Export a trace for a timeline viewer: one track per request, the steps with their
     timings, counters and preemption arrows (docs/export.md)."""
     from replays.export import ExportError, export_perfetto
 
+    check_outputs({"--perfetto": out}, [trace], force)
     try:
         done = export_perfetto(trace, out)
     except ExportError as e:  # the output side; trace errors go through user_errors
@@ -469,6 +508,7 @@ def export(trace: str, out: str) -> None:
 @click.option(
     "--redact-prompts", is_flag=True, help="Leave prompt and output token ids out of the trace."
 )
+@FORCE
 @user_errors
 def run(
     model: str | None,
@@ -477,6 +517,7 @@ def run(
     trace_path: str | None,
     no_trace: bool,
     redact_prompts: bool,
+    force: bool,
     **options: Any,
 ) -> None:
     """Run a workload on the real model and summarise throughput and latency.
@@ -487,6 +528,9 @@ def run(
 
     if no_trace and trace_path:
         raise click.UsageError("--trace and --no-trace exclude each other")
+    check_outputs(
+        {"--trace": trace_path, "--outputs": outputs}, [workload, model], force, trace_path
+    )
     w = load(workload)
     recording = _Recording(
         None if no_trace else trace_path, "run", redact_prompts, enabled=not no_trace
