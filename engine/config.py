@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from engine.limits import RANGES, check_range
+
 POLICIES = ("fcfs", "priority")
 
 
@@ -34,6 +36,10 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         self._check_types()
+        for name in _FIELD_TYPES:
+            value = getattr(self, name)
+            if name in RANGES and value is not None:
+                check_range(name, value)
         _require(self.block_size > 0, "block_size", self.block_size, "must be > 0")
         _require(
             self.num_blocks >= 2,

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from operator import attrgetter
 
+from engine.limits import check_range
+
 
 class Status(enum.IntEnum):
     """A request's lifecycle state; every value above PREEMPTED is a finished state."""
@@ -127,14 +129,15 @@ class SamplingParams:
     ignore_eos: bool = False  # keep going past the model's EOS token
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens={self.max_tokens}: must be >= 1")
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature}: must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p}: must be in (0, 1]")
-        if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k}: must be >= 0 (0 = off)")
+        # engine.limits has the ranges: NaN, 1e23 or a negative id fail here, not mid-run
+        for name in ("max_tokens", "temperature", "top_p", "top_k"):
+            check_range(name, getattr(self, name))
+        if self.top_p == 0:
+            raise ValueError("top_p=0.0: must be in (0, 1]")
+        if self.seed is not None:
+            check_range("seed", self.seed)
+        for t in self.stop_token_ids:
+            check_range("token_id", t, "stop_token_ids")
 
 
 @dataclass(frozen=True, slots=True)

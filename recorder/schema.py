@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from engine.limits import MAX_NUM_BLOCKS
 from engine.records import (
     KIND_LABELS,
     NO_KV_EVENTS,
@@ -46,10 +47,12 @@ from engine.records import (
     percentile,
 )
 
+MAX_BLOCKS = MAX_NUM_BLOCKS  # the writers' limit is the readers': whatever a run records, reads
 Sampling = SamplingParams  # the name the trace format gives a request's sampling parameters
 RequestSnap = RequestState  # the name the trace format gives a request in a snapshot
 
 __all__ = [
+    "MAX_BLOCKS",
     "KIND_LABELS",
     "REASON_LABELS",
     "STATUS_LABELS",

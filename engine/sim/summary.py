@@ -7,7 +7,7 @@ from engine.sim.driver import SimSummary
 
 def format_summary(s: SimSummary, max_rows: int = 40) -> str:
     finished = len(s.finish_step)
-    errors = sum(1 for r in s.finish_reason.values() if r == "error")
+    errors = sum(1 for r in s.finish_reason.values() if r.split(":")[0] == "error")
     lines = [
         f"steps {s.num_steps}   requests {len(s.arrival_step)} (finished {finished}, "
         f"errors {errors})   scheduled tokens {s.scheduled_tokens}",
