@@ -44,23 +44,12 @@ def summarize(path: str | os.PathLike[str]) -> TraceSummary:
 
 def _summarize(path: str | os.PathLike[str]) -> TraceSummary:
     with TraceReader(path) as reader:
+        # Every record is read and checked, footer or not: a footer only says the writer
+        # got to the end, not that what lies before it is whole (issue 14).
+        last_step, last_time, totals, end = _count(reader)
         footer = reader.footer
         if footer is not None:
-            index = reader.index()
-            last_time = 0
-            if index.step_offsets:
-                last = reader.read_at(index.step_offsets[-1]).record
-                last_time = last.time_ns if isinstance(last, Step) else 0
-            totals = (
-                footer.num_arrivals,
-                footer.num_finishes,
-                footer.num_preemptions,
-                len(footer.snapshot_offsets),
-            )
-            last_step = index.last_step
-            end = reader.path.stat().st_size
-        else:
-            last_step, last_time, totals, end = _count(reader)
+            _check_footer(reader, last_step, totals)
         return TraceSummary(
             reader.path,
             reader.path.stat().st_size,
@@ -73,6 +62,27 @@ def _summarize(path: str | os.PathLike[str]) -> TraceSummary:
             closed_cleanly=footer is not None,
             cut=reader.cut,
             end=end,
+        )
+
+
+def _check_footer(reader: TraceReader, last_step: int, totals: tuple[int, int, int, int]) -> None:
+    """The footer's counts must be the records' own."""
+    footer = reader.footer
+    assert footer is not None
+    claimed = (
+        footer.num_arrivals,
+        footer.num_finishes,
+        footer.num_preemptions,
+        len(footer.snapshot_offsets),
+    )
+    names = ("arrivals", "finishes", "preemptions", "snapshots")
+    for name, said, found in zip(names, claimed, totals):
+        if said != found:
+            raise TraceError(f"footer: says {said} {name}, the records hold {found}")
+    if reader.index().last_step != last_step:
+        raise TraceError(
+            f"footer: says the last step is {reader.index().last_step}, the records end "
+            f"at step {last_step}"
         )
 
 

@@ -453,8 +453,25 @@ def _open(path: Path) -> BinaryIO:
     try:
         if not stat.S_ISREG(path.stat().st_mode):
             raise TraceError("not a regular file")
-        return open(path, "rb", buffering=1 << 16)
+        return _File(path)
     except FileNotFoundError:
         raise TraceError("no such file", incomplete=True) from None
     except OSError as e:
         raise TraceError(f"cannot read: {e.strerror}") from None
+
+
+class _File(io.BufferedReader):
+    """A trace file whose read errors (EIO on a failing disk, /proc/self/mem) are
+    TraceErrors naming the file, like every other way a trace cannot be read."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(io.FileIO(path, "r"), buffer_size=1 << 16)
+        self._path = str(path)
+
+    def read(self, size: int | None = -1) -> bytes:
+        try:
+            return super().read(size)
+        except OSError as e:
+            err = TraceError(f"cannot read: {e.strerror or e}")
+            err.path = self._path
+            raise err from None

@@ -127,6 +127,13 @@ class Header:
     first_step: int = 0  # the step of the first step record (> 0: attached mid-run)
     snapshot_interval: int = 256  # a snapshot follows step s when (s + 1) % interval == 0
 
+    def __post_init__(self) -> None:
+        # a crafted header must fail as a TraceError here, not as a ZeroDivisionError later
+        if self.snapshot_interval < 1:
+            raise ValueError(f"snapshot_interval={self.snapshot_interval}: must be >= 1")
+        if not 1 <= self.block_size <= 4096:
+            raise ValueError(f"block_size={self.block_size}: must be in [1, 4096]")
+
 
 # -- footer ---------------------------------------------------------------------------------
 

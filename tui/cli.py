@@ -45,6 +45,10 @@ def user_errors(fn: F) -> F:
         except DemoError as e:
             click.echo(f"schedtop: error: {e}", err=True)
             sys.exit(1)
+        except OSError as e:  # EIO, EISDIR, ENOSPC...: the file and the reason, one line
+            where = f"{e.filename}: " if e.filename else ""
+            click.echo(f"schedtop: error: {where}{e.strerror or e}", err=True)
+            sys.exit(2)
 
     return wrapper  # type: ignore[return-value]
 
@@ -191,8 +195,9 @@ class _Recording:
         rec = self.recorder
         if rec is not None:
             click.echo(f"trace: {rec.path}")
-            if rec.error:
-                click.echo(f"schedtop: warning: recording stopped early: {rec.error}", err=True)
+            if rec.error:  # the run went on, but its record is incomplete: not a success
+                click.echo(f"schedtop: error: recording stopped early: {rec.error}", err=True)
+                sys.exit(1)
 
 
 class _Pace:
