@@ -13,6 +13,7 @@ Pure Python, no torch: the trace reader imports this module without the model st
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from operator import attrgetter
@@ -97,6 +98,17 @@ REASON_LABELS: dict[int, str] = {
     Reason.PREEMPTED: "preempted",
     Reason.NO_CHUNKING: "needs chunking (off)",
 }
+
+
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` safe to print on a terminal: control characters (escape sequences that clear
+    the screen or retitle the window, C1 codes, bidi overrides) shown as `\\xNN` /
+    `\\uNNNN`; newlines and tabs kept. Everything printed from a trace or a workload (ids,
+    host, model names, messages) goes through it."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def label(table: dict[int, str], value: int) -> str:

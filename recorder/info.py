@@ -10,7 +10,7 @@ from pathlib import Path
 
 from recorder.errors import TraceError
 from recorder.reader import Cut, TraceReader
-from recorder.schema import Header, Snapshot, Step
+from recorder.schema import Header, Snapshot, Step, printable
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +122,7 @@ def format_summary(s: TraceSummary) -> str:
         f"preemptions {s.num_preemptions:,}  snapshots {s.num_snapshots}",
         f"closed    {_closing(s)}",
     ]
-    return "\n".join(lines)
+    return printable("\n".join(lines))  # host, model, config values: from the file
 
 
 def _closing(s: TraceSummary) -> str:

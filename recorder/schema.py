@@ -45,6 +45,7 @@ from engine.records import (
     Timing,
     label,
     percentile,
+    printable,
 )
 
 MAX_BLOCKS = MAX_NUM_BLOCKS  # the writers' limit is the readers': whatever a run records, reads
@@ -52,6 +53,7 @@ Sampling = SamplingParams  # the name the trace format gives a request's samplin
 RequestSnap = RequestState  # the name the trace format gives a request in a snapshot
 
 __all__ = [
+    "printable",
     "MAX_BLOCKS",
     "KIND_LABELS",
     "REASON_LABELS",

@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from recorder.reader import TraceReader
-from recorder.schema import STATUS_LABELS, RequestState, Snapshot, Step, label, percentile
+from recorder.schema import (
+    STATUS_LABELS,
+    RequestState,
+    Snapshot,
+    Step,
+    label,
+    percentile,
+    printable,
+)
 from replays.reducer import apply, arrived
 from replays.state import State
 
@@ -196,7 +204,7 @@ def format_stats(s: TraceStats) -> str:
         ("budget use", f"{s.mean_budget_use:.1%} mean"),
     ]
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    return printable("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
 
 
 def _v(x: float | None, unit: str) -> str:

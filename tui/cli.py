@@ -169,9 +169,16 @@ def sim(
     )
     sink = _Pace(pace) if pace else NULL_SINK
     summary = run_sim(w, decisions, sink=sink, on_engine=recording.attach)
-    click.echo(f"workload: {w.source}" + (f" - {w.description}" if w.description else ""))
+    click.echo(_about(w))
     click.echo(format_summary(summary))
     recording.report()
+
+
+def _about(w: Any) -> str:
+    """The workload line of a summary; its description is the file's, so made printable."""
+    from engine.records import printable
+
+    return printable(f"workload: {w.source}" + (f" - {w.description}" if w.description else ""))
 
 
 class _Recording:
@@ -548,7 +555,7 @@ def run(
         show_progress=True,
         on_engine=lambda e: recording.attach(e.core, e.model.spec.name),
     )
-    click.echo(f"workload: {w.source}" + (f" - {w.description}" if w.description else ""))
+    click.echo(_about(w))
     click.echo(format_summary(summary))
     recording.report()
 

@@ -28,7 +28,7 @@ from engine.model.workload import (
     check_option_names,
     load_run_workload,
 )
-from engine.records import percentile
+from engine.records import percentile, printable
 from engine.request import SamplingParams
 from engine.sim.workload import WorkloadError, atomic_output
 
@@ -320,4 +320,4 @@ def format_summary(s: RunSummary) -> str:
         lines.append(f"error: request {rid!r}: {message}")
     if len(s.errors) > 10:
         lines.append(f"... {len(s.errors) - 10} more errors")
-    return "\n".join(lines)
+    return printable("\n".join(lines))  # request ids and messages come from the workload

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from engine.records import printable
 from engine.sim.driver import SimSummary
 
 
@@ -29,7 +30,7 @@ def format_summary(s: SimSummary, max_rows: int = 40) -> str:
     if len(rows) > max_rows:
         lines.append(f"... {len(rows) - max_rows} more")
     lines.append("(queued: steps from arrival to first scheduled; ttft: to first token)")
-    return "\n".join(lines)
+    return printable("\n".join(lines))
 
 
 def _steps(step: int | None, arrive: int) -> str:
