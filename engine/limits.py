@@ -17,6 +17,8 @@ MAX_TOKENS = 1 << 24  # any token count: lengths, budgets, max_tokens
 MAX_TOKEN_ID = (1 << 31) - 1  # token ids fit int32 (every vocabulary does)
 MAX_ID_CHARS = 1 << 10  # request ids
 MAX_ARRIVAL_S = 1e7  # seconds (about four months): later arrivals are typos
+MAX_TEMPLATE_CHARS = 1 << 25  # a chat template's rendered prompt, and any string it builds
+MAX_TEMPLATE_S = 2.0  # a chat template's rendering time (a normal one takes milliseconds)
 
 # name: (lowest, highest); None for "no value" is handled by the caller
 RANGES: dict[str, tuple[float, float]] = {
