@@ -16,9 +16,11 @@ locks instead. This module is stdlib only: every layer may use it."""
 
 from __future__ import annotations
 
+import glob
 import os
 import stat
 from collections.abc import Iterable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,3 +94,23 @@ def _same(target: Path, other: Path) -> bool:
         return target.exists() and other.exists() and os.path.samefile(target, other)
     except OSError:
         return False
+
+
+def remove_stale_temps(final: Path) -> None:
+    """Remove `.NAME.PID[.X].tmp` files next to `final` whose writer is dead: a writer
+    killed by SIGKILL cannot clean up after itself, so the next one does."""
+    for tmp in final.parent.glob(f".{glob.escape(final.name)}.*.tmp"):
+        parts = tmp.name[len(final.name) + 2 : -len(".tmp")].split(".")
+        if parts and parts[0].isdigit() and not _alive(int(parts[0])):
+            with suppress(OSError):
+                tmp.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -381,7 +381,7 @@ class Items(Codec[tuple[T, ...]]):
             e.path.append(f"[{len(out)}]")
             raise
         except _DECODE_ERRORS as e:
-            raise Bad(f"item {len(out)}: malformed msgpack ({e})") from None
+            raise Bad(f"item {len(out)}: malformed msgpack ({_why(e)})") from None
         if end != len(v):
             raise Bad(f"item {len(out)} is cut short")
         return tuple(out)
@@ -455,4 +455,9 @@ def unpack_body(body: bytes) -> Any:
     try:
         return msgpack.unpackb(body, **_LIMITS)
     except _DECODE_ERRORS as e:
-        raise Bad(f"malformed msgpack ({e})") from None
+        raise Bad(f"malformed msgpack ({_why(e)})") from None
+
+
+def _why(e: BaseException) -> str:
+    """An exception's reason; its type when it has no message (msgpack raises some bare)."""
+    return str(e) or type(e).__name__

@@ -53,6 +53,7 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+MIN_PACE, MAX_PACE = 0.01, 1e6  # steps/s: slower is a step per 100 s; 1e-300 overflowed sleep()
 FORCE = click.option(
     "--force", is_flag=True, help="Overwrite output files that exist (never devices or links)."
 )
@@ -162,6 +163,8 @@ def sim(
 
     if no_trace and trace_path:
         raise click.UsageError("--trace and --no-trace exclude each other")
+    if pace and not MIN_PACE <= pace <= MAX_PACE:
+        raise click.BadParameter(f"{pace:g}: must be 0 or in [{MIN_PACE:g}, {MAX_PACE:g}]")
     check_outputs({"--trace": trace_path, "--decisions": decisions}, [workload], force, trace_path)
     w = load(workload, settings)
     recording = _Recording(
@@ -442,7 +445,7 @@ def find(
             hits = list(find_all(tl, preds))
         else:
             origin = (
-                start
+                max(tl.first_step - 1, min(start, tl.last_step + 1))  # --from -5: the start
                 if start is not None
                 else (tl.last_step + 1 if backward else tl.first_step - 1)
             )

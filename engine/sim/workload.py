@@ -17,6 +17,7 @@ from typing import Any, Protocol, TextIO, TypeVar
 
 from engine.config import EngineConfig
 from engine.limits import MAX_ID_CHARS, MAX_TOKEN_ID, MAX_TOKENS, check_range
+from engine.safe_output import remove_stale_temps
 
 DRIVER_KEYS = ("max_steps", "async_scheduling")
 
@@ -131,6 +132,7 @@ def atomic_output(path: str | Path) -> Iterator[TextIO]:
     """A text file that appears at `path` only when the block completes: a failed run
     leaves no half-written output (and no temporary file) behind."""
     final = Path(os.path.realpath(path))  # through a link: replace its target, not the link
+    remove_stale_temps(final)
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w") as f:
