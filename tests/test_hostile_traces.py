@@ -140,3 +140,40 @@ def test_read_errors_are_one_line_in_every_reader_command(tmp_path: Path, args: 
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr == "schedtop: error: /proc/self/mem: cannot read: Input/output error\n"
+
+
+@pytest.mark.slow
+def test_reading_memory_is_bounded_whatever_a_record_claims(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step whose arrival carries 20 million 2-byte token ids (a 40 MB record, under the
+    64 MiB frame limit) used to decode to about 1 GB of Python ints. Readers stop at
+    MAX_RECORD_INTS before building any: each command runs in a real process whose
+    address space is capped at 1.5 GiB, and fails cleanly."""
+    import resource
+
+    from recorder import encoding
+
+    header, *records = valid_records()
+    first = next(i for i, r in enumerate(records) if isinstance(r, Step) and r.arrivals)
+    step = records[first]
+    n = 20_000_000
+    big = dataclasses.replace(step.arrivals[0], prompt_token_ids=(1000,) * n, num_prompt_tokens=n)
+    records[first] = dataclasses.replace(step, arrivals=(big, *step.arrivals[1:]))
+    monkeypatch.setattr(encoding, "MAX_RECORD_INTS", 1 << 30)  # write what no writer may
+    path = tmp_path / "big.trace"
+    path.write_bytes(build([header, *records]))
+    monkeypatch.undo()
+    records[first] = step  # free the big tuple before the children run
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 29, 3 << 29))
+
+    for cmd in (["info"], ["stats"], ["find", "preempt"]):
+        argv = [sys.executable, "-m", "tui.cli", cmd[0], str(path), *cmd[1:]]
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=300, preexec_fn=cap, check=False
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert f"more than {encoding.MAX_RECORD_INTS} integers" in proc.stderr
+        assert "Traceback" not in proc.stderr and "MemoryError" not in proc.stderr
