@@ -212,7 +212,7 @@ def end_record() -> None:
 
 def _spend(n: int) -> bool:
     """False when the record in progress would hold more than MAX_RECORD_INTS."""
-    left = getattr(_budget, "left", None)
+    left: int | None = getattr(_budget, "left", None)
     if left is None:
         return True
     _budget.left = left - n
