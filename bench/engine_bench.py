@@ -1,22 +1,50 @@
-"""Ours (continuous batching over paged KV) against Hugging Face transformers' generate()
-in static batches of 8 with left padding, on one workload, in one process.
+"""Ours (continuous batching over paged KV) against its peers on one workload, in one run:
+Hugging Face transformers' generate() in static batches of 8 with left padding, and
+llama.cpp on the same GGUF file, one sequence at a time through its Python API and, when
+its server binary is at hand, with its own parallel slots (continuous batching).
 
 The workload: N requests (64; 16 with --quick), prompts of 32-512 random tokens, 16-256
 new tokens each with EOS ignored, greedy, Poisson arrivals. transformers serves them in
 arrival order, 8 at a time: a batch starts when its last request has arrived and the
-previous batch is done, and runs to its longest request. Runs alternate A B A B so that
-a noisy neighbour hurts both; the table reports every run and the ratios. Both engines of
-a pair run with the same torch thread count: --threads, or the faster of one thread and
-all cores, measured before the pair (on a busy machine one thread wins).
+previous batch is done, and runs to its longest request. llama.cpp's Python API serves
+them one at a time in arrival order; its server gets each request at its arrival time,
+streamed. Runs alternate (ours, then each peer) so that a noisy neighbour hurts all; the
+table reports every run and the ratios. Every engine of a pair runs with the same CPU
+thread count: --threads, or the faster of one thread and all cores, measured before the
+pair (on a busy machine one thread wins).
 
-    .venv/bin/python bench/engine_bench.py [--quick] [--repeats 2] [--threads N]
+Peers are optional: one that is not installed is skipped, and the bench says so.
+transformers comes with the dev extras. llama.cpp is not a dependency of this project:
+build llama-cpp-python from source in a venv of its own, outside the repository (about
+10 minutes on 2 cores; it compiles llama.cpp), and optionally llama.cpp's server from the
+same sources:
+
+    python3 -m venv /work/venv-llamacpp
+    CMAKE_BUILD_PARALLEL_LEVEL=1 nice -n 19 /work/venv-llamacpp/bin/pip install \
+        llama-cpp-python==0.3.36
+    # the server (optional): llama.cpp as vendored in the same sdist
+    pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d /tmp/src
+    tar xzf /tmp/src/llama_cpp_python-0.3.36.tar.gz -C /tmp/src
+    cmake -S /tmp/src/llama_cpp_python-0.3.36/vendor/llama.cpp -B /work/llama-server-build \
+        -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF \
+        -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF
+    nice -n 19 cmake --build /work/llama-server-build --target llama-server -j1
+
+    .venv/bin/python bench/engine_bench.py [--quick] [--repeats 2] [--threads N] \
+        [--llamacpp-python /work/venv-llamacpp/bin/python] \
+        [--llamacpp-server /work/llama-server-build/bin/llama-server]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -33,6 +61,7 @@ from engine.model.threads import ThreadTuner  # noqa: E402
 from engine.model.workload import WorkloadRequest  # noqa: E402
 
 HF_BATCH = 8
+LLAMACPP_PEER = Path(__file__).with_name("_llamacpp_peer.py")
 MAX_THREADS = torch.get_num_threads()
 
 
@@ -149,6 +178,61 @@ def load_transformers() -> Any:
     ).eval()
 
 
+def llamacpp_python(given: str | None) -> tuple[str | None, str]:
+    """An interpreter that can import llama_cpp: the one given, $LLAMACPP_PYTHON, or
+    this one; None and the reason when there is none."""
+    for python in (given, os.environ.get("LLAMACPP_PYTHON"), sys.executable):
+        if not python:
+            continue
+        probe = subprocess.run(
+            [python, "-c", "import llama_cpp"], capture_output=True, text=True, timeout=120
+        )
+        if probe.returncode == 0:
+            return python, "ok"
+        if python == given:
+            return None, f"{given} cannot import llama_cpp"
+    return None, "llama_cpp is not installed (see this file's docstring; --llamacpp-python)"
+
+
+def llamacpp_server(given: str | None) -> tuple[str | None, str]:
+    """llama.cpp's server binary: the one given, $LLAMACPP_SERVER, or llama-server on PATH."""
+    for path in (given, os.environ.get("LLAMACPP_SERVER"), shutil.which("llama-server")):
+        if path and os.access(path, os.X_OK):
+            return path, "ok"
+        if path and path == given:
+            return None, f"{given} is not an executable"
+    return None, "no llama-server binary (see this file's docstring; --llamacpp-server)"
+
+
+def run_llamacpp(
+    python: str, w: RunWorkload, threads: int, server: str | None = None, slots: int = 0
+) -> Result:
+    """One run of llama.cpp in its own interpreter (bench/_llamacpp_peer.py)."""
+    job = {
+        "mode": "server" if server else "python",
+        "server": server,
+        "slots": slots,
+        "model": str(default_model_path()),
+        "threads": threads,
+        "requests": [
+            {
+                "prompt": r.prompt_token_ids,
+                "arrival": r.arrival_time,
+                "max_tokens": int(r.sampling["max_tokens"]),
+            }
+            for r in w.requests
+        ],
+    }
+    proc = subprocess.run(
+        [python, str(LLAMACPP_PEER)], input=json.dumps(job), capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama.cpp peer failed: {proc.stderr.strip()[-2000:]}")
+    res = json.loads(proc.stdout)
+    name = f"llama.cpp server, {slots} slots" if server else "llama.cpp, 1 at a time"
+    return Result(name, threads, res["output_tokens"], res["total_s"], res["ttft"], res["tpot"])
+
+
 def row(r: Result) -> str:
     def ms(values: list[float], q: float) -> str:
         v = percentile(values, q)
@@ -160,14 +244,25 @@ def row(r: Result) -> str:
     )
 
 
+def ratios(name: str, pairs: list[tuple[Result, Result]]) -> None:
+    tput = [o.tok_s / t.tok_s for o, t in pairs]
+    tpot = [(percentile(t.tpot, 99) or 0) / (percentile(o.tpot, 99) or 1) for o, t in pairs]
+    ttft = [(percentile(t.ttft, 50) or 0) / (percentile(o.ttft, 50) or 1) for o, t in pairs]
+
+    def fmt(xs: list[float]) -> str:
+        return f"{statistics.median(xs):.2f}x ({', '.join(f'{x:.2f}' for x in xs)})"
+
+    print(f"| {name} | {fmt(tput)} | {fmt(tpot)} | {fmt(ttft)} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="16 requests instead of 64")
     ap.add_argument("--requests", type=int, help="number of requests (overrides --quick)")
-    ap.add_argument("--repeats", type=int, default=2, help="A/B pairs to run")
+    ap.add_argument("--repeats", type=int, default=2, help="rounds of every engine to run")
     ap.add_argument("--gap", type=float, default=0.15, help="mean seconds between arrivals")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, help="torch threads for both engines")
+    ap.add_argument("--threads", type=int, help="CPU threads for every engine")
     ap.add_argument(
         "--ours",
         action="append",
@@ -176,35 +271,57 @@ def main() -> None:
         "every pair (default: 32/512, the CPU defaults)",
     )
     ap.add_argument("--kv-cache-memory", default="2GiB", help="our KV pool")
+    ap.add_argument("--attention-backend", default="auto", help="ours: auto, cpu or torch")
     ap.add_argument("--skip-transformers", action="store_true")
+    ap.add_argument("--skip-llamacpp", action="store_true")
+    ap.add_argument("--llamacpp-python", help="an interpreter with llama-cpp-python")
+    ap.add_argument("--llamacpp-server", help="llama.cpp's llama-server binary")
+    ap.add_argument("--server-slots", type=int, default=32, help="llama-server's -np")
     args = ap.parse_args()
     n = args.requests or (16 if args.quick else 64)
     loaded = load_model()
     w = make_workload(n, args.seed, args.gap, loaded.spec.vocab_size)
-    hf = None if args.skip_transformers else load_transformers()
+    hf = None
+    if not args.skip_transformers:
+        try:
+            hf = load_transformers()
+        except ImportError as e:
+            print(f"transformers: skipped ({e})")
+    llama_py = server = None
+    if not args.skip_llamacpp:
+        llama_py, why = llamacpp_python(args.llamacpp_python)
+        if llama_py is None:
+            print(f"llama.cpp (Python API): skipped: {why}")
+        server, why = llamacpp_server(args.llamacpp_server)
+        if server is None:
+            print(f"llama.cpp server: skipped: {why}")
     configs = [tuple(int(x) for x in c.split("/")) for c in (args.ours or ["32/512"])]
-    results: list[tuple[list[Result], Result | None]] = []
+    rounds: list[tuple[list[Result], list[Result]]] = []
     for _ in range(args.repeats):
         threads = pick_threads(args.threads)
         ours = []
         for seqs, budget in configs:
-            ours.append(
-                run_ours(
-                    w,
-                    loaded,
-                    {
-                        "max_num_seqs": seqs,
-                        "max_num_batched_tokens": budget,
-                        "kv_cache_memory": args.kv_cache_memory,
-                        "num_threads": threads,
-                    },
-                )
-            )
+            options = {
+                "max_num_seqs": seqs,
+                "max_num_batched_tokens": budget,
+                "kv_cache_memory": args.kv_cache_memory,
+                "num_threads": threads,
+                "attention_backend": args.attention_backend,
+            }
+            ours.append(run_ours(w, loaded, options))
             print(row(ours[-1]), flush=True)
-        theirs = run_transformers(w, hf) if hf is not None else None
-        if theirs is not None:
-            print(row(theirs), flush=True)
-        results.append((ours, theirs))
+        peers = []
+        if hf is not None:
+            peers.append(run_transformers(w, hf))
+            print(row(peers[-1]), flush=True)
+        if llama_py is not None:
+            peers.append(run_llamacpp(llama_py, w, threads))
+            print(row(peers[-1]), flush=True)
+        if server is not None:
+            # the server's client side needs only the standard library: this interpreter
+            peers.append(run_llamacpp(sys.executable, w, threads, server, args.server_slots))
+            print(row(peers[-1]), flush=True)
+        rounds.append((ours, peers))
     print(
         f"\n{n} requests, prompts 32-512, outputs 16-256 (EOS ignored), mean arrival gap "
         f"{args.gap} s; ours as max_num_seqs/max_num_batched_tokens, KV "
@@ -215,31 +332,16 @@ def main() -> None:
         "TPOT p50 ms | TPOT p99 ms |"
     )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for ours, theirs in results:
-        for r in ours:
+    for ours, peers in rounds:
+        for r in ours + peers:
             print(row(r))
-        if theirs is not None:
-            print(row(theirs))
+    print("\nratios, median over rounds (each round's in brackets):\n")
+    print("| ours vs peer | throughput ours/theirs | TPOT p99 theirs/ours | TTFT p50 theirs/ours |")
+    print("| --- | ---: | ---: | ---: |")
     for i, (seqs, budget) in enumerate(configs):
-        pairs = [(o[i], t) for o, t in results if t is not None]
-        if not pairs:
-            continue
-        tput = [o.tok_s / t.tok_s for o, t in pairs]
-        tpot = [(percentile(t.tpot, 99) or 0) / (percentile(o.tpot, 99) or 1) for o, t in pairs]
-        ttft = [(percentile(t.ttft, 50) or 0) / (percentile(o.ttft, 50) or 1) for o, t in pairs]
-        print(f"\nschedtop {seqs}/{budget} vs transformers, per pair and median:")
-        print(
-            f"  throughput ours/theirs: {', '.join(f'{x:.2f}x' for x in tput)}; "
-            f"median {statistics.median(tput):.2f}x"
-        )
-        print(
-            f"  TPOT p99 theirs/ours (>1: ours lower): "
-            f"{', '.join(f'{x:.2f}x' for x in tpot)}; median {statistics.median(tpot):.2f}x"
-        )
-        print(
-            f"  TTFT p50 theirs/ours (>1: ours lower): "
-            f"{', '.join(f'{x:.2f}x' for x in ttft)}; median {statistics.median(ttft):.2f}x"
-        )
+        for p, peer in enumerate(rounds[0][1]):
+            pairs = [(o[i], peers[p]) for o, peers in rounds]
+            ratios(f"schedtop {seqs}/{budget} vs {peer.engine}", pairs)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,13 @@
 
     .venv/bin/python bench/vllm_diff_fuzz.py [--count 300] [--seed 0]
         [--oracle ../shared/fidelity/vllm_oracle.py] [--vllm-python /tmp/vllm-venv/bin/python]
+        [--spec] [--save-cases DIR]
+
+--spec: every workload decodes speculatively with n-gram drafts (a `speculative_config`;
+scripts that repeat themselves, so drafts are accepted and rejected), and vLLM runs under
+bench/vllm_spec_oracle.py, which hands it the same drafts through
+`update_draft_token_ids` and compares the drafts verified and accepted per request too.
+--save-cases keeps the first identical workloads with vLLM's decisions, for the tests.
 
 Generates workloads in the fidelity format (pools from tiny to roomy, shared prefixes,
 staggered arrivals, both policies, thresholds, watermark, full-prompt check on and off,
@@ -107,14 +114,77 @@ def random_workload(rng: random.Random) -> dict[str, Any]:
     return {"config": cfg, "requests": requests}
 
 
-def compare(workload: dict[str, Any], expected: list[dict[str, Any]]) -> str | None:
+def spec_workload(rng: random.Random) -> dict[str, Any]:
+    """A random workload decoding speculatively: n-gram drafts over scripts that often
+    copy their prompt, so that drafts are both accepted and rejected."""
+    w = random_workload(rng)
+    k = rng.choice([1, 2, 3, 4])
+    cfg = w["config"]
+    lo = rng.choice([1, 1, 2])
+    cfg["speculative_config"] = {
+        "method": "ngram",
+        "num_speculative_tokens": k,
+        "prompt_lookup_max": rng.choice([lo, lo + 1, 4]),
+        "prompt_lookup_min": lo,
+    }
+    if rng.random() < 0.5:
+        # Small and tight: budgets that cut drafts, pools that preempt requests holding them.
+        cfg["max_num_seqs"] = rng.choice([2, 3, 4, 6])
+        cfg["max_num_batched_tokens"] = rng.choice([6, 8, 12, 16, 24])
+        cfg["num_blocks"] = rng.randint(6, 24)
+        cfg["block_size"] = rng.choice([4, 8])
+        cfg.pop("max_num_active_seqs", None)
+        cfg["enable_chunked_prefill"] = True
+        w["requests"] = w["requests"][:8]
+        for r in w["requests"]:
+            r["prompt_token_ids"] = r["prompt_token_ids"][: rng.choice([1, 1, 5, 20, 40])]
+            r["max_tokens"] = min(r["max_tokens"], 40)
+            r["output_token_ids"] = r["output_token_ids"][: r["max_tokens"]]
+    # vLLM asserts that a padded one-token admission keeps all 1 + k rows.
+    if 0 < cfg["long_prefill_token_threshold"] <= k:
+        cfg["long_prefill_token_threshold"] = 0
+    for r in w["requests"]:
+        if rng.random() < 0.6:
+            prompt = r["prompt_token_ids"]
+            start = rng.randrange(len(prompt))
+            copied = prompt[start:] * (1 + r["max_tokens"] // max(1, len(prompt) - start))
+            r["output_token_ids"] = copied[: r["max_tokens"]]
+    return w
+
+
+def spec_record(result: Any) -> dict[str, list[int]]:
+    """Per request verifying drafts this step: [drafts verified, drafts accepted]."""
+    rep, names = result.report, result.names
+    accepted = {a.ref: a.accepted for a in rep.spec_accepted}
+    return {
+        names[s.ref]: [s.num_spec_tokens, accepted.get(s.ref, 0)]
+        for s in rep.scheduled
+        if s.num_spec_tokens
+    }
+
+
+def our_decisions(workload: dict[str, Any], spec: bool = False) -> list[dict[str, Any]]:
     got: list[dict[str, Any]] = []
+
+    def record(result: Any, engine: Any) -> None:
+        got.append(decision_record(result, engine))
+        if spec:
+            got[-1]["spec"] = spec_record(result)
+
+    simulate(parse_workload(workload), on_step=record)
+    return got
+
+
+def compare(
+    workload: dict[str, Any], expected: list[dict[str, Any]], spec: bool = False
+) -> str | None:
     try:
-        simulate(parse_workload(workload), on_step=lambda r, e: got.append(decision_record(r, e)))
+        got = our_decisions(workload, spec)
     except WorkloadError as e:
         return f"our run failed: {e}"
+    keys = (*KEYS, "spec") if spec else KEYS
     for want, have in zip(expected, got):
-        for key in KEYS:
+        for key in keys:
             a, b = want.get(key), have.get(key)
             if key == "scheduled":
                 a, b = list(a.items()), list(b.items())
@@ -123,6 +193,12 @@ def compare(workload: dict[str, Any], expected: list[dict[str, Any]]) -> str | N
     if len(expected) != len(got):
         return f"vLLM ran {len(expected)} steps, we ran {len(got)}"
     return None
+
+
+def save_case(directory: Path, name: str, w: dict[str, Any], steps: list[Any]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.workload.json").write_text(json.dumps(w) + "\n")
+    (directory / f"{name}.decisions.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
 
 
 def main() -> None:
@@ -134,17 +210,27 @@ def main() -> None:
         default=str(Path(__file__).resolve().parents[2] / "shared" / "fidelity" / "vllm_oracle.py"),
     )
     ap.add_argument("--vllm-python", default="/tmp/vllm-venv/bin/python")
+    ap.add_argument("--spec", action="store_true", help="n-gram speculative decoding")
+    ap.add_argument("--save-cases", metavar="DIR", help="store identical cases here")
     args = ap.parse_args()
     rng = random.Random(args.seed)
-    workloads = [random_workload(rng) for _ in range(args.count)]
+    make = spec_workload if args.spec else random_workload
+    workloads = [make(rng) for _ in range(args.count)]
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "w.jsonl"
         src.write_text("".join(json.dumps(w) + "\n" for w in workloads))
-        proc = subprocess.run(
-            [args.vllm_python, "-c", BATCH, str(Path(args.oracle).parent), str(src)],
-            capture_output=True,
-            text=True,
-        )
+        if args.spec:
+            oracle = Path(__file__).resolve().parent / "vllm_spec_oracle.py"
+            with src.open() as stdin:
+                proc = subprocess.run(
+                    [args.vllm_python, str(oracle)], stdin=stdin, capture_output=True, text=True
+                )
+        else:
+            proc = subprocess.run(
+                [args.vllm_python, "-c", BATCH, str(Path(args.oracle).parent), str(src)],
+                capture_output=True,
+                text=True,
+            )
     if proc.returncode != 0:
         sys.exit(f"vLLM side failed:\n{proc.stderr[-3000:]}")
     same = stalls = 0
@@ -154,11 +240,13 @@ def main() -> None:
         if "error" in result:
             stalls += 1
             continue
-        problem = compare(w, result["steps"])
+        problem = compare(w, result["steps"], args.spec)
         if problem:
             diffs.append((i, problem))
         else:
             same += 1
+            if args.save_cases and same <= 100:
+                save_case(Path(args.save_cases), f"seed{args.seed}_{i}", w, result["steps"])
     print(
         f"{args.count} workloads: {same} identical, {len(diffs)} different, "
         f"{stalls} where vLLM stalls (not compared)"

@@ -7,12 +7,74 @@ knows about validation, so a bad value is reported once, with the field's name.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from engine.limits import RANGES, check_range
 
 POLICIES = ("fcfs", "priority")
+SPEC_METHODS = ("ngram",)
+_SPEC_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """vLLM's `--speculative-config`: how drafts are proposed. Only prompt lookup (n-gram)
+    is supported: it needs no draft model."""
+
+    method: str = "ngram"  # the proposer; "ngram": prompt lookup over the request's tokens
+    num_speculative_tokens: int = 1  # drafts proposed per step and request, at most
+    prompt_lookup_max: int = 5  # longest suffix n-gram looked up
+    prompt_lookup_min: int = 5  # shortest suffix n-gram that may match
+
+    def __post_init__(self) -> None:
+        name = "speculative_config"
+        _require(self.method in SPEC_METHODS, f"{name}.method", self.method, "must be 'ngram'")
+        for key in _SPEC_KEYS[1:]:
+            value = getattr(self, key)
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+            _require(ok, f"{name}.{key}", value, "must be an integer >= 1")
+        _require(
+            self.prompt_lookup_min <= self.prompt_lookup_max,
+            f"{name}.prompt_lookup_min",
+            self.prompt_lookup_min,
+            f"must be <= prompt_lookup_max ({self.prompt_lookup_max})",
+        )
+
+    @classmethod
+    def from_dict(cls, values: object) -> SpeculativeConfig:
+        """Parse vLLM's JSON object; a missing lookup bound takes the other's value (both
+        missing: 5), as vLLM does."""
+        if not isinstance(values, dict):
+            raise ValueError(f"speculative_config={values!r}: expected a JSON object")
+        unknown = sorted(set(values) - set(_SPEC_KEYS))
+        if unknown:
+            raise ValueError(
+                f"speculative_config: unknown key {unknown[0]!r}; known keys: "
+                + ", ".join(_SPEC_KEYS)
+            )
+        if "method" not in values or "num_speculative_tokens" not in values:
+            raise ValueError(
+                "speculative_config: needs 'method' and 'num_speculative_tokens', e.g. "
+                '{"method": "ngram", "num_speculative_tokens": 4}'
+            )
+        lo, hi = values.get("prompt_lookup_min"), values.get("prompt_lookup_max")
+        lo, hi = (lo if lo is not None else hi), (hi if hi is not None else lo)
+        return cls(
+            values["method"],
+            values["num_speculative_tokens"],
+            5 if hi is None else hi,
+            5 if lo is None else lo,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> SpeculativeConfig:
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"speculative_config {text!r}: not JSON ({e.msg})") from None
+        return cls.from_dict(values)
 
 
 @dataclass(frozen=True)
@@ -33,8 +95,10 @@ class EngineConfig:
     watermark: float = 0.0  # fraction of blocks kept free when admitting beside running requests
     scheduler_reserve_full_isl: bool = True  # admit only if the whole sequence fits in KV
     num_speculative_tokens: int = 0  # draft tokens proposed per decode step (0 = off)
+    speculative_config: SpeculativeConfig | None = None  # the drafter (None: simulated, in sim)
 
     def __post_init__(self) -> None:
+        self._spec_config()
         self._check_types()
         for name in _FIELD_TYPES:
             value = getattr(self, name)
@@ -85,11 +149,32 @@ class EngineConfig:
                 "when enable_chunked_prefill is off",
             )
 
+    def _spec_config(self) -> None:
+        """Accept the JSON object (a workload) or its text (a trace header); the drafter's k is the
+        scheduler's lookahead, so the two spellings must agree."""
+        spec = self.speculative_config
+        if spec is None:
+            return
+        if isinstance(spec, str):  # a trace header keeps it as JSON text
+            spec = SpeculativeConfig.from_json(spec)
+        elif not isinstance(spec, SpeculativeConfig):
+            spec = SpeculativeConfig.from_dict(spec)
+        object.__setattr__(self, "speculative_config", spec)
+        k = spec.num_speculative_tokens
+        if self.num_speculative_tokens == 0:
+            object.__setattr__(self, "num_speculative_tokens", k)
+        _require(
+            self.num_speculative_tokens == k,
+            "num_speculative_tokens",
+            self.num_speculative_tokens,
+            f"must equal speculative_config.num_speculative_tokens ({k})",
+        )
+
     def _check_types(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             want = _FIELD_TYPES[f.name]
-            if value is None and f.name in _OPTIONAL:
+            if value is None and f.name in _OPTIONAL or want is SpeculativeConfig:
                 continue
             ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
             if want is float and isinstance(value, int) and not isinstance(value, bool):
@@ -114,6 +199,8 @@ class EngineConfig:
             raise ValueError(
                 f"unknown config key {unknown[0]!r}; known keys: " + ", ".join(sorted(_FIELD_TYPES))
             )
+        if "speculative_config" in changes and "num_speculative_tokens" not in changes:
+            changes["num_speculative_tokens"] = 0  # derived from the new drafter again
         return dataclasses.replace(self, **changes)
 
     @classmethod
@@ -130,7 +217,7 @@ def _require(ok: bool, name: str, value: object, why: str) -> None:
         raise ValueError(f"{name}={value!r}: {why}")
 
 
-_OPTIONAL = {"max_num_active_seqs"}
+_OPTIONAL = {"max_num_active_seqs", "speculative_config"}
 _FIELD_TYPES: dict[str, type] = {
     "block_size": int,
     "num_blocks": int,
@@ -146,6 +233,7 @@ _FIELD_TYPES: dict[str, type] = {
     "watermark": float,
     "scheduler_reserve_full_isl": bool,
     "num_speculative_tokens": int,
+    "speculative_config": SpeculativeConfig,
 }
 
 
@@ -161,6 +249,8 @@ def parse_setting(text: str) -> tuple[str, Any]:
         )
     want = _FIELD_TYPES[key]
     raw = raw.strip()
+    if want is SpeculativeConfig:
+        return key, SpeculativeConfig.from_json(raw)  # its errors name the bad key
     try:
         if key in _OPTIONAL and raw.lower() in ("none", "null", ""):
             return key, None

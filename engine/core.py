@@ -124,6 +124,7 @@ class EngineCore:
             sample_counts=outcome.sample_counts,
             sampled_tokens=outcome.sampled_tokens,
             spec_accepted=outcome.spec_accepted,
+            spec_proposed=outcome.spec_proposed,
             kv_events=end.kv_events,
             free_blocks_after_schedule=decided.num_free_blocks,
             free_blocks=end.num_free_blocks,

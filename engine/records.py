@@ -243,6 +243,15 @@ class SpecAccepted:
 
 
 @dataclass(frozen=True, slots=True)
+class SpecProposed:
+    """Draft tokens the drafter proposed for a request this step, to be verified when it
+    is next scheduled (the scheduler may cut them to fit the budget)."""
+
+    ref: int  # request
+    count: int  # drafts proposed (requests that sampled and are not listed got none)
+
+
+@dataclass(frozen=True, slots=True)
 class KVEvent:
     """One KV movement; a step's events are in the order they happened."""
 
@@ -343,6 +352,7 @@ class Timing:
     attention_ns: int | None  # attention alone, where measured
     sample_ns: int  # sampling
     kernels: tuple[Kernel, ...] = ()  # per-kernel breakdown on profiled steps
+    propose_ns: int = 0  # the drafter's proposals (format 1.1)
 
 
 @dataclass(slots=True)  # not frozen: one per engine step, and frozen init costs 4x more
@@ -381,6 +391,7 @@ class Step:
     running: tuple[int, ...] | None = None  # running queue at the end; None: derived
     waiting: tuple[int, ...] | None = None  # waiting queue at the end; None: derived
     timings: tuple[Timing, ...] = ()  # runner timings resolved this step
+    spec_proposed: tuple[SpecProposed, ...] = ()  # drafts proposed per request (format 1.1)
 
     @property
     def num_scheduled_tokens(self) -> int:

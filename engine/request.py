@@ -51,6 +51,7 @@ class Request:
     arrival_step: int = -1  # the step whose schedule() first saw it
     first_scheduled_step: int = -1  # the step it was first admitted in (-1: not yet)
     first_token_step: int = -1  # the step of its first sampled token (-1: none yet)
+    prefill_chunk: bool = False  # its last scheduled step stopped short of its known tokens
     all_token_ids: list[int] = field(init=False)  # prompt + outputs
     num_prompt_tokens: int = field(init=False)  # len(prompt_token_ids)
 

@@ -28,10 +28,12 @@ from engine.records import (
     Scheduled,
     Shortfall,
     SpecAccepted,
+    SpecProposed,
 )
 from engine.request import Request, RequestStatus
 
 _REF = attrgetter("ref")
+PLACEHOLDER = -1  # a padding draft: never a token, so always rejected
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,7 @@ class Outcome:
     sampled_tokens: tuple[int, ...]  # every sampled token, in entry order
     spec_accepted: tuple[SpecAccepted, ...]  # drafts accepted per speculative request
     updated: list[Request]  # requests that got tokens or finished in the update
+    spec_proposed: tuple[SpecProposed, ...] = ()  # drafts proposed per request, for next time
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +92,7 @@ class _Pass:
     shortfalls: list[Shortfall] = field(default_factory=list)
     running_stop: QueueStop | None = None
     waiting_stop: QueueStop | None = None
+    prefill_scheduled: bool = False  # the running pass scheduled a partial prefill chunk
 
 
 class Scheduler:
@@ -100,7 +104,11 @@ class Scheduler:
         self.policy = config.policy
         self.max_model_len = config.max_model_len
         self.max_num_running = config.max_num_active_seqs or config.max_num_seqs
-        self.num_lookahead_tokens = config.num_speculative_tokens
+        self.num_spec_tokens = config.num_speculative_tokens
+        # KV slots past the scheduled tokens: a drafter that writes KV ahead (a draft model,
+        # the simulated drafter) needs k of them; prompt lookup reads only known tokens, so
+        # vLLM reserves none for it.
+        self.num_lookahead_tokens = 0 if config.speculative_config else self.num_spec_tokens
         self.kv = KVCacheManager(
             config.block_size,
             config.num_blocks,
@@ -268,6 +276,8 @@ class Scheduler:
                     return
             p.cursor += 1
             rid = req.request_id
+            if req.prefill_chunk:  # vLLM's is_prefill_chunk: still prefilling from last step
+                p.prefill_scheduled = True
             if reason is not None:
                 p.shortfalls.append(Shortfall(req.ref, wanted, n, reason))
             num_scheduled[rid] = n
@@ -353,10 +363,16 @@ class Scheduler:
             self.kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else ([], 0)
         )
         wanted = req.num_tokens - num_hits
+        pad = self._decode_padding(wanted, num_hits, p)
+        if pad and 1 + pad > p.budget:
+            p.waiting_stop = QueueStop(Reason.TOKEN_BUDGET, Reason.TOKEN_BUDGET)
+            return False
+        if 0 < p.threshold < wanted + pad:
+            pad = 0  # vLLM asserts that a padded entry keeps every row; never cut one
         if 0 < p.threshold < wanted:
             n, reason = p.threshold, Reason.LONG_PREFILL_THRESHOLD
         else:
-            n, reason = wanted, None
+            n, reason = wanted + pad, None
         if not self.config.enable_chunked_prefill and n > p.budget:
             p.waiting_stop = QueueStop(Reason.NO_CHUNKING, Reason.HEAD_OF_LINE)
             return False
@@ -389,9 +405,29 @@ class Scheduler:
         p.budget -= n
         p.admitted.append(req)
         p.admissions.append(Admission(req.ref, num_hits, resumed))
+        if pad:
+            p.spec_tokens[req.request_id] = [PLACEHOLDER] * pad
         if reason is not None:
             p.shortfalls.append(Shortfall(req.ref, wanted, n, reason))
         return True
+
+    def _decode_padding(self, wanted: int, num_hits: int, p: _Pass) -> int:
+        """Placeholder drafts for an admitted request with one token to compute (a 1-token
+        prompt, a resume whose tokens are all cached but the last): vLLM pads it to the
+        step's uniform 1 + k query rows (for CUDA graphs) unless a partial prefill is in
+        the step, and the placeholders are then rejected like wrong drafts."""
+        k = self.num_spec_tokens
+        if (
+            k
+            and wanted == 1
+            and not p.prefill_scheduled
+            and (p.running_reqs or num_hits > 0)
+            and num_hits + 1 + k + 1 <= self.max_model_len
+            # vLLM would retry a padding that can never fit forever; we admit it unpadded.
+            and self.kv.can_ever_fit(num_hits + 1 + k + self.num_lookahead_tokens)
+        ):
+            return k
+        return 0
 
     def _admission_failure(
         self, req: Request, n: int, num_hits: int, hits: list[KVBlock]
@@ -480,6 +516,7 @@ class Scheduler:
                     kind = Kind.PREFILL
             append(Scheduled(req.ref, n, kind, before, num_spec))
             req.num_computed_tokens = before + n
+            req.prefill_chunk = kind is Kind.CHUNK
         return scheduled
 
     # -- update -------------------------------------------------------------------------------
@@ -496,6 +533,8 @@ class Scheduler:
         drafts = result.draft_token_ids
         requests = self.requests
         step = self.step_index
+        caching = self.config.enable_prefix_caching
+        proposed: list[SpecProposed] = []
         for rid, tokens in zip(result.req_ids, result.sampled_token_ids):
             req = requests.get(rid) if tokens else None
             if req is None:  # mid-prefill, or aborted while the runner worked
@@ -516,14 +555,17 @@ class Scheduler:
             flat += tokens
             counts.append(len(tokens))
             touched.append(req)
+            if spec and rid in spec and caching:
+                # Accepted drafts may have filled blocks: hash them now, as vLLM does, even
+                # for a request that just stopped (its full blocks then free to the tail).
+                self.kv.cache_blocks(req, req.num_computed_tokens)
             if stopped:
                 finished_any = True
                 self._finish(req, req.status)
-            else:
-                if spec and rid in spec:
-                    self.kv.cache_blocks(req, req.num_computed_tokens)
-                if drafts:
-                    req.spec_token_ids = drafts.get(rid, [])
+            elif drafts:
+                req.spec_token_ids = proposal = drafts.get(rid, [])
+                if proposal:
+                    proposed.append(SpecProposed(req.ref, len(proposal)))
         if finished_any:
             self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
         outcome = Outcome(
@@ -533,6 +575,7 @@ class Scheduler:
             tuple(flat),
             tuple(accepted_drafts),
             touched,
+            tuple(proposed),
         )
         self._finishes = []
         self._finished_reqs = []

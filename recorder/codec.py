@@ -53,6 +53,7 @@ from recorder.schema import (
     Shortfall,
     Snapshot,
     SpecAccepted,
+    SpecProposed,
     Step,
     Timing,
 )
@@ -108,6 +109,7 @@ QUEUE_STOP = Struct(QueueStop, [("head", UINT), ("rest", UINT)])
 FINISH = Struct(Finish, [("ref", UINT), ("status", UINT), ("message", STR)])
 SAMPLE = Struct(Sample, [("ref", UINT), ("count", UINT), ("token_ids", Opt(INTS))])
 SPEC_ACCEPTED = Struct(SpecAccepted, [("ref", UINT), ("accepted", UINT)])
+SPEC_PROPOSED = Struct(SpecProposed, [("ref", UINT), ("count", UINT)])
 
 
 _EVICTED, _CACHED, _PREFIX_HIT = KVKind.EVICTED, KVKind.CACHED, KVKind.PREFIX_HIT
@@ -157,6 +159,7 @@ TIMING = Struct(
         ("attention_ns", Opt(UINT)),
         ("sample_ns", UINT),
         ("kernels", Items(KERNEL)),
+        ("propose_ns", UINT),
     ],
 )
 REQUEST_SNAP = Struct(
@@ -223,6 +226,7 @@ STEP = Body(
         (21, "running", Opt(INTS)),
         (22, "waiting", Opt(INTS)),
         (23, "timings", Items(TIMING)),
+        (24, "spec_proposed", Items(SPEC_PROPOSED)),
     ],
 )
 SNAPSHOT = Body(

@@ -12,6 +12,7 @@ tokens, not as 256 entries.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from operator import attrgetter, countOf
 from typing import Any
@@ -88,6 +89,7 @@ class StepCompactor:
             or rep.running_stop
             or rep.waiting_stop
             or rep.spec_accepted
+            or rep.spec_proposed
             or rep.timings
             or n != len(self.running)
             or rep.running != self.running
@@ -178,8 +180,13 @@ class StepCompactor:
 
 
 def scalar_config(values: dict[str, Any]) -> dict[str, Any]:
-    """The config as plain scalars (anything else as its repr)."""
+    """The config as plain scalars (a nested object as JSON text, anything else as its
+    repr)."""
     return {
-        k: v if v is None or isinstance(v, str | int | float | bool) else repr(v)
+        k: v
+        if v is None or isinstance(v, str | int | float | bool)
+        else json.dumps(v, sort_keys=True)
+        if isinstance(v, dict)
+        else repr(v)
         for k, v in values.items()
     }

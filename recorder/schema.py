@@ -40,6 +40,7 @@ from engine.records import (
     Shortfall,
     Snapshot,
     SpecAccepted,
+    SpecProposed,
     Status,
     Step,
     Timing,
@@ -89,13 +90,14 @@ __all__ = [
     "Shortfall",
     "Snapshot",
     "SpecAccepted",
+    "SpecProposed",
     "Status",
     "Step",
     "Timing",
 ]
 
 FORMAT_MAJOR = 1  # a reader refuses traces with a newer major version
-FORMAT_MINOR = 0  # minor versions only add fields and record types, which readers skip
+FORMAT_MINOR = 1  # minor versions only add fields and record types, which readers skip
 
 Scalar = str | int | float | bool | None
 

@@ -207,11 +207,12 @@ class _Exporter:
             admitted[a.ref] = a
             self._admit(a, k, start, end)
         accepted = {s.ref: s.accepted for s in rec.spec_accepted}
-        prefill = decode = 0
+        prefill = decode = drafts = 0
         for e in view.scheduled:
             t = self._track(e.ref)
             if e.kind in (Kind.DECODE, Kind.SPEC):
-                decode += e.num_tokens
+                decode += e.num_tokens - e.num_spec_tokens
+                drafts += e.num_spec_tokens
                 self._extend_decode(
                     e.ref, t, k, start, end, e.num_tokens, e.num_spec_tokens, accepted.get(e.ref, 0)
                 )
@@ -237,6 +238,10 @@ class _Exporter:
                 self._close_decode(ref, t)
         self._counters(end, rec.free_blocks, rec.num_scheduled_tokens, rec.token_budget)
         self._hold_step(view, start, end, prefill, decode, preempted)
+        if drafts:
+            held = self.pending[rec.step].args
+            held["spec_tokens"] = drafts
+            held["drafts_accepted"] = sum(accepted.values())
         self.prev_end = end
         self.last = k
         self.num_steps += 1
@@ -343,9 +348,12 @@ class _Exporter:
             "steps": d.last_step - d.first_step + 1,
             "tokens": d.tokens,
         }
+        name = "decode"
         if d.spec_tokens:
+            # Its own name, so that Perfetto colours and filters speculative decoding apart.
+            name = "spec decode"
             args.update(spec_tokens=d.spec_tokens, drafts_accepted=d.accepted)
-        self._emit(complete("decode", "request", d.start, d.end, REQUESTS_PID, t.tid, args))
+        self._emit(complete(name, "request", d.start, d.end, REQUESTS_PID, t.tid, args))
         t.decode = None
         self.decoding.pop(ref, None)
 
@@ -431,6 +439,8 @@ class _Exporter:
         t, args = s.timing, s.args
         if t is not None:
             args.update(prepare_ns=t.prepare_ns, forward_ns=t.forward_ns, sample_ns=t.sample_ns)
+            if t.propose_ns:
+                args["propose_ns"] = t.propose_ns
             if t.attention_ns is not None:
                 args["attention_ns"] = t.attention_ns
             if t.kernels:
@@ -450,6 +460,7 @@ class _Exporter:
                 ("prepare", t.prepare_ns, None),
                 ("forward", t.forward_ns, {"kernels": _kernels(t)} if t.kernels else None),
                 ("sample", t.sample_ns, None),
+                ("propose", t.propose_ns, None),
             ]
         for name, ns, args in parts:
             if ns <= 0:

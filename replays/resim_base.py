@@ -127,3 +127,9 @@ def request_of(a: Arrival, hasher: Any) -> Request:
         eos_token_id=a.eos_token_id,
         block_hasher=hasher,
     )
+
+
+def recorded_proposals(config: EngineConfig) -> bool:
+    """Whether the trace's drafter proposes a varying number of drafts, recorded per
+    request (n-gram); the simulated drafter always proposes k."""
+    return config.speculative_config is not None

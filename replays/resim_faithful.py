@@ -13,7 +13,13 @@ from engine.kv.hashing import BlockHasher
 from engine.outputs import ModelRunnerOutput, SchedulerOutput
 from recorder.reader import TraceReader
 from recorder.schema import Status, Step
-from replays.resim_base import Checker, ResimResult, recorder_for, request_of
+from replays.resim_base import (
+    Checker,
+    ResimResult,
+    recorded_proposals,
+    recorder_for,
+    request_of,
+)
 
 
 class _FaithfulRunner:
@@ -24,10 +30,10 @@ class _FaithfulRunner:
 
     model_description = ""
 
-    def __init__(self, num_speculative_tokens: int) -> None:
-        self.k = num_speculative_tokens
+    def __init__(self, config: EngineConfig) -> None:
+        self.k = config.num_speculative_tokens
+        self.recorded_proposals = recorded_proposals(config)
         self.record: Step | None = None  # this step's record
-        self.next: Step | None = None  # the next one, for speculative drafts
         self.refs: dict[str, int] = {}  # request id -> its latest ref
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
@@ -43,53 +49,40 @@ class _FaithfulRunner:
             count = counts[i] if i < len(counts) else 0
             sampled.append(list(tokens[at : at + count]))
             at += count
+        if rec.spec_accepted:
+            self._pad_stopped(ids, sampled, rec)
         drafts = self._drafts(ids, sampled) if self.k else {}
         return ModelRunnerOutput(ids, sampled, drafts)
 
+    def _pad_stopped(self, ids: list[str], sampled: list[list[int]], rec: Step) -> None:
+        """A request that stopped inside its accepted drafts recorded only the tokens up
+        to the stop, but the scheduler counts acceptances before trimming: hand it
+        `accepted + 1` tokens again (the filler after the stop is trimmed the same way)."""
+        accepted = {a.ref: a.accepted for a in rec.spec_accepted}
+        for rid, got in zip(ids, sampled):
+            a = accepted.get(self.refs.get(rid, -1))
+            if a is not None and got and len(got) < a + 1:
+                got += [got[-1]] * (a + 1 - len(got))
+
     def _drafts(self, ids: list[str], sampled: list[list[int]]) -> dict[str, list[int]]:
-        """Drafts that the next step verifies to what the trace says it accepted."""
-        nxt = self.next
-        if nxt is None:
-            return {}
-        accepted = {a.ref: a.accepted for a in nxt.spec_accepted}
-        tokens_of = _tokens_by_ref(nxt)
+        """As many drafts as the trace says were proposed. Their values do not matter:
+        the next verification samples the recorded tokens, and the scheduler counts
+        acceptances from how many there are."""
+        rec = self.record
+        assert rec is not None
+        counts = {p.ref: p.count for p in rec.spec_proposed}
         out: dict[str, list[int]] = {}
         for rid, got in zip(ids, sampled):
-            if not got:
-                continue
-            ref = self.refs.get(rid)
-            a = accepted.get(ref, 0) if ref is not None else 0
-            toks = tokens_of.get(ref, []) if ref is not None else []
-            out[rid] = _draft(toks, a, self.k)
+            if got:
+                n = counts.get(self.refs.get(rid, -1), 0) if self.recorded_proposals else self.k
+                out[rid] = [0] * n
         return out
-
-
-def _tokens_by_ref(rec: Step) -> dict[int, list[int]]:
-    """The explicit entries' sampled tokens by ref (speculative entries are explicit)."""
-    tokens = rec.sampled_tokens or ()
-    counts = rec.sample_counts
-    n = rec.num_decodes
-    at = n if counts is None else sum(counts[:n])
-    out: dict[int, list[int]] = {}
-    for i, e in enumerate(rec.scheduled):
-        c = 1 if counts is None else counts[n + i]
-        out[e.ref] = list(tokens[at : at + c])
-        at += c
-    return out
-
-
-def _draft(tokens: list[int], accepted: int, k: int) -> list[int]:
-    """k drafts: the first `accepted` right, the next one wrong (so verification stops)."""
-    drafts = list(tokens[:accepted])
-    if len(drafts) < k:
-        drafts.append(tokens[accepted] + 1 if accepted < len(tokens) else 0)
-    return (drafts + [0] * k)[:k]
 
 
 def run_faithful(
     reader: TraceReader, config: EngineConfig, out: str | Path | None, max_steps: int | None = None
 ) -> ResimResult:
-    runner = _FaithfulRunner(config.num_speculative_tokens)
+    runner = _FaithfulRunner(config)
     engine = EngineCore(config, runner)
     checker = Checker()
     recorder = recorder_for(engine, reader, out, checker)
@@ -109,7 +102,7 @@ def run_faithful(
             for a in rec.arrivals:
                 runner.refs[a.request_id] = a.ref
                 engine.add_request(request_of(a, hasher))
-            runner.record, runner.next = rec, nxt
+            runner.record = rec
             checker.expect(rec)
             engine.step()
             engine.take_finished()  # nobody reads them: don't let them pile up

@@ -24,6 +24,7 @@ from replays.resim_base import (
     Divergence,
     ResimError,
     ResimResult,
+    recorded_proposals,
     recorder_for,
     request_of,
 )
@@ -37,7 +38,8 @@ class _Script:
     arrival: Arrival  # how it arrived
     arrival_step: int  # when
     tokens: list[int] = field(default_factory=list)  # every token it sampled, in order
-    accepted: list[int] = field(default_factory=list)  # drafts accepted, per verification
+    accepted: dict[int, int] = field(default_factory=dict)  # output position -> drafts accepted
+    proposed: dict[int, int] = field(default_factory=dict)  # output position -> drafts proposed
     status: int = 0  # how it finished (0: it had not when the trace ended)
     abort_step: int = -1  # the step whose record reports its abort
     hashes: dict[int, bytes] = field(default_factory=dict)  # block index -> recorded hash
@@ -54,13 +56,17 @@ def _collect(reader: TraceReader) -> tuple[list[_Script], int]:
         for a in rec.arrivals:
             scripts.append(_Script(a, rec.step))
         view = apply_with_view(state, rec)
+        # Keyed by where the verification started: drafts proposed and then dropped (a
+        # preemption, a budget that left no room for them) must not shift the rest.
+        for acc in rec.spec_accepted:
+            scripts[acc.ref].accepted[len(scripts[acc.ref].tokens)] = acc.accepted
         for sample in view.samples:
             script = scripts[sample.ref]
             script.tokens += (
                 list(sample.token_ids) if sample.token_ids is not None else [-1] * sample.count
             )  # redacted: filled in later
-        for acc in rec.spec_accepted:
-            scripts[acc.ref].accepted.append(acc.accepted)
+        for prop in rec.spec_proposed:
+            scripts[prop.ref].proposed[len(scripts[prop.ref].tokens)] = prop.count
         for f in rec.finishes:
             scripts[f.ref].status = f.status
             if f.status == Status.FINISHED_ABORTED:
@@ -121,18 +127,22 @@ class _RecordedHasher:
 
 
 class _ScriptedRunner(SimRunner):
-    """SimRunner with recorded acceptances: each verification accepts what the trace's
-    verification of that request (in the same order) accepted."""
+    """SimRunner with recorded acceptances: a verification that starts at a request's
+    output position accepts what the trace's verification there accepted."""
 
-    def __init__(self, k: int) -> None:
-        super().__init__({}, num_speculative_tokens=k)
-        self.accepted: dict[str, list[int]] = {}
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__({}, num_speculative_tokens=config.num_speculative_tokens)
+        self.accepted: dict[str, dict[int, int]] = {}  # request -> output position -> accepted
+        self.proposed: dict[str, dict[int, int]] = {}  # request -> output position -> proposed
+        self.recorded_proposals = recorded_proposals(config)
         self.model_description = ""
 
     def _propose(self, rid: str) -> list[int]:
-        queue = self.accepted.get(rid)
-        right = queue.pop(0) if queue else 0
         pos = self.sampled[rid]
+        right = self.accepted.get(rid, {}).get(pos, 0)
+        if self.recorded_proposals:
+            n = self.proposed.get(rid, {}).get(pos, 0)
+            return [self._token(rid, pos + j) + (0 if j < right else 1) for j in range(n)]
         return [self._token(rid, pos + j) + (0 if j < right else 1) for j in range(self.k)]
 
 
@@ -155,7 +165,7 @@ def _run(
     num_recorded: int,
     checker: Checker,
 ) -> ResimResult:
-    runner = _ScriptedRunner(config.num_speculative_tokens)
+    runner = _ScriptedRunner(config)
     engine = EngineCore(config, runner)
     recorder = recorder_for(engine, reader, out, checker)
     plain = BlockHasher(config.block_size)
@@ -182,7 +192,8 @@ def _run(
                 a = s.arrival
                 tokens = _fill_redacted(s) if reader.header.redacted else s.tokens
                 runner.add_script(a.request_id, tokens)
-                runner.accepted[a.request_id] = list(s.accepted)
+                runner.accepted[a.request_id] = s.accepted
+                runner.proposed[a.request_id] = s.proposed
                 live[a.request_id] = ref
                 hasher = (
                     _RecordedHasher(config.block_size, s, ref) if reader.header.redacted else plain

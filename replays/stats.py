@@ -65,9 +65,28 @@ class TraceStats:
     usable_blocks: int  # blocks in the pool, the null block aside
     mean_budget_use: float  # scheduled tokens / budget, averaged over steps
     requests: list[RequestStats] = field(default_factory=list)  # in arrival order
+    spec_verifications: int = 0  # scheduled entries that verified drafts
+    spec_drafts: int = 0  # drafts verified (scheduled), over the trace
+    spec_accepted: int = 0  # drafts accepted
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted drafts / verified drafts; None without speculative decoding."""
+        return self.spec_accepted / self.spec_drafts if self.spec_drafts else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Tokens a verification emits on average: the accepted drafts plus the bonus
+        token (vLLM's "mean acceptance length"); None without speculative decoding."""
+        if not self.spec_verifications:
+            return None
+        return 1 + self.spec_accepted / self.spec_verifications
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["acceptance_rate"] = self.acceptance_rate
+        out["mean_acceptance_length"] = self.mean_acceptance_length
+        return out
 
 
 def trace_stats(path: str | Path) -> TraceStats:
@@ -89,6 +108,7 @@ class _Collector:
         self.min_free = self.usable
         self.preemptions = 0
         self.budget_use = 0.0
+        self.spec = [0, 0, 0]  # verifications, drafts verified, drafts accepted
 
     def run(self) -> TraceStats:
         state: State | None = None
@@ -116,6 +136,12 @@ class _Collector:
         for f in rec.finishes:
             self.finish[f.ref] = (rec.step, f.status)
         self.preemptions += len(rec.preemptions)
+        if rec.spec_accepted:
+            drafts = {e.ref: e.num_spec_tokens for e in rec.scheduled}
+            for acc in rec.spec_accepted:
+                self.spec[0] += 1
+                self.spec[1] += drafts.get(acc.ref, 0)
+                self.spec[2] += acc.accepted
         self.min_free = min(self.min_free, rec.free_blocks)
         if rec.token_budget:
             self.budget_use += rec.num_scheduled_tokens / rec.token_budget
@@ -184,6 +210,9 @@ class _Collector:
             usable_blocks=self.usable,
             mean_budget_use=self.budget_use / steps if steps else 0.0,
             requests=requests,
+            spec_verifications=self.spec[0],
+            spec_drafts=self.spec[1],
+            spec_accepted=self.spec[2],
         )
 
 
@@ -203,6 +232,15 @@ def format_stats(s: TraceStats) -> str:
         ("peak KV blocks", f"{s.peak_blocks} of {s.usable_blocks}"),
         ("budget use", f"{s.mean_budget_use:.1%} mean"),
     ]
+    if s.acceptance_rate is not None:
+        rows.append(
+            (
+                "spec decoding",
+                f"{s.spec_accepted} of {s.spec_drafts} drafts accepted "
+                f"({s.acceptance_rate:.1%}), mean acceptance length "
+                f"{s.mean_acceptance_length:.2f} tokens",
+            )
+        )
     width = max(len(k) for k, _ in rows)
     return printable("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
 

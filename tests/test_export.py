@@ -369,12 +369,19 @@ def test_speculative_decoding_is_one_decode_slice_with_draft_counts(tmp_path: Pa
     events, _ = export(path, tmp_path)
     t = truth(path)
     for rid, tid in threads(events).items():
-        decodes = on(events, tid, "decode")
-        assert len(decodes) == 1, rid
+        decodes = on(events, tid, "spec decode")  # named apart from plain decoding
+        assert len(decodes) == 1 and not on(events, tid, "decode"), rid
         ref = next(r for r, n in t.names.items() if n == rid)
         spec = [e for v in t.views for e in v.scheduled if e.ref == ref and e.kind == Kind.SPEC]
         assert spec and decodes[0]["args"]["spec_tokens"] == sum(e.num_spec_tokens for e in spec)
         assert decodes[0]["args"]["tokens"] == sum(e.num_tokens for e in spec)
+    # Each step slice counts its drafts apart from its decode tokens.
+    steps = {e["args"]["step"]: e["args"] for e in events if e.get("cat") == "step"}
+    for v in t.views:
+        drafts = sum(e.num_spec_tokens for e in v.scheduled)
+        args = steps[v.record.step]
+        assert args.get("spec_tokens", 0) == drafts
+        assert args.get("drafts_accepted", 0) == sum(a.accepted for a in v.record.spec_accepted)
 
 
 def _record_with(

@@ -88,6 +88,8 @@ def engine(options: RunnerOptions | None = None, **config: Any) -> LLMEngine:
 
 def run_greedy(e: LLMEngine) -> tuple[list[list[int]], list[Any]]:
     """All eight prompts at once, to the end; returns the outputs and every step report."""
+    # the CPU default: the C kernel over the paged cache (decodes and short chunks)
+    assert e.runner.model.attention.name == "cpu"
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     for i, ids in enumerate(prompts()):
         e.add_request(f"q{i}", ids, params)

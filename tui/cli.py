@@ -117,6 +117,13 @@ def _attach() -> None:
     "--set max_num_batched_tokens=1024. Repeatable.",
 )
 @click.option(
+    "--speculative-config",
+    metavar="JSON",
+    help="Speculative decoding, as vLLM spells it, e.g. "
+    '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
+    '"prompt_lookup_min": 1}\'.',
+)
+@click.option(
     "--decisions",
     metavar="OUT.jsonl",
     help="Write one JSON line of decisions per step (the fidelity format).",
@@ -147,6 +154,7 @@ def _attach() -> None:
 def sim(
     workload: str | None,
     settings: tuple[str, ...],
+    speculative_config: str | None,
     decisions: str | None,
     trace_path: str | None,
     no_trace: bool,
@@ -166,6 +174,8 @@ def sim(
     if pace and not MIN_PACE <= pace <= MAX_PACE:
         raise click.BadParameter(f"{pace:g}: must be 0 or in [{MIN_PACE:g}, {MAX_PACE:g}]")
     check_outputs({"--trace": trace_path, "--decisions": decisions}, [workload], force, trace_path)
+    if speculative_config is not None:
+        settings = (*settings, f"speculative_config={speculative_config}")
     w = load(workload, settings)
     recording = _Recording(
         None if no_trace else trace_path, "sim", redact_prompts, enabled=not no_trace
@@ -513,6 +523,13 @@ def export(trace: str, out: str, force: bool) -> None:
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]))
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
 @click.option("--seed", type=int, help="Seed of unseeded sampling.")
+@click.option(
+    "--speculative-config",
+    metavar="JSON",
+    help="Speculative decoding, as vLLM spells it, e.g. "
+    '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
+    '"prompt_lookup_min": 1}\'.',
+)
 @click.option(
     "--trace",
     "trace_path",

@@ -104,6 +104,7 @@ class BatchEntry:
     kind: str  # prefill, chunk, decode or spec
     tokens: int  # tokens computed this step
     spec: int  # draft tokens among them
+    accepted: int = -1  # drafts the verification accepted (-1: no drafts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,6 +389,7 @@ def _batch(step: StepInput | None) -> BatchVM:
     if step is None:
         return BatchVM(0, (), tuple((k, 0) for k in BATCH_KINDS))
     names = step.view.names
+    accepted = {a.ref: a.accepted for a in step.view.record.spec_accepted}
     entries = tuple(
         BatchEntry(
             e.ref,
@@ -395,12 +397,16 @@ def _batch(step: StepInput | None) -> BatchVM:
             KIND_NAMES.get(e.kind, "?"),
             e.num_tokens,
             e.num_spec_tokens,
+            accepted.get(e.ref, -1),
         )
         for e in step.view.scheduled
     )
     totals = dict.fromkeys(BATCH_KINDS, 0)
     for e in entries:
-        totals[e.kind] = totals.get(e.kind, 0) + e.tokens
+        # A verifying entry is a decode token plus its drafts: count each as its kind.
+        kind = "decode" if e.kind == "spec" else e.kind
+        totals[kind] = totals.get(kind, 0) + e.tokens - e.spec
+        totals["spec"] += e.spec
     return BatchVM(
         step.view.record.token_budget, entries, tuple((k, totals[k]) for k in BATCH_KINDS)
     )

@@ -29,6 +29,7 @@ class StepInputs:
     sample_rows: np.ndarray  # [N] batch rows of the sampling requests
     sample_params: list[SamplingParams]  # [N] their sampling parameters
     output_positions: np.ndarray  # [N] index of the token each one samples in its output
+    drafts: list[list[int]] | None = None  # [N] drafts each one verifies; None: no drafts
 
 
 class InputBatch:
@@ -118,6 +119,15 @@ class InputBatch:
         self.token_ids[rows, self.num_tokens[rows]] = tokens
         self.num_tokens[rows] += 1
 
+    def append_verified(self, rows: np.ndarray, tokens: list[list[int]]) -> None:
+        """Record each row's accepted drafts and bonus token. Tokens past a stop are
+        appended too; the request is dropped from the batch before they could matter."""
+        for row, toks in zip(rows.tolist(), tokens):
+            n = int(self.num_tokens[row])
+            end = min(n + len(toks), self.max_model_len)
+            self.token_ids[row, n:end] = toks[: end - n]
+            self.num_tokens[row] = end
+
     # -- one step's inputs ---------------------------------------------------------------
 
     def prepare(self, out: SchedulerOutput) -> StepInputs:
@@ -132,6 +142,8 @@ class InputBatch:
         qsl = self.query_start_loc[: num_reqs + 1]
         np.cumsum(n_sched, out=qsl[1:])
         num_tokens = int(qsl[-1])
+        spec = out.scheduled_spec_decode_tokens
+        num_drafts = self._place_drafts(spec, req_ids, rows) if spec else None
         computed = self.num_computed[rows]
         # Token t belongs to request req[t] and sits at position computed + offset.
         req = np.repeat(self.arange[:num_reqs], n_sched)
@@ -151,6 +163,13 @@ class InputBatch:
         # A request samples when this step reaches the end of its known tokens.
         sample_mask = seq_lens >= self.num_tokens[rows]
         sample_rows = rows[sample_mask]
+        last = qsl[1:][sample_mask].astype(np.int64) - 1
+        drafts = None
+        if num_drafts is not None:
+            # A request verifying d drafts needs the logits of its last d + 1 tokens.
+            d = num_drafts[sample_mask]
+            last = np.repeat(last - d, d + 1) + _ranges(d + 1)
+            drafts = [spec.get(req_ids[i], []) for i in np.flatnonzero(sample_mask).tolist()]
         meta = AttentionMetadata(
             num_tokens=num_tokens,
             query_start_loc=self._to_device(qsl),
@@ -168,17 +187,41 @@ class InputBatch:
             input_ids=self._to_device(self.input_ids[:num_tokens]),
             positions=self._to_device(pos),
             meta=meta,
-            logits_indices=self._to_device(qsl[1:][sample_mask].astype(np.int64) - 1),
+            logits_indices=self._to_device(last),
             sample_mask=sample_mask,
             sample_rows=sample_rows,
             sample_params=[p for p in (self.params[r] for r in sample_rows) if p is not None],
             output_positions=self.num_tokens[sample_rows] - self.num_prompt[sample_rows],
+            drafts=drafts,
         )
+
+    def _place_drafts(
+        self, spec: dict[str, list[int]], req_ids: list[str], rows: np.ndarray
+    ) -> np.ndarray:
+        """Write each request's drafts after its known tokens, where the inputs are read
+        from; return the number of drafts per scheduled request."""
+        num = np.zeros(len(req_ids), dtype=np.int64)
+        for i, rid in enumerate(req_ids):
+            drafts = spec.get(rid)
+            if drafts:
+                row = rows[i]
+                n = int(self.num_tokens[row])
+                # A placeholder (-1, padding) is fed as token 0; it is rejected anyway.
+                self.token_ids[row, n : n + len(drafts)] = np.maximum(drafts, 0)
+                num[i] = len(drafts)
+        return num
 
     def _to_device(self, arr: np.ndarray) -> torch.Tensor:
         if self.staging is None:
             return torch.from_numpy(arr)  # CPU: a view of the host buffer, no copy
         return self.staging.put(arr)
+
+
+def _ranges(lengths: np.ndarray) -> np.ndarray:
+    """0..n-1 for each n in `lengths`, concatenated."""
+    total = int(lengths.sum())
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return np.asarray(np.arange(total, dtype=np.int64) - starts)
 
 
 class _Staging:

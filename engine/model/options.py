@@ -9,7 +9,7 @@ from engine.limits import check_range
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
+ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class RunnerOptions:
 
     device: str = "auto"  # "auto": CUDA if available, else CPU
     dtype: str = "auto"  # "auto": float32 on CPU, bfloat16 on CUDA
-    attention_backend: str = "auto"  # "auto": Triton on CUDA, torch on CPU
+    attention_backend: str = "auto"  # "auto": Triton on CUDA, the C kernel ("cpu") on CPU
     kv_cache_memory: int | None = None  # KV bytes on CPU (None: 1 GiB)
     gpu_memory_utilization: float = 0.9  # fraction of GPU memory for weights + KV
     num_gpu_blocks_override: int | None = None  # KV blocks, ignoring the memory budget

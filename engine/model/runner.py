@@ -7,6 +7,7 @@ their known tokens, sample, and report what it took."""
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch
 from engine.config import EngineConfig
 from engine.model.cpu_memory import keep_freed_memory
 from engine.model.errors import ModelError
-from engine.model.input_batch import InputBatch
+from engine.model.input_batch import InputBatch, StepInputs
 from engine.model.kv_cache import (
     DEFAULT_CPU_KV_MEMORY,
     KVCache,
@@ -30,6 +31,8 @@ from engine.model.sampler import Sampler, SamplingBatch
 from engine.model.spec import ModelSpec
 from engine.model.threads import ThreadTuner
 from engine.model.timing import StepTimer, TimedAttention, kernel_stats
+from engine.model.verify import Verification, verify
+from engine.ngram import NgramProposer
 from engine.outputs import ModelRunnerOutput, SchedulerOutput
 from engine.records import Timing
 
@@ -60,6 +63,17 @@ class ModelRunner:
             self.device,
         )
         self.sampler = Sampler(self.device, options.seed)
+        spec = config.speculative_config
+        self.proposer = (
+            NgramProposer(
+                spec.num_speculative_tokens,
+                spec.prompt_lookup_min,
+                spec.prompt_lookup_max,
+                config.max_model_len,
+            )
+            if spec is not None
+            else None
+        )
         self.threads = threads  # CPU only, when num_threads is not fixed
 
     @property
@@ -79,23 +93,55 @@ class ModelRunner:
             hidden = self.model.forward(
                 inputs.input_ids, inputs.positions, inputs.meta, self.kv.layers
             )
+            verified: list[list[int]] | None = None
             if len(inputs.sample_rows):
                 logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
                 timer.mark("forwarded")
-                batch = SamplingBatch.from_params(
-                    inputs.sample_params, inputs.output_positions.tolist(), self.device
-                )
-                tokens = self.sampler(logits, batch).cpu().numpy()
+                if inputs.drafts is not None:
+                    verified = self._verify(logits, inputs)
+                else:
+                    batch = SamplingBatch.from_params(
+                        inputs.sample_params, inputs.output_positions.tolist(), self.device
+                    )
+                    tokens = self.sampler(logits, batch).cpu().numpy()
             else:  # every request is mid-prefill: nothing to sample
                 timer.mark("forwarded")
                 tokens = np.zeros(0, dtype=np.int64)
             timer.mark("sampled")
-        self.batch.append_sampled(inputs.sample_rows, tokens)
-        kernels = kernel_stats(prof, self.device.type == "cuda") if prof is not None else ()
         sampled: list[list[int]] = [[] for _ in inputs.req_ids]
-        for i, tok in zip(np.flatnonzero(inputs.sample_mask).tolist(), tokens.tolist()):
-            sampled[i] = [tok]
-        return ModelRunnerOutput(inputs.req_ids, sampled, timings=timer.end(out.step, kernels))
+        sampling = np.flatnonzero(inputs.sample_mask).tolist()
+        if verified is not None:
+            self.batch.append_verified(inputs.sample_rows, verified)
+            for i, toks in zip(sampling, verified):
+                sampled[i] = toks
+        else:
+            self.batch.append_sampled(inputs.sample_rows, tokens)
+            for i, tok in zip(sampling, tokens.tolist()):
+                sampled[i] = [tok]
+        drafts, propose_s = self._propose(inputs, sampling)
+        kernels = kernel_stats(prof, self.device.type == "cuda") if prof is not None else ()
+        timings = timer.end(out.step, kernels, propose_s)
+        return ModelRunnerOutput(inputs.req_ids, sampled, drafts, timings)
+
+    def _verify(self, logits: torch.Tensor, inputs: StepInputs) -> list[list[int]]:
+        assert inputs.drafts is not None
+        v = Verification(inputs.drafts, inputs.sample_params, inputs.output_positions.tolist())
+        return verify(logits, v, self.sampler)
+
+    def _propose(
+        self, inputs: StepInputs, sampling: list[int]
+    ) -> tuple[dict[str, list[int]], float]:
+        """Drafts for every request that sampled, from its tokens (n-gram lookup)."""
+        if self.proposer is None or not sampling:
+            return {}, 0.0
+        t0 = time.perf_counter()
+        rows = inputs.sample_rows
+        lengths = self.batch.num_tokens[rows]
+        # Only the known part of each row: a full row is max_model_len wide.
+        tokens = self.batch.token_ids[rows, : int(lengths.max())]
+        proposals = self.proposer.propose(tokens, lengths)
+        drafts = {inputs.req_ids[i]: d for i, d in zip(sampling, proposals)}
+        return drafts, time.perf_counter() - t0
 
     def drop(self, req_id: str) -> None:
         """Forget a finished request now. EngineCore skips the runner on a step with
@@ -141,12 +187,36 @@ def resolve_dtype(options: RunnerOptions, device: torch.device) -> torch.dtype:
     ]
 
 
+def _cpu_attention(
+    options: RunnerOptions, spec: ModelSpec, device: torch.device, dtype: torch.dtype
+) -> AttentionBackend:
+    """The C kernel where it applies; asked for by name where it does not, an error."""
+    from engine.model.attention import native
+    from engine.model.attention.cpu_backend import CpuPagedAttention
+    from engine.model.attention.torch_backend import TorchAttention
+
+    why = None
+    if device.type != "cpu":
+        why = f"it runs on the CPU, not {device.type}"
+    elif dtype != torch.float32:
+        why = f"it computes in float32, not {str(dtype).removeprefix('torch.')}"
+    elif native.kernel() is None:
+        why = f"its C kernel is not available here ({native.kernel_status()})"
+    if why is None:
+        return CpuPagedAttention(spec.num_heads, spec.num_kv_heads, spec.head_dim)
+    if options.attention_backend == "cpu":
+        raise ModelError(f"attention_backend=cpu: {why}; use attention_backend=torch")
+    return TorchAttention(spec.num_heads, spec.num_kv_heads, spec.head_dim)
+
+
 def make_attention(
-    options: RunnerOptions, spec: ModelSpec, device: torch.device
+    options: RunnerOptions, spec: ModelSpec, device: torch.device, dtype: torch.dtype
 ) -> AttentionBackend:
     name = options.attention_backend
     if name == "auto":
-        name = "triton" if device.type == "cuda" else "torch"
+        name = "triton" if device.type == "cuda" else "cpu"
+    if name == "cpu":
+        return _cpu_attention(options, spec, device, dtype)
     if name == "triton":
         if device.type != "cuda":
             raise ModelError(
@@ -166,10 +236,10 @@ def check_config(config: EngineConfig, spec: ModelSpec) -> None:
             f"max_model_len={config.max_model_len} exceeds the model's context "
             f"length ({spec.max_position})"
         )
-    if config.num_speculative_tokens:
+    if config.num_speculative_tokens and config.speculative_config is None:
         raise ModelError(
-            "num_speculative_tokens: the model runner has no draft model; "
-            "speculative decoding runs only in `schedtop sim`"
+            "num_speculative_tokens alone is the simulator's drafter; on the model, give "
+            '--speculative-config \'{"method": "ngram", "num_speculative_tokens": 4}\''
         )
 
 
@@ -216,7 +286,7 @@ def build_runner(
         if options.num_threads is None:
             threads = shared_thread_tuner()
     timer = StepTimer(device)
-    attention = TimedAttention(make_attention(options, loaded.spec, device), timer)
+    attention = TimedAttention(make_attention(options, loaded.spec, device, dtype), timer)
     model = LlamaModel(loaded.spec, loaded.weights, attention, device, dtype)
     num_blocks = num_kv_blocks(options, loaded.spec, config, dtype, device)
     try:

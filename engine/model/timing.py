@@ -27,6 +27,7 @@ class _Pending:
     marks: dict[str, Any]  # phase name -> torch.cuda.Event
     attention: list[tuple[Any, Any]]  # (start, end) event pairs
     kernels: tuple[Kernel, ...] = ()  # the profile, if this step was profiled
+    propose_s: float = 0.0  # the drafter, on the host clock
 
 
 @dataclass
@@ -77,7 +78,9 @@ class StepTimer:
         else:
             self._attention_s += self.clock() - self._attention_start
 
-    def end(self, step: int, kernels: tuple[Kernel, ...] = ()) -> list[Timing]:
+    def end(
+        self, step: int, kernels: tuple[Kernel, ...] = (), propose_s: float = 0.0
+    ) -> list[Timing]:
         """Close the step. Returns the timings resolved now: this step's on the host
         clock; on CUDA, those of earlier steps whose events have completed."""
         if self._current is None:
@@ -90,9 +93,11 @@ class StepTimer:
                     ns(self._attention_s),
                     ns(m["sampled"] - m["forwarded"]),
                     kernels,
+                    ns(propose_s),
                 )
             ]
         self._current.kernels = kernels
+        self._current.propose_s = propose_s
         ready = self._pending  # earlier steps: their events are long done
         self._pending = [self._current]
         self._current = None
@@ -120,6 +125,7 @@ def _resolve(p: _Pending) -> Timing:
         ns(attention),
         span("forwarded", "sampled"),
         p.kernels,
+        ns(p.propose_s),
     )
 
 

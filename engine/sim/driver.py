@@ -59,6 +59,8 @@ def make_engine(workload: SimWorkload, sink: EventSink = NULL_SINK) -> EngineCor
     runner = SimRunner(
         {r.id: r.output_token_ids for r in workload.requests},
         num_speculative_tokens=cfg.num_speculative_tokens,
+        speculative_config=cfg.speculative_config,
+        max_model_len=cfg.max_model_len,
     )
     return EngineCore(cfg, runner, sink)
 

@@ -3,13 +3,17 @@
 It follows the fidelity driver's rule: a scheduled request samples exactly when the step
 takes it to the end of its known tokens (a partial prefill chunk samples nothing), and the
 sample is the next unused token of its script. Speculative decoding is simulated with a
-deterministic drafter whose proposals are right for a pseudo-random prefix."""
+deterministic drafter whose proposals are right for a pseudo-random prefix, or, with a
+speculative_config, drafted by the real n-gram proposer over the request's tokens and
+verified against the script."""
 
 from __future__ import annotations
 
 import random
 import zlib
+from typing import Any
 
+from engine.config import SpeculativeConfig
 from engine.outputs import ModelRunnerOutput, SchedulerOutput
 
 
@@ -22,9 +26,21 @@ class SimRunner:
         num_speculative_tokens: int = 0,
         acceptance_rate: float = 0.7,
         seed: int = 0,
+        speculative_config: SpeculativeConfig | None = None,
+        max_model_len: int = 1 << 30,
     ) -> None:
         self.scripts = scripts
         self.k = num_speculative_tokens
+        self.ngram: Any = None
+        self.history: dict[str, list[int]] = {}  # known tokens, for the n-gram drafter
+        if speculative_config is not None:
+            from engine.ngram import NgramProposer  # numpy: only when drafting for real
+
+            c = speculative_config
+            self.k = c.num_speculative_tokens
+            self.ngram = NgramProposer(
+                self.k, c.prompt_lookup_min, c.prompt_lookup_max, max_model_len
+            )
         self.acceptance_rate = acceptance_rate
         self.seed = seed
         self.known: dict[str, int] = {}  # tokens the request has, prompt included
@@ -37,9 +53,12 @@ class SimRunner:
         for rid in out.finished_req_ids | out.preempted_req_ids:
             self.known.pop(rid, None)
             self.sampled.pop(rid, None)
+            self.history.pop(rid, None)
         before: dict[str, int] = {}
         for nr in out.scheduled_new_reqs:
             self.known[nr.req_id] = len(nr.token_ids)
+            if self.ngram is not None:
+                self.history[nr.req_id] = list(nr.token_ids)
             self.sampled[nr.req_id] = len(nr.token_ids) - nr.num_prompt_tokens
             before[nr.req_id] = nr.num_computed_tokens
         cached = out.scheduled_cached_reqs
@@ -57,9 +76,20 @@ class SimRunner:
             sampled_ids.append(tokens)
             self.known[rid] += len(tokens)
             self.sampled[rid] += len(tokens)
-            if self.k:
+            if self.ngram is not None:
+                self.history[rid] += tokens
+                drafts[rid] = []
+            elif self.k:
                 drafts[rid] = self._propose(rid)
+        if self.ngram is not None and drafts:
+            drafts = self._propose_ngram(list(drafts))
         return ModelRunnerOutput(req_ids, sampled_ids, drafts)
+
+    def _propose_ngram(self, rids: list[str]) -> dict[str, list[int]]:
+        from engine.ngram import propose_lists
+
+        proposals = propose_lists(self.ngram, [self.history[r] for r in rids])
+        return dict(zip(rids, proposals))
 
     def _token(self, rid: str, pos: int) -> int:
         script = self.scripts.get(rid, ())

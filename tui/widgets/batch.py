@@ -37,15 +37,18 @@ def bar(vm: BatchVM, width: int) -> Text:
     done = 0.0
     drawn = 0
     for i, e in enumerate(vm.entries):
-        done += e.tokens * scale
-        cells = round(done) - drawn
-        if cells <= 0:
-            continue
-        colour = palette.KINDS.get(e.kind, "#abb2bf")
-        if i % 2:
-            colour = palette.dim(colour, 0.3)
-        t.append("█" * cells, style=colour)
-        drawn += cells
+        # A verifying entry: its decode token, then its drafts in the spec colour.
+        kind = "decode" if e.kind == "spec" else e.kind
+        for k, tokens in ((kind, e.tokens - e.spec), ("spec", e.spec)):
+            done += tokens * scale
+            cells = round(done) - drawn
+            if cells <= 0:
+                continue
+            colour = palette.KINDS.get(k, "#abb2bf")
+            if i % 2:
+                colour = palette.dim(colour, 0.3)
+            t.append("█" * cells, style=colour)
+            drawn += cells
     t.append("·" * (width - drawn), style=_UNUSED)
     return t
 
@@ -73,7 +76,9 @@ def _entries(vm: BatchVM, width: int, height: int) -> list[Text]:
     if decodes:
         parts.append((f"{len(decodes)} decoding", palette.KINDS["decode"]))
     for e in others:
-        spec = f" ({e.spec} draft)" if e.spec else ""
+        spec = f" ({e.spec} draft{'s' if e.spec > 1 else ''}" if e.spec else ""
+        if spec:
+            spec += f", {e.accepted} accepted)" if e.accepted >= 0 else ")"
         parts.append((f"{e.request_id} {e.kind} {e.tokens}{spec}", palette.KINDS[e.kind]))
     lines: list[Text] = [Text()]
     for text, colour in parts:

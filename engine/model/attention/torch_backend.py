@@ -28,7 +28,7 @@ class _Decodes:
 
 
 @dataclass
-class _Prefill:
+class Prefill:
     """One request with several query tokens."""
 
     start: int  # first row of q
@@ -43,7 +43,7 @@ class _Plan:
     """One step's attention work, shared by every layer."""
 
     decodes: list[_Decodes]  # groups of decodes, each padded to its longest
-    prefills: list[_Prefill]  # requests with several query tokens, one by one
+    prefills: list[Prefill]  # requests with several query tokens, one by one
 
 
 # Splitting decodes into groups of similar length saves padded keys but costs a few more
@@ -71,6 +71,27 @@ def decode_groups(lengths: np.ndarray, block_size: int) -> list[np.ndarray]:
         if best_cost is None or cost < best_cost:
             best, best_cost = [order[p] for p in parts], cost
     return best
+
+
+def plan_prefill(
+    r: int,
+    qsl: np.ndarray,
+    seq_lens: np.ndarray,
+    table: np.ndarray,
+    block_size: int,
+    device: torch.device,
+) -> Prefill:
+    """Request r's query rows, and what it reads from the cache when it has context."""
+    start, end = int(qsl[r]), int(qsl[r + 1])
+    seq_len = int(seq_lens[r])
+    context = seq_len - (end - start)
+    block_ids = mask = None
+    if context > 0:
+        nb = -(-seq_len // block_size)
+        block_ids = torch.from_numpy(table[r, :nb].astype(np.int64)).to(device)
+        rows = np.arange(context, seq_len)[:, None]
+        mask = torch.from_numpy(np.arange(seq_len)[None, :] <= rows).to(device)
+    return Prefill(start, end, context, block_ids, mask)
 
 
 def write_kv(
@@ -116,7 +137,7 @@ class TorchAttention:
         for group in plan.decodes:
             out[group.token_idx] = self._decode(q, k_cache, v_cache, group)
         for p in plan.prefills:
-            out[p.start : p.end] = self._prefill(q, k, v, k_cache, v_cache, p)
+            out[p.start : p.end] = self.prefill(q, k, v, k_cache, v_cache, p)
         return out
 
     def _plan(self, meta: AttentionMetadata, block_size: int, device: torch.device) -> _Plan:
@@ -133,18 +154,10 @@ class TorchAttention:
                 decodes.append(
                     self._plan_decodes(qsl, seq_lens, table, decode_rows[group], block_size, device)
                 )
-        prefills = []
-        for r in np.flatnonzero(q_lens > 1):
-            start, end = int(qsl[r]), int(qsl[r + 1])
-            seq_len = int(seq_lens[r])
-            context = seq_len - (end - start)
-            block_ids = mask = None
-            if context > 0:
-                nb = -(-seq_len // block_size)
-                block_ids = torch.from_numpy(table[r, :nb].astype(np.int64)).to(device)
-                rows = np.arange(context, seq_len)[:, None]
-                mask = torch.from_numpy(np.arange(seq_len)[None, :] <= rows).to(device)
-            prefills.append(_Prefill(start, end, context, block_ids, mask))
+        prefills = [
+            plan_prefill(int(r), qsl, seq_lens, table, block_size, device)
+            for r in np.flatnonzero(q_lens > 1)
+        ]
         return _Plan(decodes, prefills)
 
     def _plan_decodes(
@@ -197,14 +210,14 @@ class TorchAttention:
         flat = cache.view(cache.shape[0], -1).index_select(0, block_ids)
         return flat.view(num_reqs, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)
 
-    def _prefill(
+    def prefill(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-        p: _Prefill,
+        p: Prefill,
     ) -> torch.Tensor:
         query = q[p.start : p.end].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
         if p.block_ids is None:
