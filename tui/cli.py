@@ -450,7 +450,7 @@ def find(
         click.echo(f"schedtop: error: {e}", err=True)
         sys.exit(2)
     with TraceReader(trace) as reader:
-        tl = Timeline(reader)
+        tl = Timeline(reader, max_cached_records=16, max_keyframes=4)  # one pass: flat memory
         if every:
             hits = list(find_all(tl, preds))
         else:
