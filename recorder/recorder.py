@@ -10,6 +10,7 @@ The engine does not know the recorder exists: the recorder installs itself as
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import time
@@ -20,12 +21,13 @@ from importlib import metadata
 from pathlib import Path
 
 from engine.core import EngineCore
+from engine.events import NULL_SINK, ClientReport, EventSink, report_client
 from engine.records import Step
 from recorder.codec import MAX_RECORD_BYTES, encode
 from recorder.convert import StepCompactor, scalar_config
 from recorder.errors import RecordingError
 from recorder.paths import new_trace_path
-from recorder.schema import End, Footer, Header, Record, Snapshot
+from recorder.schema import Client, End, Footer, Header, Record, Snapshot
 from recorder.writer import TraceSink, TraceWriter
 
 log = logging.getLogger("schedtop.recorder")
@@ -38,7 +40,11 @@ class Recorder:
 
     Attach it to a fresh engine, or between two steps of a running one (it then starts
     with a snapshot). A recording that fails (disk full, or a bug here) stops with one
-    warning and never stops the engine, unless `strict` (tests) makes it raise."""
+    warning and never stops the engine, unless `strict` (tests) makes it raise.
+
+    `install=False` leaves `engine.sink` alone (an owner passes reports on itself);
+    `continue_from` makes this the next segment of another recording (its clock and start
+    time; refs are the engine's own, so they continue; the segment starts with a snapshot)."""
 
     def __init__(
         self,
@@ -48,10 +54,13 @@ class Recorder:
         redact_prompts: bool = False,
         snapshot_interval: int = DEFAULT_SNAPSHOT_INTERVAL,
         model: str | None = None,
+        engine_name: str | None = None,
         strict: bool = False,
         on_step_record: Callable[[Step], None] | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
         wall_clock: Callable[[], int] = time.time_ns,
+        install: bool = True,
+        continue_from: Recorder | None = None,
     ) -> None:
         if snapshot_interval < 1:
             raise ValueError(f"snapshot_interval={snapshot_interval}: must be >= 1")
@@ -68,7 +77,14 @@ class Recorder:
         self.on_step_record = on_step_record  # sees every Step record before it is written
         self.error: str | None = None  # why recording stopped, once it has
         self._clock = clock
-        self._t0 = clock()
+        if continue_from is None:
+            self._t0 = clock()
+            start_ns = wall_clock()
+        else:
+            # The next segment of one recording: the same clock and start time, so that
+            # the segments put end to end read as one trace.
+            self._t0 = continue_from._t0
+            start_ns = continue_from.start_time_ns
         self._closed = False
         self._first_step = engine.step_index
         self._compactor = StepCompactor(engine.config.policy, redact_prompts)
@@ -76,18 +92,34 @@ class Recorder:
         self._step_ends = array("Q")
         self._snapshots: list[tuple[int, int]] = []
         self._counts = [0, 0, 0, 0]  # steps, arrivals, finishes, preemptions
-        self._append(self._header(engine, model, redact_prompts, wall_clock()), boundary=True)
+        header = self._header(engine, model, redact_prompts, start_ns)
+        if engine_name is not None:  # another engine's scheduler recorded through ours
+            header = dataclasses.replace(header, engine=engine_name)
+        self.header = header
+        self._append(header, boundary=True)
         if mid_run:
             snap = engine.snapshot()
             self._compactor.adopt(snap)
             self._write_snapshot(snap)
-        self._downstream = engine.sink
-        engine.sink = self
+        self._downstream: EventSink = NULL_SINK
+        if install:
+            self._downstream = engine.sink
+            engine.sink = self
 
     @property
     def path(self) -> Path | None:
         """The trace file, when the sink is one."""
         return getattr(self.sink, "path", None)
+
+    @property
+    def start_time_ns(self) -> int:
+        """The wall clock (Unix ns) when the recording started."""
+        return self.header.start_time_ns
+
+    @property
+    def elapsed_ns(self) -> int:
+        """Now, on the clock of the step records' time_ns."""
+        return self._clock() - self._t0
 
     @property
     def flushed_step(self) -> int:
@@ -106,6 +138,24 @@ class Recorder:
                 log.exception("recording failed at step %d", report.step)
                 self.error = f"step {report.step}: {type(e).__name__}: {e}"
         self._downstream.on_step(report)
+
+    def on_client(self, report: ClientReport) -> None:
+        """A server's view of one HTTP request: a CLIENT record between two steps."""
+        if self.error is None and not self._closed:
+            try:
+                self._append(
+                    client_record(report, self.engine.step_index - 1, self._now_ns()),
+                    boundary=True,
+                )
+            except Exception as e:
+                if self.strict:
+                    raise
+                log.exception("recording a client report failed")
+                self.error = f"client record: {type(e).__name__}: {e}"
+        report_client(self._downstream, report)
+
+    def _now_ns(self) -> int:
+        return self._clock() - self._t0
 
     def close(self) -> None:
         """Write the footer (if recording went well), flush, fsync and close. Idempotent."""
@@ -190,6 +240,30 @@ class Recorder:
             num_preemptions=preemptions,
             end_time_ns=self._clock() - self._t0,
         )
+
+
+def client_record(report: ClientReport, after_step: int, time_ns: int) -> Client:
+    """The trace's CLIENT record of a server's ClientReport (seconds become ns)."""
+
+    def ns(s: float | None) -> int | None:
+        return None if s is None else max(0, round(s * 1e9))
+
+    return Client(
+        after_step=after_step,
+        time_ns=time_ns,
+        request_id=report.request_id,
+        endpoint=report.endpoint,
+        status=report.status,
+        finish_reason=report.finish_reason,
+        stream=report.stream,
+        prompt_tokens=report.prompt_tokens,
+        completion_tokens=report.completion_tokens,
+        queue_ns=ns(report.queue_s),
+        ttft_ns=ns(report.ttft_s),
+        e2e_ns=ns(report.e2e_s) or 0,
+        itl_ns=tuple(max(0, round(g * 1e9)) for g in report.itl_s),
+        message=report.message,
+    )
 
 
 def open_recording(

@@ -98,6 +98,8 @@ __all__ = [
 
 FORMAT_MAJOR = 1  # a reader refuses traces with a newer major version
 FORMAT_MINOR = 1  # minor versions only add fields and record types, which readers skip
+# 1.1: SpecProposed entries and Timing.propose_ns (speculative decoding); CLIENT records
+#      (schedtop serve)
 
 Scalar = str | int | float | bool | None
 
@@ -110,6 +112,7 @@ class RecordType(enum.IntEnum):
     SNAPSHOT = 3
     FOOTER = 4
     END = 5
+    CLIENT = 6  # since 1.1: an HTTP request as a server saw it (schedtop serve)
 
 
 # -- header ---------------------------------------------------------------------------------
@@ -164,4 +167,29 @@ class End:
     footer_offset: int  # byte offset of the footer record
 
 
-Record = Header | Step | Snapshot | Footer | End
+# -- client (schedtop serve) ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Client:
+    """One HTTP request as the server in front of the engine saw it, written when its
+    response ended (between two steps). Timings are the server's, around the client:
+    from the moment the HTTP request arrived."""
+
+    after_step: int  # the last step recorded before it (first_step - 1: none yet)
+    time_ns: int  # when it was written, monotonic ns since recording started (timing)
+    request_id: str  # the engine's request id; "" when it never reached the engine
+    endpoint: str  # the route, e.g. "/v1/completions"
+    status: int  # HTTP status code of the response
+    finish_reason: str = ""  # "stop", "length", "abort" (client left), "error"; "" refused
+    stream: bool = False  # server-sent events rather than one JSON body
+    prompt_tokens: int = 0  # prompt length
+    completion_tokens: int = 0  # output tokens generated
+    queue_ns: int | None = None  # arrived -> first scheduled (None: never scheduled)
+    ttft_ns: int | None = None  # arrived -> first token sent (None: none sent)
+    e2e_ns: int = 0  # arrived -> response ended
+    itl_ns: tuple[int, ...] = ()  # gaps between consecutive token chunks sent
+    message: str = ""  # for a 4xx/5xx: what was wrong
+
+
+Record = Header | Step | Snapshot | Footer | End | Client

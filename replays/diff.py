@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 from itertools import zip_longest
 from pathlib import Path
 
-from recorder.reader import TraceReader
+from recorder.multi import open_trace
 from recorder.schema import KIND_LABELS, REASON_LABELS, STATUS_LABELS, Step, label, printable
 from replays.reducer import StepView
 from replays.stats import TraceStats, trace_stats
@@ -65,7 +65,7 @@ def diff_traces(a: str | Path, b: str | Path) -> TraceDiff:
     first: int | None = None
     what: tuple[str, ...] = ()
     differing = 0
-    with TraceReader(a) as ra, TraceReader(b) as rb:
+    with open_trace(a) as ra, open_trace(b) as rb:
         for rec_a, rec_b in zip_longest(ra.steps(), rb.steps()):
             fields_: tuple[str, ...]
             if rec_a is None or rec_b is None:
@@ -89,7 +89,7 @@ def diff_traces(a: str | Path, b: str | Path) -> TraceDiff:
 
 
 def _side(path: Path, step: int) -> StepSide | None:
-    with TraceReader(path) as reader:
+    with open_trace(path) as reader:
         timeline = Timeline(reader)
         if step > timeline.last_step:
             return None

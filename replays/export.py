@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recorder.multi import open_trace
 from recorder.reader import Cut, TraceReader
 from recorder.schema import (
     Admission,
@@ -85,7 +86,7 @@ def export_perfetto(
     out = Path(out_path)
     if isinstance(source, TraceReader):
         return _export(source, out)
-    with TraceReader(source) as reader:
+    with open_trace(source) as reader:
         return _export(reader, out)
 
 

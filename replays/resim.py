@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from recorder.errors import TraceError
-from recorder.reader import TraceReader
+from recorder.multi import open_trace
 from replays.resim_base import Divergence, ResimError, ResimResult, config_for
 from replays.resim_faithful import run_faithful
 from replays.resim_scripted import run_scripted
@@ -80,7 +80,7 @@ def _resimulate(
     scripted: bool,
     max_steps: int | None,
 ) -> ResimResult:
-    with TraceReader(path) as reader:
+    with open_trace(path) as reader:
         header = reader.header
         if header.first_step != 0:
             raise ResimError(
@@ -88,6 +88,9 @@ def _resimulate(
                 "re-simulation needs every arrival from step 0"
             )
         config = config_for(header.config, overrides or {})
+        # With async scheduling a step's samples arrive a step later: only the scripted
+        # runner (tokens per request, not per step) can hand them out.
+        scripted = scripted or config.async_scheduling
         if not overrides and not header.redacted and not scripted:
             result = run_faithful(reader, config, out, max_steps)
             if result.reproduced or max_steps is not None:

@@ -16,10 +16,11 @@ from engine.request import Request
 from recorder.reader import TraceReader
 from recorder.recorder import Recorder
 from recorder.schema import Arrival, Step
+from recorder.vllm import MID_STEP_ABORT
 from recorder.writer import NullWriter, TraceWriter
 from replays.diff import differing_fields
 
-_DRIVER_KEYS = ("max_steps", "async_scheduling")
+_DRIVER_KEYS = ("max_steps",)
 
 
 class ResimError(ValueError):
@@ -133,3 +134,9 @@ def recorded_proposals(config: EngineConfig) -> bool:
     """Whether the trace's drafter proposes a varying number of drafts, recorded per
     request (n-gram); the simulated drafter always proposes k."""
     return config.speculative_config is not None
+
+
+def is_mid_step_abort(message: str) -> bool:
+    """Whether an abort's finish says it came between schedule() and update (vLLM's
+    engine core applies aborts there too); re-simulation aborts it there."""
+    return message.startswith(MID_STEP_ABORT)

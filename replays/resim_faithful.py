@@ -5,6 +5,7 @@ scheduling order, so it keeps pace with the simulated engine itself."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 from engine.config import EngineConfig
@@ -16,6 +17,7 @@ from recorder.schema import Status, Step
 from replays.resim_base import (
     Checker,
     ResimResult,
+    is_mid_step_abort,
     recorded_proposals,
     recorder_for,
     request_of,
@@ -98,13 +100,14 @@ def run_faithful(
         ):
             rec, nxt = nxt, next(records, None)
             recorded += 1
-            _abort(engine, rec, runner.refs)
             for a in rec.arrivals:
                 runner.refs[a.request_id] = a.ref
                 engine.add_request(request_of(a, hasher))
+            # After the arrivals: a request can arrive and be aborted before one step.
+            _abort(engine, rec, runner.refs, mid_step=False)
             runner.record = rec
             checker.expect(rec)
-            engine.step()
+            engine.step(partial(_abort, engine, rec, runner.refs, True))
             engine.take_finished()  # nobody reads them: don't let them pile up
         # Requests still running when the trace ends are fine: a trace can stop mid-run
         # (a crash, a cut); had the original finished them, its last records would say so.
@@ -121,10 +124,11 @@ def run_faithful(
     )
 
 
-def _abort(engine: EngineCore, rec: Step, refs: dict[str, int]) -> None:
-    """Aborts happened between steps: the trace reports them with the next step."""
+def _abort(engine: EngineCore, rec: Step, refs: dict[str, int], mid_step: bool) -> None:
+    """The step's aborts: those before its schedule() (reported with the step), or with
+    `mid_step` those between schedule() and update."""
     for f in rec.finishes:
-        if f.status == Status.FINISHED_ABORTED:
+        if f.status == Status.FINISHED_ABORTED and is_mid_step_abort(f.message) == mid_step:
             rid = next((r for r, ref in refs.items() if ref == f.ref), None)
             if rid is not None:
-                engine.abort(rid)
+                engine.abort(rid, f.message)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from engine.core import EngineCore
 from engine.kv.hashing import ROOT_HASH, BlockHasher
 from engine.request import Request
 from engine.sim.runner import SimRunner
+from recorder.multi import open_trace
 from recorder.reader import TraceReader
 from recorder.schema import Arrival, KVKind, Status
 from replays.reducer import apply_with_view
@@ -24,6 +27,7 @@ from replays.resim_base import (
     Divergence,
     ResimError,
     ResimResult,
+    is_mid_step_abort,
     recorded_proposals,
     recorder_for,
     request_of,
@@ -42,6 +46,7 @@ class _Script:
     proposed: dict[int, int] = field(default_factory=dict)  # output position -> drafts proposed
     status: int = 0  # how it finished (0: it had not when the trace ended)
     abort_step: int = -1  # the step whose record reports its abort
+    abort_message: str = ""  # its finish's message (says when a mid-step abort came)
     hashes: dict[int, bytes] = field(default_factory=dict)  # block index -> recorded hash
 
 
@@ -71,6 +76,7 @@ def _collect(reader: TraceReader) -> tuple[list[_Script], int]:
             scripts[f.ref].status = f.status
             if f.status == Status.FINISHED_ABORTED:
                 scripts[f.ref].abort_step = rec.step
+                scripts[f.ref].abort_message = f.message
         for e in view.kv_events:
             if e.ref is None:
                 continue
@@ -149,9 +155,9 @@ class _ScriptedRunner(SimRunner):
 def run_scripted(
     reader: TraceReader, config: EngineConfig, overrides: dict[str, Any], out: str | Path | None
 ) -> ResimResult:
-    with TraceReader(reader.path) as again:
+    with open_trace(reader.path) as again:
         scripts, num_recorded = _collect(again)
-    with TraceReader(reader.path) as recorded:  # compared step by step as the run goes
+    with open_trace(reader.path) as recorded:  # compared step by step as the run goes
         checker = Checker(recorded.steps())
         return _run(reader, config, overrides, out, scripts, num_recorded, checker)
 
@@ -183,10 +189,6 @@ def _run(
         while step <= last_arrival or engine.has_unfinished():
             if step >= limit:
                 raise ResimError(f"the re-simulation is still running at step {step}")
-            for ref in aborts.get(step, ()):
-                rid = scripts[ref].arrival.request_id
-                if live.get(rid) == ref:
-                    engine.abort(rid)
             for ref in by_step.get(step, ()):
                 s = scripts[ref]
                 a = s.arrival
@@ -199,7 +201,9 @@ def _run(
                     _RecordedHasher(config.block_size, s, ref) if reader.header.redacted else plain
                 )
                 engine.add_request(request_of(a, hasher))
-            engine.step()
+            # After the arrivals: a request can arrive and be aborted before one step.
+            _abort(engine, scripts, aborts.get(step, ()), live, mid_step=False)
+            engine.step(partial(_abort, engine, scripts, aborts.get(step, ()), live, True))
             engine.take_finished()
             step += 1
         if checker.divergence is None and checker.steps < num_recorded:
@@ -215,3 +219,17 @@ def _run(
         Path(out) if out else None,
         "scripted",
     )
+
+
+def _abort(
+    engine: EngineCore,
+    scripts: list[_Script],
+    refs: Sequence[int],
+    live: dict[str, int],
+    mid_step: bool,
+) -> None:
+    for ref in refs:
+        s = scripts[ref]
+        rid = s.arrival.request_id
+        if live.get(rid) == ref and is_mid_step_abort(s.abort_message) == mid_step:
+            engine.abort(rid, s.abort_message)

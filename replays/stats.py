@@ -12,9 +12,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recorder.multi import open_trace
 from recorder.reader import TraceReader
 from recorder.schema import (
     STATUS_LABELS,
+    Client,
     RequestState,
     Snapshot,
     Step,
@@ -22,6 +24,7 @@ from recorder.schema import (
     percentile,
     printable,
 )
+from replays.clients import ServerStats, format_server, server_stats
 from replays.reducer import apply, arrived
 from replays.state import State
 
@@ -68,6 +71,8 @@ class TraceStats:
     spec_verifications: int = 0  # scheduled entries that verified drafts
     spec_drafts: int = 0  # drafts verified (scheduled), over the trace
     spec_accepted: int = 0  # drafts accepted
+    num_aborted: int = 0  # finished with FINISHED_ABORTED (a client left, or a stop string)
+    server: ServerStats | None = None  # the HTTP side, when a server wrote the trace
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -91,7 +96,7 @@ class TraceStats:
 
 def trace_stats(path: str | Path) -> TraceStats:
     """Compute the metrics of the trace at `path` (its readable part, if it was cut)."""
-    with TraceReader(path) as reader:
+    with open_trace(path) as reader:
         return _Collector(reader).run()
 
 
@@ -109,13 +114,16 @@ class _Collector:
         self.preemptions = 0
         self.budget_use = 0.0
         self.spec = [0, 0, 0]  # verifications, drafts verified, drafts accepted
+        self.clients: list[Client] = []
 
     def run(self) -> TraceStats:
         state: State | None = None
         for entry in self.reader.entries():
             rec = entry.record
             if not isinstance(rec, Step):
-                if isinstance(rec, Snapshot) and state is None:
+                if isinstance(rec, Client):
+                    self.clients.append(rec)
+                elif isinstance(rec, Snapshot) and state is None:
                     state = State.from_snapshot(self.reader.header, rec)
                     self.reqs.update(state.requests)
                 continue
@@ -213,6 +221,8 @@ class _Collector:
             spec_verifications=self.spec[0],
             spec_drafts=self.spec[1],
             spec_accepted=self.spec[2],
+            num_aborted=sum(1 for r in requests if r.status == "aborted"),
+            server=server_stats(self.clients),
         )
 
 
@@ -222,7 +232,11 @@ def format_stats(s: TraceStats) -> str:
     rate = "tokens/s" if u == "s" else "tokens/step"
     rows = [
         ("steps", f"{s.num_steps}" + (f" in {s.duration_s:.2f} s" if u == "s" else "")),
-        ("requests", f"{s.num_requests} ({s.num_finished} finished, {s.num_errors} errors)"),
+        (
+            "requests",
+            f"{s.num_requests} ({s.num_finished} finished, {s.num_errors} errors, "
+            f"{s.num_aborted} aborted)",
+        ),
         ("output tokens", f"{s.output_tokens}"),
         ("throughput", f"{s.throughput:.2f} {rate}"),
         ("TTFT p50 / p99", f"{_v(s.ttft_p50, u)} / {_v(s.ttft_p99, u)}"),
@@ -241,6 +255,8 @@ def format_stats(s: TraceStats) -> str:
                 f"{s.mean_acceptance_length:.2f} tokens",
             )
         )
+    if s.server is not None:
+        rows += format_server(s.server)
     width = max(len(k) for k, _ in rows)
     return printable("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
 

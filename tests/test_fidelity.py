@@ -28,16 +28,21 @@ COMPARED = (
 )
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
 @pytest.mark.parametrize(
     "case", sorted(p.name.removesuffix(".workload.json") for p in CASES.glob("*.workload.json"))
 )
-def test_case_reproduces_vllm_step_for_step(case: str) -> None:
+def test_case_reproduces_vllm_step_for_step(case: str, mode: str) -> None:
+    # NAME.async.decisions.jsonl: vLLM's AsyncScheduler with two batches in flight, made
+    # by bench/vllm_oracle.py with config.async_scheduling=true.
+    suffix = ".async" if mode == "async" else ""
     expected = [
-        json.loads(line) for line in (CASES / f"{case}.decisions.jsonl").read_text().splitlines()
+        json.loads(line)
+        for line in (CASES / f"{case}{suffix}.decisions.jsonl").read_text().splitlines()
     ]
     got: list[dict] = []
     simulate(
-        load_workload(CASES / f"{case}.workload.json"),
+        load_workload(CASES / f"{case}.workload.json", {"async_scheduling": mode == "async"}),
         on_step=lambda r, e: got.append(decision_record(r, e)),
     )
     assert len(got) == len(expected), "number of steps"

@@ -16,6 +16,7 @@ from recorder.errors import TraceError
 from recorder.schema import (
     Admission,
     Arrival,
+    Client,
     End,
     Finish,
     Footer,
@@ -154,9 +155,35 @@ FOOTER = Footer(
 )
 
 
+CLIENT = Client(
+    after_step=41,
+    time_ns=9_000_000_000,
+    request_id="cmpl-1",
+    endpoint="/v1/completions",
+    status=200,
+    finish_reason="abort",
+    stream=True,
+    prompt_tokens=12,
+    completion_tokens=3,
+    queue_ns=1_000,
+    ttft_ns=50_000_000,
+    e2e_ns=90_000_000,
+    itl_ns=(20_000_000, 20_000_001),
+)
+
+
 @pytest.mark.parametrize(
     "record",
-    [HEADER, STEP, Step(step=0), SNAPSHOT, FOOTER, End(12345)],
+    [
+        HEADER,
+        STEP,
+        Step(step=0),
+        SNAPSHOT,
+        FOOTER,
+        End(12345),
+        CLIENT,
+        Client(-1, 0, "", "/v1/models", 401, message="no key"),
+    ],
     ids=lambda r: type(r).__name__,
 )
 def test_every_record_type_round_trips(record: Record) -> None:
@@ -239,4 +266,5 @@ def test_every_schema_record_has_a_codec() -> None:
         RecordType.STEP,
         RecordType.SNAPSHOT,
         RecordType.FOOTER,
+        RecordType.CLIENT,
     }

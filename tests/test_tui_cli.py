@@ -49,8 +49,9 @@ def test_a_file_that_is_not_a_trace(tmp_path: Path) -> None:
     assert "not a schedtop trace (wrong magic bytes)" in line
 
 
-def test_a_directory(tmp_path: Path) -> None:
-    assert "not a regular file" in one_line_error(schedtop("replay", str(tmp_path)))
+def test_a_directory_without_segments(tmp_path: Path) -> None:
+    line = one_line_error(schedtop("replay", str(tmp_path)))
+    assert "a directory without trace segments" in line
 
 
 def test_a_trace_cut_inside_its_header(tmp_path: Path, good: Path) -> None:

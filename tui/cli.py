@@ -25,6 +25,7 @@ def user_errors(fn: F) -> F:
         from engine.safe_output import OutputError
         from engine.sim.workload import WorkloadError
         from recorder.errors import RecordingError, TraceError
+        from replays.costmodel import CostModelError
         from replays.resim import ResimError
         from tui.demo import DemoError
         from tui.launch import NoTerminal
@@ -37,6 +38,7 @@ def user_errors(fn: F) -> F:
             TraceError,
             RecordingError,
             ResimError,
+            CostModelError,
             NoTerminal,
             OutputError,
         ) as e:
@@ -242,13 +244,28 @@ class _Pace:
 
 @main.command()
 @click.argument("trace", metavar="TRACE")
+@click.option(
+    "--api-key",
+    envvar="SCHEDTOP_API_KEY",
+    metavar="KEY",
+    help="For http://HOST:PORT: the server's API key (also $SCHEDTOP_API_KEY).",
+)
 @user_errors
-def live(trace: str) -> None:
-    """Follow a trace that an engine is writing: stay on the newest step until you step
-    back (F or end follows again). Keys: ? in the app."""
-    from tui.launch import open_session, run_app
+def live(trace: str, api_key: str | None) -> None:
+    """Follow a trace that an engine is writing (a file, a server's run directory, or a
+    server's stream at http://HOST:PORT): stay on the newest step until you step back
+    (F or end follows again). Keys: ? in the app."""
+    from tui.launch import open_remote_session, open_session, run_app
+    from tui.remote import is_url
 
-    run_app(open_session(trace, live=True))
+    if not is_url(trace):
+        run_app(open_session(trace, live=True))
+        return
+    session, stream = open_remote_session(trace, api_key)
+    try:
+        run_app(session)
+    finally:
+        stream.close()
 
 
 @main.command()
@@ -349,9 +366,17 @@ def info(trace: str) -> None:
     help="Write the re-simulated trace here (with --set, the default is a new "
     "file in the trace directory).",
 )
+@click.option(
+    "--engine",
+    type=click.Choice(["schedtop", "vllm"]),
+    default="schedtop",
+    show_default=True,
+    help="Whose scheduler re-simulates: schedtop's, or the installed vLLM's "
+    "(an interpreter with vLLM: $SCHEDTOP_VLLM_PYTHON).",
+)
 @FORCE
 @user_errors
-def resim(trace: str, settings: tuple[str, ...], out: str | None, force: bool) -> None:
+def resim(trace: str, settings: tuple[str, ...], out: str | None, engine: str, force: bool) -> None:
     """Re-drive today's scheduler with a trace's inputs.
 
     With the recorded config every decision must come out the same: exit status 0 when
@@ -364,6 +389,9 @@ def resim(trace: str, settings: tuple[str, ...], out: str | None, force: bool) -
 
     check_outputs({"--trace": out}, [trace], force, out)
     overrides = parse_settings(settings)
+    if engine == "vllm":
+        _resim_vllm(trace, overrides, out)
+        return
     if overrides and out is None:
         path = new_trace_path("resim")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -390,6 +418,178 @@ def resim(trace: str, settings: tuple[str, ...], out: str | None, force: bool) -
         sys.exit(1)
 
 
+_MODEL_HELP = (
+    "The step-time model: a JSON file (schedtop stats --cost-model --json) or "
+    "intercept=S,prefill_tokens=S,decode_requests=S,spec_tokens=S,context_tokens=S,"
+    "num_requests=S (seconds). Default: fitted on the trace's own timings; a simulated "
+    "trace has none and needs one."
+)
+
+
+@main.command()
+@click.argument("trace")
+@click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="What if: override a config key. Repeatable. None: predict the recorded run "
+    "itself (the model's self-check).",
+)
+@click.option("--model", "model_spec", metavar="FILE|SPEC", help=_MODEL_HELP)
+@click.option(
+    "--trace",
+    "out",
+    metavar="OUT",
+    help="Write the predicted trace here (replay, diff, stats, export it).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print recorded and predicted as JSON.")
+@user_errors
+def whatif(
+    trace: str, settings: tuple[str, ...], model_spec: str | None, out: str | None, as_json: bool
+) -> None:
+    """Predict a trace's run under another config, in time: arrivals at their recorded
+    times, each step as long as the step-time model says. Prints recorded vs predicted."""
+    import json
+
+    from engine.sim.api import parse_settings
+    from replays.costmodel import format_model, parse_model
+    from replays.whatif import format_result
+    from replays.whatif import whatif as predict
+
+    overrides = parse_settings(settings)
+    model = parse_model(model_spec) if model_spec else None
+    r = predict(trace, overrides, model, out)
+    if as_json:
+        doc = {
+            "trace": r.trace,
+            "changed": r.changed,
+            "model": r.model.to_json(),
+            "recorded": r.recorded.to_json(),
+            "predicted": r.predicted.to_json(),
+            "first_difference": r.first_difference,
+        }
+        click.echo(json.dumps(doc, indent=1))
+        return
+    changed = ", ".join(f"{k}={v}" for k, v in overrides.items()) or "the recorded config"
+    click.echo(
+        f"predicted {r.predicted.num_steps} steps ({r.recorded.num_steps} recorded) with {changed}"
+    )
+    click.echo(format_model(r.model))
+    click.echo("")
+    click.echo(format_result(r))
+    click.echo("")
+    if r.first_difference is None:
+        click.echo("decisions: identical to the recording")
+    else:
+        click.echo(f"decisions: first differ at step {r.first_difference}")
+    if out is not None:
+        click.echo(f"trace: {out}")
+
+
+@main.command()
+@click.argument("traces", nargs=-1, required=True, metavar="TRACE_OR_DIR...")
+@click.option(
+    "--grid",
+    multiple=True,
+    required=True,
+    metavar="KEY=V1,V2,...",
+    help="Config values to try; repeatable (every combination runs).",
+)
+@click.option(
+    "--objective",
+    default="ttft_p99",
+    show_default=True,
+    help="The metric to rank by (throughput is maximised, the others minimised).",
+)
+@click.option("--model", "model_spec", metavar="FILE|SPEC", help=_MODEL_HELP)
+@click.option("--jobs", "-j", type=click.IntRange(min=1), help="Workers (default: CPUs).")
+@click.option(
+    "--ray", "use_ray", is_flag=True, help="Run the tasks on Ray (RAY_ADDRESS, or a local cluster)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+@click.option("--csv", "as_csv", is_flag=True, help="Print the rows as CSV.")
+@user_errors
+def sweep(
+    traces: tuple[str, ...],
+    grid: tuple[str, ...],
+    objective: str,
+    model_spec: str | None,
+    jobs: int | None,
+    use_ray: bool,
+    as_json: bool,
+    as_csv: bool,
+) -> None:
+    """Predict every trace under every config of a grid; rank the configs by an objective.
+
+    Exit status 1 when some task failed (its row says why; the others ran)."""
+    import json
+
+    from replays import sweep as sw
+    from replays.costmodel import parse_model
+
+    if as_json and as_csv:
+        raise click.UsageError("--json and --csv exclude each other")
+    points = sw.parse_grid(grid)
+    sw.check_objective(objective)
+    model = parse_model(model_spec) if model_spec else None
+    tasks = sw.plan(sw.find_traces(traces), points, model)
+    with _progress(len(tasks)) as progress:
+        rows = sw.run_sweep(tasks, "ray" if use_ray else "pool", jobs, progress)
+    if as_json:
+        click.echo(json.dumps(sw.to_json(rows, objective), indent=1))
+    elif as_csv:
+        click.echo(sw.to_csv(rows, objective), nl=False)
+    else:
+        click.echo(sw.format_table(rows, objective))
+    failed = [r for r in rows if r.error]
+    for r in failed:
+        click.echo(f"schedtop: task failed: {r.trace} {r.config}: {r.error}", err=True)
+    if failed:
+        sys.exit(1)
+
+
+class _progress:
+    """A progress bar on stderr while a sweep runs, when stderr is a terminal."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.bar: Any = None
+
+    def __enter__(self) -> Any:
+        if not sys.stderr.isatty():
+            return None
+        from rich.console import Console
+        from rich.progress import Progress
+
+        self.bar = Progress(console=Console(stderr=True), transient=True)
+        self.bar.start()
+        task = self.bar.add_task("sweep", total=self.total)
+        return lambda done, total: self.bar.update(task, completed=done)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _resim_vllm(trace: str, overrides: dict[str, Any], out: str | None) -> None:
+    from replays.diff import diff_traces, format_diff
+    from replays.vllm_resim import resimulate_with_vllm
+
+    result = resimulate_with_vllm(trace, overrides, out)
+    click.echo(f"vLLM's scheduler ran {result.num_steps} steps; trace: {result.trace}")
+    if result.reproduced:
+        click.echo(
+            "every decision reproduced" if not overrides else "the change alters no decision"
+        )
+        return
+    click.echo(f"first difference at step {result.divergence_step}: {', '.join(result.fields)}")
+    click.echo("")
+    click.echo(format_diff(diff_traces(trace, result.trace)))
+    if not overrides:
+        sys.exit(1)
+
+
 @main.command()
 @click.argument("a")
 @click.argument("b")
@@ -408,11 +608,24 @@ def diff(a: str, b: str) -> None:
 @main.command()
 @click.argument("trace")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
+@click.option(
+    "--cost-model",
+    is_flag=True,
+    help="Instead: fit the step-time model on the trace's recorded step timings and print "
+    "it with its fit quality (with --json, the file `whatif --model` reads).",
+)
 @user_errors
-def stats(trace: str, as_json: bool) -> None:
+def stats(trace: str, as_json: bool, cost_model: bool) -> None:
     """Throughput, TTFT/TPOT percentiles, preemptions, prefix hits and KV use of a trace."""
     import json
 
+    if cost_model:
+        from replays.costmodel import format_model
+        from replays.timebase import fit_trace
+
+        m = fit_trace(trace)
+        click.echo(json.dumps(m.to_json(), indent=1) if as_json else format_model(m))
+        return
     from replays.stats import format_stats, trace_stats
 
     s = trace_stats(trace)
@@ -439,7 +652,7 @@ def find(
 
     Predicates: preempt, preempt:ID, admit:ID, first-token:ID, finish:ID, free<N, slow>MS,
     wait>STEPS, util<PERCENT. Exit status 1 when nothing matches."""
-    from recorder.reader import TraceReader
+    from recorder.multi import open_trace
     from replays.breakpoints import find as find_step
     from replays.breakpoints import find_all, parse
     from replays.timeline import Timeline
@@ -449,7 +662,7 @@ def find(
     except ValueError as e:
         click.echo(f"schedtop: error: {e}", err=True)
         sys.exit(2)
-    with TraceReader(trace) as reader:
+    with open_trace(trace) as reader:
         tl = Timeline(reader, max_cached_records=16, max_keyframes=4)  # one pass: flat memory
         if every:
             hits = list(find_all(tl, preds))
@@ -578,6 +791,194 @@ def run(
     click.echo(_about(w))
     click.echo(format_summary(summary))
     recording.report()
+
+
+def _engine_options(fn: F) -> F:
+    """The engine and runner flags `serve` shares with `run` (vLLM's names)."""
+    for option in reversed(
+        [
+            click.option("--max-num-batched-tokens", type=int, help="Per-step token budget."),
+            click.option("--max-num-seqs", type=int, help="Cap on running requests."),
+            click.option("--block-size", type=int, help="Tokens per KV block."),
+            click.option(
+                "--long-prefill-token-threshold", type=int, help="Per-request tokens per step."
+            ),
+            click.option(
+                "--enable-prefix-caching/--no-enable-prefix-caching",
+                default=None,
+                help="Reuse KV blocks of shared prefixes.",
+            ),
+            click.option("--scheduling-policy", type=click.Choice(["fcfs", "priority"])),
+            click.option("--max-model-len", type=int, help="Prompt + output tokens, at most."),
+            click.option("--kv-cache-memory", metavar="SIZE", help="KV cache size on CPU."),
+            click.option("--gpu-memory-utilization", type=float, help="Fraction of GPU memory."),
+            click.option("--num-gpu-blocks-override", type=int, help="KV blocks, fixed."),
+            click.option("--device", type=click.Choice(["auto", "cpu", "cuda"])),
+            click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"])),
+            click.option("--seed", type=int, help="Seed of unseeded sampling."),
+        ]
+    ):
+        fn = option(fn)
+    return fn
+
+
+@main.command()
+@click.option("--model", metavar="PATH", help="A .gguf file or a Hugging Face model directory.")
+@click.option(
+    "--served-model-name", metavar="NAME", help="The name clients use (default: the model file's)."
+)
+@_engine_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=8000, show_default=True, help="0: any free port.")
+@click.option(
+    "--api-key",
+    envvar="SCHEDTOP_API_KEY",
+    metavar="KEY",
+    help="Require 'Authorization: Bearer KEY' on /v1/* (also $SCHEDTOP_API_KEY).",
+)
+@click.option(
+    "--max-waiting",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Answer 503 once this many requests wait (0: no bound).",
+)
+@click.option(
+    "--trace-dir",
+    metavar="DIR",
+    help="Where the recording goes (default: the trace directory).",
+)
+@click.option(
+    "--trace-max-bytes",
+    metavar="SIZE",
+    default="2GiB",
+    show_default=True,
+    help="Keep the recording under this size (segmented recordings).",
+)
+@click.option(
+    "--incident-window",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="What POST /v1/schedtop/incident copies by default.",
+)
+@click.option("--no-trace", is_flag=True, help="Do not record.")
+@click.option(
+    "--redact-prompts", is_flag=True, help="Leave prompt and output token ids out of the trace."
+)
+@user_errors
+def serve(
+    model: str | None,
+    served_model_name: str | None,
+    host: str,
+    port: int,
+    api_key: str | None,
+    max_waiting: int,
+    trace_dir: str | None,
+    trace_max_bytes: str,
+    incident_window: float,
+    no_trace: bool,
+    redact_prompts: bool,
+    **options: Any,
+) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API (FastAPI + uvicorn) and record
+    every step, like `run`. Routes: /v1/completions, /v1/chat/completions, /v1/models,
+    /health, /version, /metrics (Prometheus, vLLM's names), /v1/schedtop/stream,
+    /v1/schedtop/incident. Stop it with Ctrl-C."""
+    from engine.model.progress import loading
+    from engine.serve.app import ServeSettings
+    from engine.serve.server import Listen, bind, load_engine, serve_forever
+
+    if no_trace and trace_dir:
+        raise click.UsageError("--trace-dir and --no-trace exclude each other")
+    try:
+        listen = Listen(host, port, max_waiting)
+        max_bytes = _size(trace_max_bytes, "--trace-max-bytes")
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    try:  # before the model loads: a taken port fails at once (vLLM binds first too)
+        sock = bind(listen.host, listen.port)
+    except OSError as e:
+        click.echo(f"schedtop: error: {e}", err=True)
+        sys.exit(2)
+    recording = None
+    try:
+        with loading("loading the model"):
+            engine, name = load_engine(model, options)
+        try:
+            settings = ServeSettings(
+                model_name=served_model_name or name,
+                max_model_len=engine.config.max_model_len,
+                api_key=api_key,
+                version=_version(),
+                incident_window_s=incident_window,
+            )
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
+        if not no_trace:
+            recording = _server_recording(engine, trace_dir, max_bytes, redact_prompts, settings)
+        serve_forever(
+            engine,
+            settings,
+            listen,
+            recording,
+            on_listening=lambda url: click.echo(
+                f"schedtop serve: {settings.model_name} on {url}"
+                + (f"  (trace: {_where(recording)})" if recording is not None else ""),
+            ),
+            sock=sock,
+        )
+    finally:
+        sock.close()
+        if recording is not None:
+            recording.close()
+            if recording.error:
+                click.echo(
+                    f"schedtop: warning: recording stopped early: {recording.error}", err=True
+                )
+
+
+def _size(text: str, option: str) -> int:
+    from engine.model.kv_cache import parse_size
+
+    try:
+        return int(parse_size(text))
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint=option) from None
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("schedtop")
+    except metadata.PackageNotFoundError:
+        return "dev"
+
+
+def _server_recording(
+    engine: Any, trace_dir: str | None, max_bytes: int, redact: bool, settings: Any
+) -> Any:
+    """The recording of a server run, wired to its engine core: rotating segments in a
+    new directory under `trace_dir`, a live stream, incidents."""
+    from pathlib import Path
+
+    from recorder.serving import open_server_recording
+
+    try:
+        return open_server_recording(
+            engine,
+            Path(trace_dir) if trace_dir is not None else None,
+            max_bytes=max_bytes,
+            redact_prompts=redact,
+            model=settings.model_name,
+        )
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--trace-max-bytes") from None
+
+
+def _where(recording: Any) -> str:
+    return str(getattr(recording, "directory", None) or getattr(recording, "path", ""))
 
 
 if __name__ == "__main__":

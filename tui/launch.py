@@ -15,16 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recorder.errors import TraceError
+from recorder.multi import SegmentedReader, open_trace, traces_in
 from recorder.paths import SUFFIX, trace_dir
 from recorder.reader import TraceReader
 from replays.breakpoints import Predicate
 from replays.timeline import Timeline
+from tui.remote import RemoteStream
 from tui.session import Session
 
 KEYFRAME_INTERVAL = 32
 HEADER_WAIT_S = 5.0  # live: how long a file whose header is still being written is waited for
 RECENT_S = 10.0  # a trace without a footer written to this recently is being written
-_PID = re.compile(r"-(\d+)" + re.escape(SUFFIX) + "$")
+_PID = re.compile(r"-(\d+)(" + re.escape(SUFFIX) + ")?$")  # trace files and run directories
 _CANDIDATES = 32  # newest traces looked at when attaching
 
 
@@ -37,12 +39,7 @@ def open_session(
 ) -> Session:
     """A Session over the trace at `path`, checked down to its first step's state.
     Raises TraceError for a file that cannot be shown."""
-    try:
-        reader = TraceReader(path)
-    except TraceError as e:
-        if not (live and e.incomplete and Path(path).exists()):
-            raise
-        reader = TraceReader.wait_for(path, HEADER_WAIT_S)  # a writer just starting
+    reader = _open(path, live)
     try:
         # Keyframes every 32 steps rather than 16: a jump copies the state half as often
         # (a quarter less time on a 256-request trace), and a step back still costs a few
@@ -60,6 +57,49 @@ def open_session(
         reader.close()
         raise
     return Session(timeline, name=Path(path).name, live=live, breakpoints=breakpoints)
+
+
+def open_remote_session(url: str, api_key: str | None = None) -> tuple[Session, RemoteStream]:
+    """A live Session over a server's stream, and the stream (close it after the app).
+    Raises StreamError (a TraceError) when the server cannot be reached or refuses."""
+    stream = RemoteStream(url, api_key)
+    first = stream.start()
+    try:
+        session = open_session(first, live=True)
+    except BaseException:
+        stream.close()
+        raise
+    session.name = url
+
+    said_end = False
+
+    def resync() -> Timeline | None:
+        nonlocal said_end
+        if stream.ended and not said_end:
+            said_end = True
+            session.notices.append(("warning", stream.error or f"{url}: the stream ended"))
+        path = stream.take_resync()
+        if path is None:
+            return None
+        return Timeline(TraceReader(path), live=True, keyframe_interval=KEYFRAME_INTERVAL)
+
+    session.resync = resync
+    return session, stream
+
+
+def _open(path: str | os.PathLike[str], live: bool) -> TraceReader:
+    """The trace file or run directory at `path`; live, one a writer is just starting is
+    waited for (HEADER_WAIT_S at most)."""
+    deadline = time.monotonic() + HEADER_WAIT_S
+    while True:
+        try:
+            return open_trace(path)
+        except TraceError as e:
+            if not (live and e.incomplete and Path(path).exists()):
+                raise
+            if time.monotonic() >= deadline:
+                raise
+        time.sleep(0.05)
 
 
 def run_app(session: Session) -> None:
@@ -85,30 +125,26 @@ class Choice:
 
 
 def being_written(path: Path, now: float | None = None) -> bool:
-    """Whether a trace is still being written: it has no footer, and its writer (named in
-    the file name) is alive or it changed in the last RECENT_S seconds."""
-    with TraceReader(path) as reader:
+    """Whether a trace (file or run directory) is still being written: it has no footer,
+    and its writer (named in the file name) is alive or it changed in the last RECENT_S
+    seconds."""
+    with open_trace(path) as reader:
         if reader.closed_cleanly:
             return False
+        newest = reader.segments[-1] if isinstance(reader, SegmentedReader) else path
     m = _PID.search(path.name)
     if m is not None and _alive(int(m.group(1))):
         return True
     now = time.time() if now is None else now
-    return now - path.stat().st_mtime < RECENT_S
+    return now - newest.stat().st_mtime < RECENT_S
 
 
 def choose(directory: Path | None = None) -> Choice | None:
-    """The newest trace being written in `directory` (default: the trace directory);
-    else the newest readable trace, to replay; None when there is none."""
+    """The newest trace (file or run directory) being written in `directory` (default:
+    the trace directory); else the newest readable one, to replay; None when there is
+    none."""
     directory = trace_dir() if directory is None else directory
-    try:
-        names = sorted(
-            (p for p in directory.iterdir() if p.name.endswith(SUFFIX) and p.is_file()),
-            key=lambda p: p.name,
-            reverse=True,
-        )[:_CANDIDATES]
-    except OSError:
-        return None
+    names = traces_in(directory)[:_CANDIDATES]
     finished: Path | None = None
     for path in names:
         try:

@@ -13,9 +13,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from recorder.errors import TraceError
 from recorder.schema import Step
 from replays.breakpoints import Predicate, find, parse
+from replays.clients import ClientLog
 from replays.timeline import Timeline
 from tui.commands import (
     Cancel,
@@ -43,6 +46,7 @@ LOG_STEPS = 1024  # steps of events the log looks back over
 SLICE = 1024  # steps one slice of a breakpoint search covers before looking at commands
 POLL_S = 0.05  # live: how often to look for new records
 IDLE_S = 3.0  # live: after this long without a new step, the header says so
+CLIENTS_S = 0.5  # live: how often to look for CLIENT records when no step came
 MAX_FPS = 30  # playing: frames per second at most
 INLINE_FILL = 48  # missing history steps made before a frame; more are made after it
 AHEAD = 32  # history steps made past the window's end at a time (stepping forwards)
@@ -97,6 +101,8 @@ class Session:
         self.cursor = timeline.last_step if live else timeline.first_step
         if self.cursor < timeline.first_step:
             self.cursor = timeline.first_step - 1  # no steps yet
+        # Live over a stream: a fresh Timeline when the stream skipped ahead (resync).
+        self.resync: Callable[[], Timeline | None] | None = None
         self._clock = clock
         self._grew_at = clock()
         self._idle_shown = 0
@@ -107,6 +113,8 @@ class Session:
         self._step: tuple[int, StepInput] | None = None  # the cursor's step, spelled out
         self._followed_to: int | None = None  # live: the step of the last frame following
         self._before_names: dict[int, str] = {}  # the cursor step's requests, named
+        self.clients = _client_log(timeline)  # a server's CLIENT records, if any
+        self._clients_at = clock()
         cut = timeline.cut
         if cut is not None:
             self.notices.append(
@@ -184,6 +192,33 @@ class Session:
         else:
             self.notices.append(("information", "at the last step: nothing to play"))
 
+    def restart(self, timeline: Timeline) -> None:
+        """Go on with a new Timeline of the same engine that starts later (the stream
+        skipped this viewer ahead to a fresh snapshot): state from there, following."""
+        skipped_from = self.tl.last_step
+        self.tl.reader.close()
+        self.tl = timeline
+        self.clients = _client_log(timeline)  # a resync starts a new spool file
+        self.history = History()
+        self.search = None
+        self.playing = False
+        self.following = True
+        self.cursor = max(timeline.last_step, timeline.first_step - 1)
+        self._step = None
+        self._backfill = None
+        self._followed_to = None
+        self._before_names = {}
+        self._ended = timeline.finished
+        self.notes.append(
+            Event(
+                timeline.first_step,
+                "note",
+                f"this view fell behind the server: skipped from step {skipped_from:,} "
+                f"to step {timeline.first_step:,}",
+            )
+        )
+        self.dirty = True
+
     # -- time-driven work --------------------------------------------------------------------
 
     def timeout(self) -> float | None:
@@ -213,8 +248,15 @@ class Session:
             self._play(now)
 
     def _grow(self, now: float) -> None:
+        if self.resync is not None and (fresh := self.resync()) is not None:
+            self.restart(fresh)
         tl = self.tl
-        if tl.refresh():
+        grew = tl.refresh()
+        if self.clients is not None and (grew or now - self._clients_at >= CLIENTS_S):
+            # A server writes CLIENT records between steps, also once it is idle.
+            self._clients_at = now
+            self.dirty = self.clients.refresh() > 0 or self.dirty
+        if grew:
             self._grew_at = now
             self._idle_shown = 0
             if self.following:
@@ -370,6 +412,7 @@ class Session:
         self.seq += 1
         self.dirty = False
         step_ns, rate = self._rates(i)
+        http, client = self._client_lines(i)
         ctx = Context(
             seq=self.seq,
             trace=self.name,
@@ -386,6 +429,8 @@ class Session:
             search_at=None if self.search is None else self.search.at,
             step_ns=step_ns,
             tokens_per_s=rate,
+            http=http,
+            client=client,
         )
         return build_frame(
             state,
@@ -395,6 +440,14 @@ class Session:
             tuple(self.notes),
             ctx,
         )
+
+    def _client_lines(self, i: int) -> tuple[str, str]:
+        """A server's HTTP summary by step i, and the followed request's client timings."""
+        log = self.clients
+        if log is None:
+            return "", ""
+        followed = log.timings(self.followed, i) if self.followed else ""
+        return log.summary(i), followed
 
     def _fill(self, lo: int, hi: int) -> None:
         """Digest steps lo..hi, and the next AHEAD too when hi is past what is known
@@ -432,6 +485,19 @@ class Session:
         tokens = sum(tl.record(s).num_scheduled_tokens for s in range(lo + 1, i + 1))
         elapsed = end - tl.record(lo).time_ns
         return max(0, step_ns), (tokens / (elapsed / 1e9) if elapsed > 0 and tokens else None)
+
+
+def _client_log(timeline: Timeline) -> ClientLog | None:
+    """The CLIENT records of the timeline's trace file (None when it has none to read)."""
+    path = getattr(timeline.reader, "path", None)
+    if not isinstance(path, Path) or not path.exists():
+        return None
+    log = ClientLog(path)
+    try:
+        log.refresh()
+    except (TraceError, OSError):
+        return None
+    return log
 
 
 def _next_speed(speed: float, faster: bool) -> float:

@@ -55,6 +55,8 @@ class HeaderVM:
     ended: bool  # the writer closed the trace
     idle_s: float | None  # live: seconds without a new step, once that is noticeable
     search_at: int | None  # how far a running breakpoint search has got
+    http: str = ""  # a server's trace: HTTP responses by the end of the step ("" if none)
+    client: str = ""  # the followed request's client-side timings, once its response ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +177,8 @@ class Context:
     step_ns: int = 0  # how long the step took (from the records: no history needed)
     tokens_per_s: float | None = None  # scheduled tokens per second over recent steps
     max_events: int = 200  # event log lines kept
+    http: str = ""  # a server's trace: HTTP responses by the end of the step
+    client: str = ""  # the followed request's client-side timings
 
 
 def build_frame(
@@ -228,6 +232,8 @@ def _header(state: State, step: StepInput | None, ctx: Context) -> HeaderVM:
         ended=ctx.ended,
         idle_s=ctx.idle_s,
         search_at=ctx.search_at,
+        http=ctx.http,
+        client=ctx.client,
     )
 
 

@@ -202,6 +202,13 @@ class LLMEngine:
             out.finish_time = now
         return out
 
+    def forget(self, request_id: str) -> None:
+        """Drop a finished request's output (a server that runs for days must not keep
+        every request it ever served). Its id may then be used again."""
+        out = self._outputs.get(request_id)
+        if out is not None and out.finished:
+            del self._outputs[request_id]
+
     def output(self, request_id: str) -> RequestOutput:
         """The request's state now (a copy: later steps do not change it)."""
         return _snapshot(self._outputs[request_id])

@@ -19,7 +19,7 @@ from engine.config import EngineConfig
 from engine.limits import MAX_ID_CHARS, MAX_TOKEN_ID, MAX_TOKENS, check_range
 from engine.safe_output import remove_stale_temps
 
-DRIVER_KEYS = ("max_steps", "async_scheduling")
+DRIVER_KEYS = ("max_steps",)
 
 
 class WorkloadError(ValueError):
@@ -88,8 +88,6 @@ def parse_workload(
     raw_cfg = data.get("config", {})
     if not isinstance(raw_cfg, dict):
         raise WorkloadError(f"{source}: 'config' must be an object")
-    if raw_cfg.get("async_scheduling"):
-        raise WorkloadError(f"{source}: config.async_scheduling=true is not supported")
     try:
         config = EngineConfig.from_dict({**raw_cfg, **(overrides or {})}, ignore=DRIVER_KEYS)
     except (ValueError, TypeError) as e:

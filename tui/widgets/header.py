@@ -86,10 +86,15 @@ def _line_two(vm: HeaderVM) -> Text:
     rate = vm.tokens_per_s
     t.append("—" if rate is None else si(rate), style="bold")
     t.append(" tok/s")
+    if vm.http:
+        t.append(*_SEP)
+        t.append(vm.http)
     if vm.followed:
         t.append(*_SEP)
         t.append("following ", style="#7f848e")
         t.append(vm.followed, style="bold underline")
+        if vm.client:
+            t.append(f"  {vm.client}", style="#7f848e")
     return t
 
 

@@ -1,0 +1,185 @@
+"""What recording costs inside vLLM: RecordingScheduler against vLLM's plain scheduler.
+
+    PYTHONPATH=. .venv-vllm/bin/python bench/vllm_record_bench.py [--steps 200] [--repeats 5]
+
+Runs in an interpreter that has vLLM (no model: a tiny config.json stands in, as in
+replays/vllm_driver.py). For 256 and 1024 running requests in steady decoding, sync and
+async scheduler, it times schedule() + update_from_output() per step for vLLM's own
+scheduler and for the recording one, in the same run and interleaved (best of
+`--repeats` rounds each), and measures the trace bytes each step adds. Targets (issue
+12): the recorder adds at most 3% to vLLM's own schedule + update time, and a step of
+256 running requests costs at most 2 KiB of trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+warnings.filterwarnings("ignore")
+logging.disable(logging.WARNING)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+from engine.config import EngineConfig  # noqa: E402
+from recorder.vllm import RecordingScheduler  # noqa: E402
+from replays.vllm_driver import vllm_configs  # noqa: E402
+
+BLOCK_SIZE = 16
+
+
+class Bench:
+    """One scheduler with `n` requests decoding, stepped like vLLM's engine core."""
+
+    def __init__(
+        self, n: int, is_async: bool, recording: bool, trace: Path | None, steps: int
+    ) -> None:
+        # Room for every request's whole run: a full pool would preempt and shrink the batch.
+        blocks_each = (8 + steps + 2 * BLOCK_SIZE) // BLOCK_SIZE + 1
+        cfg = EngineConfig(
+            block_size=BLOCK_SIZE,
+            num_blocks=n * blocks_each + 64,
+            max_num_batched_tokens=max(2048, n),
+            max_num_seqs=n,
+            max_model_len=8 + steps + 4 * BLOCK_SIZE,
+            async_scheduling=is_async,
+        )
+        vllm_config, kv = vllm_configs(cfg)
+        kwargs: dict[str, Any] = dict(
+            vllm_config=vllm_config,
+            kv_cache_config=kv,
+            block_size=BLOCK_SIZE,
+            log_stats=False,
+            structured_output_manager=StructuredOutputManager(vllm_config),
+        )
+        if recording:
+            assert trace is not None
+            os.environ["SCHEDTOP_TRACE_FILE"] = str(trace)
+            self.sched = RecordingScheduler(**kwargs)
+            del os.environ["SCHEDTOP_TRACE_FILE"]
+        else:
+            self.sched = (AsyncScheduler if is_async else Scheduler)(**kwargs)
+        self.trace = trace
+        self.is_async = is_async
+        self.rng = random.Random(0)
+        self.queue: list[tuple[Any, Any]] = []
+        init_none_hash(sha256)
+        hasher = get_request_block_hasher(BLOCK_SIZE, sha256)
+        for i in range(n):
+            self.sched.add_request(
+                Request(
+                    request_id=f"req-{i}",
+                    prompt_token_ids=[self.rng.randrange(32000) for _ in range(8)],
+                    sampling_params=SamplingParams(max_tokens=100_000, ignore_eos=True),
+                    pooling_params=None,
+                    arrival_time=float(i),
+                    block_hasher=hasher,
+                )
+            )
+
+    def _output(self, out: Any) -> Any:
+        ids = list(out.num_scheduled_tokens)
+        toks = [
+            [] if self.sched.requests[r].is_prefill_chunk else [self.rng.randrange(32000)]
+            for r in ids
+        ]
+        return ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=toks
+        )
+
+    def step(self) -> float:
+        """One engine-core step; the seconds spent in schedule() and update."""
+        t0 = time.perf_counter()
+        out = self.sched.schedule()
+        t1 = time.perf_counter()
+        mro = self._output(out)
+        if not self.is_async:
+            t2 = time.perf_counter()
+            self.sched.update_from_output(out, mro)
+            return (t1 - t0) + (time.perf_counter() - t2)
+        self.queue.append((out, mro))
+        if len(self.queue) < 2:
+            return t1 - t0
+        old, old_mro = self.queue.pop(0)
+        t2 = time.perf_counter()
+        self.sched.update_from_output(old, old_mro)
+        return (t1 - t0) + (time.perf_counter() - t2)
+
+    def trace_bytes(self) -> int:
+        tap = getattr(self.sched, "_schedtop", None)
+        if tap is None or tap.writer is None:
+            return 0
+        return int(tap.writer.offset)
+
+
+def measure(n: int, is_async: bool, steps: int, repeats: int, tmp: Path) -> dict[str, float]:
+    total = 20 + steps * repeats
+    plain = Bench(n, is_async, False, None, total)
+    rec = Bench(n, is_async, True, tmp / f"bench-{n}-{is_async}.trace", total)
+    for b in (plain, rec):
+        for _ in range(20):  # admit everyone (prefill), reach steady decoding
+            b.step()
+    best_plain = best_rec = float("inf")
+    start = rec.trace_bytes()
+    for _ in range(repeats):
+        t = sum(plain.step() for _ in range(steps)) / steps
+        best_plain = min(best_plain, t)
+        t = sum(rec.step() for _ in range(steps)) / steps
+        best_rec = min(best_rec, t)
+    # Over every measured step: the snapshot every 256 steps is amortized, as in a trace.
+    bytes_per_step = (rec.trace_bytes() - start) / (steps * repeats)
+    rec.sched.shutdown()
+    for b in (plain, rec):  # every request still decoding: the batch never shrank
+        assert len(b.sched.running) == n and not b.sched.waiting, "the pool ran out"
+    return {
+        "plain_us": best_plain * 1e6,
+        "rec_us": best_rec * 1e6,
+        "overhead": best_rec / best_plain - 1,
+        "bytes": bytes_per_step,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    import vllm
+
+    print(f"vLLM {vllm.__version__}; {args.steps} decode steps per round, best of {args.repeats}")
+    print(
+        f"{'running':>8} {'scheduler':>15} {'vLLM us/step':>13} {'recording':>10} "
+        f"{'ratio':>7} {'overhead':>9} {'bytes/step':>11}"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (256, 1024):
+            for is_async in (False, True):
+                r = measure(n, is_async, args.steps, args.repeats, Path(tmp))
+                name = "AsyncScheduler" if is_async else "Scheduler"
+                print(
+                    f"{n:>8} {name:>15} {r['plain_us']:>13.0f} {r['rec_us']:>10.0f} "
+                    f"{r['rec_us'] / r['plain_us']:>7.3f} {r['overhead']:>+8.1%} "
+                    f"{r['bytes']:>11.0f}"
+                )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,441 @@
+"""The HTTP routes: OpenAI's completions and chat completions (streaming or not), models,
+health, version, Prometheus metrics, and schedtop's own live stream and incident cut.
+
+A handler validates the request, hands it to the engine thread and relays what comes
+back. A client that goes away (a closed stream, a cancelled request) aborts its request.
+Every response that ends, good or bad, is reported to the engine's sink as a
+ClientReport, so that the trace holds what only the server sees."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+
+from engine.events import ClientReport
+from engine.serve.loop import EngineLoop, Submission, Update
+from engine.serve.metrics import CONTENT_TYPE, ServeMetrics
+from engine.serve.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    Shapes,
+    error_body,
+)
+from engine.serve.recording import LiveRecording, ServerRecording
+
+log = logging.getLogger("schedtop.serve")
+
+STREAM_POLL_S = 0.5  # a live viewer's get() timeout: how soon a disconnect is noticed
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """What the routes need to know besides the engine."""
+
+    model_name: str  # the served model's name (/v1/models, the `model` field)
+    max_model_len: int  # reported by /v1/models
+    api_key: str | None = None  # required as a Bearer token on /v1/* when set
+    version: str = "dev"  # /version
+    incident_window_s: float = 600.0  # POST /v1/schedtop/incident's default window
+
+    def __post_init__(self) -> None:
+        if not self.model_name:
+            raise ValueError("model_name: must not be empty")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key: must not be empty (leave it unset for no auth)")
+        if self.incident_window_s <= 0:
+            raise ValueError(f"incident_window_s={self.incident_window_s}: must be > 0")
+
+
+class Refused(Exception):
+    """A request answered with an error status before it reached the engine."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+@dataclass
+class _Exchange:
+    """One HTTP request's timings as the server sees them (engine clock)."""
+
+    loop: EngineLoop
+    endpoint: str
+    stream: bool
+    received: float
+    request_id: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    scheduled_at: float | None = None
+    first_sent: float | None = None
+    last_sent: float | None = None
+    gaps: list[float] = field(default_factory=list)
+    finish_reason: str = ""
+
+    def absorb(self, u: Update) -> None:
+        if u.scheduled_at is not None and self.scheduled_at is None:
+            self.scheduled_at = u.scheduled_at
+        self.completion_tokens = max(self.completion_tokens, u.num_tokens)
+        if u.finish_reason is not None:
+            self.finish_reason = u.finish_reason
+
+    def sent(self) -> None:
+        now = self.loop.clock()
+        if self.first_sent is None:
+            self.first_sent = now
+        elif self.last_sent is not None:
+            self.gaps.append(now - self.last_sent)
+        self.last_sent = now
+
+    def report(self, status: int, message: str = "") -> None:
+        r = self.received
+        self.loop.client_report(
+            ClientReport(
+                request_id=self.request_id,
+                endpoint=self.endpoint,
+                status=status,
+                finish_reason=self.finish_reason,
+                stream=self.stream,
+                prompt_tokens=self.prompt_tokens,
+                completion_tokens=self.completion_tokens,
+                queue_s=None if self.scheduled_at is None else self.scheduled_at - r,
+                ttft_s=None if self.first_sent is None else self.first_sent - r,
+                e2e_s=self.loop.clock() - r,
+                itl_s=tuple(self.gaps),
+                message=message,
+            )
+        )
+
+
+def build_app(
+    loop: EngineLoop,
+    settings: ServeSettings,
+    metrics: ServeMetrics,
+    recording: ServerRecording | None = None,
+) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loop.start(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(loop.stop)
+
+    app = FastAPI(title="schedtop serve", version=settings.version, lifespan=lifespan)
+
+    if settings.api_key is not None:
+        app.add_middleware(_Auth, key=settings.api_key, loop=loop)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200 if loop.alive else 503)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": settings.version}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": settings.model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "schedtop",
+                    "max_model_len": settings.max_model_len,
+                }
+            ],
+        }
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _generate(request, loop, settings, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(request, loop, settings, chat=True)
+
+    @app.post("/v1/schedtop/incident")
+    async def incident(request: Request) -> Response:
+        return await _incident(request, loop, settings, recording)
+
+    @app.get("/v1/schedtop/stream")
+    async def stream() -> Response:
+        if not isinstance(recording, LiveRecording):
+            return _unsupported(loop, "/v1/schedtop/stream")
+        try:
+            sub = await asyncio.to_thread(recording.subscribe)
+        except RuntimeError as e:  # the most viewers the recording serves are attached
+            return _refuse(loop, "/v1/schedtop/stream", 503, str(e))
+        return StreamingResponse(_trace_bytes(sub), media_type="application/octet-stream")
+
+    return app
+
+
+class _Auth:
+    """Every /v1/* route needs `Authorization: Bearer KEY`; /health, /version and
+    /metrics stay open (probes and Prometheus scrapers carry no key). Plain ASGI, so that
+    streamed responses and disconnects pass through untouched."""
+
+    def __init__(self, app: Any, key: str, loop: EngineLoop) -> None:
+        self.app = app
+        self.expected = f"Bearer {key}".encode()
+        self.loop = loop
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                message = "missing or wrong API key: send 'Authorization: Bearer KEY'"
+                _report_refusal(self.loop, scope["path"], self.loop.clock(), 401, message)
+                await _error(401, message, code="invalid_api_key")(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+# -- generation ------------------------------------------------------------------------------
+
+
+async def _generate(
+    request: Request, loop: EngineLoop, settings: ServeSettings, chat: bool
+) -> Response:
+    endpoint = request.url.path
+    received = loop.clock()
+    try:
+        body = _parse(await request.body(), chat, settings)
+    except Refused as e:
+        _report_refusal(loop, endpoint, received, e.status, e.message)
+        return _error(e.status, e.message, e.param)
+    if not loop.alive:  # nobody would ever answer: say so rather than hang
+        message = "the engine is not running (see the server's log)"
+        _report_refusal(loop, endpoint, received, 503, message)
+        return _error(503, message)
+    ex = _Exchange(loop, endpoint, body.stream, received)
+    ex.request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    out: asyncio.Queue[Update] = asyncio.Queue()
+    if isinstance(body, ChatCompletionRequest):
+        prompt: Any = body.chat()
+        max_tokens = body.output_limit()
+    else:
+        prompt = body.prompt
+        max_tokens = body.max_tokens
+    loop.submit(
+        Submission(
+            request_id=ex.request_id,
+            prompt=prompt,
+            params=body.sampling_params(max_tokens or 1),
+            max_tokens=max_tokens,
+            stops=body.stop_strings(),
+            priority=body.priority,
+            arrival_time=received,
+            out=out,
+        )
+    )
+    first = await out.get()
+    if first.error is not None:
+        if not first.arrived:
+            ex.request_id = ""  # refused before the scheduler: the trace has no such request
+        ex.report(first.status, first.error)
+        return _error(first.status, first.error, code="overloaded" if first.status == 503 else None)
+    ex.prompt_tokens = first.prompt_tokens
+    shapes = Shapes(chat, ex.request_id, settings.model_name)
+    if body.stream:
+        usage = body.stream_options is not None and body.stream_options.include_usage
+        return StreamingResponse(
+            _sse(out, ex, shapes, usage),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Request-Id": ex.request_id},
+        )
+    return await _whole(request, out, ex, shapes)
+
+
+def _parse(
+    raw: bytes, chat: bool, settings: ServeSettings
+) -> CompletionRequest | ChatCompletionRequest:
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise Refused(400, f"the body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise Refused(400, "the body must be a JSON object")
+    model = ChatCompletionRequest if chat else CompletionRequest
+    try:
+        body: CompletionRequest | ChatCompletionRequest = model.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        param = ".".join(str(p) for p in err["loc"]) or None
+        if err["type"] == "extra_forbidden":
+            raise Refused(400, f"unknown field {param!r}", param) from None
+        raise Refused(400, f"{param}: {err['msg']}" if param else err["msg"], param) from None
+    problem = body.problem()
+    if problem is not None:
+        raise Refused(400, problem[0], problem[1])
+    if body.model is not None and body.model != settings.model_name:
+        raise Refused(
+            404,
+            f"the model {body.model!r} does not exist; this server serves {settings.model_name!r}",
+            "model",
+        )
+    try:
+        body.sampling_params(1)
+    except ValueError as e:
+        raise Refused(400, str(e)) from None
+    return body
+
+
+def _sse_line(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _sse(
+    out: asyncio.Queue[Update], ex: _Exchange, shapes: Shapes, include_usage: bool
+) -> AsyncIterator[bytes]:
+    """The event stream; when the client goes away, Starlette cancels this generator
+    while it waits, and the request is aborted."""
+    done = False
+    try:
+        if shapes.chat:
+            yield _sse_line(shapes.chunk("", None, first=True))
+        while not done:
+            u = await out.get()
+            ex.absorb(u)
+            done = u.finish_reason is not None
+            if u.text or done:
+                yield _sse_line(
+                    shapes.chunk(u.text if u.text or not shapes.chat else None, u.finish_reason)
+                )
+                if u.text:
+                    ex.sent()
+        if include_usage:
+            yield _sse_line(shapes.usage_chunk(ex.prompt_tokens, ex.completion_tokens))
+        yield b"data: [DONE]\n\n"
+    finally:
+        if not done:
+            ex.loop.abort(ex.request_id)
+            ex.finish_reason = "abort"
+        ex.report(200)
+
+
+async def _whole(
+    request: Request, out: asyncio.Queue[Update], ex: _Exchange, shapes: Shapes
+) -> Response:
+    """Collect the whole output; abort if the client disconnects meanwhile."""
+
+    async def collect() -> str:
+        parts = []
+        while True:
+            u = await out.get()
+            ex.absorb(u)
+            parts.append(u.text)
+            if u.finish_reason is not None:
+                return "".join(parts)
+
+    task = asyncio.ensure_future(collect())
+    gone = asyncio.ensure_future(_disconnected(request))
+    await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    gone.cancel()
+    if not task.done():
+        task.cancel()
+        ex.loop.abort(ex.request_id)
+        ex.finish_reason = "abort"
+        ex.report(499, "the client closed the connection")
+        return Response(status_code=499)
+    text = task.result()
+    ex.sent()
+    ex.report(200)
+    return JSONResponse(
+        shapes.full(text, ex.finish_reason, ex.prompt_tokens, ex.completion_tokens),
+        headers={"X-Request-Id": ex.request_id},
+    )
+
+
+async def _disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+# -- schedtop's own routes -------------------------------------------------------------------
+
+
+async def _incident(
+    request: Request, loop: EngineLoop, settings: ServeSettings, recording: Any
+) -> Response:
+    endpoint = request.url.path
+    if not isinstance(recording, LiveRecording):
+        return _unsupported(loop, endpoint)
+    raw = await request.body()
+    try:
+        data = json.loads(raw) if raw.strip() else {}
+    except (ValueError, UnicodeDecodeError) as e:
+        return _refuse(loop, endpoint, 400, f"the body is not valid JSON: {e}")
+    if not isinstance(data, dict) or set(data) - {"note", "window_s"}:
+        return _refuse(loop, endpoint, 400, 'the body may only hold "note" and "window_s"')
+    note, window = data.get("note"), data.get("window_s", settings.incident_window_s)
+    if note is not None and not isinstance(note, str):
+        return _refuse(loop, endpoint, 400, "note: must be a string", "note")
+    if isinstance(window, bool) or not isinstance(window, int | float) or window <= 0:
+        return _refuse(loop, endpoint, 400, "window_s: must be a number > 0", "window_s")
+    path = await asyncio.to_thread(recording.incident, float(window), note)
+    return JSONResponse({"path": str(path)})
+
+
+async def _trace_bytes(sub: Any) -> AsyncIterator[bytes]:
+    try:
+        while True:
+            chunk = await asyncio.to_thread(sub.get, STREAM_POLL_S)
+            if chunk is None:
+                continue
+            if not chunk:
+                return
+            yield chunk
+    finally:
+        sub.close()
+
+
+def _unsupported(loop: EngineLoop, endpoint: str) -> Response:
+    return _refuse(
+        loop,
+        endpoint,
+        501,
+        "this server does not record (--no-trace): there is no live stream and no incident trace",
+    )
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+
+def _refuse(
+    loop: EngineLoop, endpoint: str, status: int, message: str, param: str | None = None
+) -> Response:
+    _report_refusal(loop, endpoint, loop.clock(), status, message)
+    return _error(status, message, param)
+
+
+def _report_refusal(
+    loop: EngineLoop, endpoint: str, received: float, status: int, message: str
+) -> None:
+    _Exchange(loop, endpoint, False, received).report(status, message)
+
+
+def _error(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> JSONResponse:
+    return JSONResponse(error_body(message, status, param, code), status_code=status)

@@ -1,0 +1,376 @@
+"""The engine loop: one thread owns the LLMEngine and everything it touches.
+
+The asyncio side never calls the engine. It puts commands on a thread-safe queue (add a
+request, abort one, report a finished HTTP exchange) and reads per-request asyncio queues
+that this thread fills, once per step for all requests, through `call_soon_threadsafe`.
+Between steps the thread drains the commands, so requests from many clients join the
+running batch at the next step, exactly like a `schedtop run` workload."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from engine.events import ClientReport, report_client
+from engine.model.errors import RequestError
+from engine.request import SamplingParams
+from engine.serve.detok import IncrementalDetokenizer, StopStrings
+
+if TYPE_CHECKING:
+    from engine.model.llm_engine import LLMEngine, Prompt, RequestOutput
+    from engine.serve.metrics import ServeMetrics
+
+log = logging.getLogger("schedtop.serve")
+
+IDLE_INTERVAL_S = 0.1  # an idle engine still calls on_idle this often
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """A request for the engine thread, built by the HTTP side."""
+
+    request_id: str  # unique across the server's life
+    prompt: Prompt  # text, token ids, or chat messages
+    params: SamplingParams  # max_tokens None-free: the HTTP side resolved defaults...
+    max_tokens: int | None  # ...except this: None = up to max_model_len
+    stops: tuple[str, ...]  # stop strings (cut from the text, never streamed)
+    priority: int  # lower runs first under the priority policy
+    arrival_time: float  # engine clock when the HTTP request arrived
+    out: asyncio.Queue[Update]  # where this request's updates go
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """What the engine thread tells one request's HTTP handler."""
+
+    text: str = ""  # new text that may be sent
+    num_tokens: int = 0  # output tokens generated so far
+    prompt_tokens: int = 0  # prompt length
+    finish_reason: str | None = None  # set on the last update
+    error: str | None = None  # refused: the message (no other update follows)
+    status: int = 200  # refused: the HTTP status to answer with
+    scheduled_at: float | None = None  # engine clock of its first scheduling, once known
+    arrived: bool = False  # refused: it reached the scheduler (the trace has its arrival)
+
+
+ACCEPTED = Update()
+
+
+@dataclass(slots=True)
+class _Live:
+    """The engine thread's state of one request."""
+
+    sub: Submission
+    detok: IncrementalDetokenizer
+    stops: StopStrings
+    num_tokens: int = 0
+    scheduled_at: float | None = None
+    sent_schedule: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Client:
+    report: ClientReport
+
+
+_STOP = object()
+
+
+@dataclass
+class LoopStats:
+    """Counters the tests and the benchmark read (engine thread writes, others read)."""
+
+    steps: int = 0  # engine steps run
+    added: int = 0  # requests that reached the engine
+    refused: int = 0  # requests answered with a 4xx/5xx by the engine thread
+    aborted: int = 0  # requests aborted because their client went away
+    idle_free_blocks: int = -1  # free KV blocks the last time the engine was idle
+    live: int = 0  # requests in flight now
+    errors: list[str] = field(default_factory=list)  # unexpected exceptions, if any
+
+
+class EngineLoop:
+    """Runs `engine` on a dedicated thread; the HTTP side talks to it through queues."""
+
+    def __init__(
+        self,
+        engine: LLMEngine,
+        *,
+        max_waiting: int,
+        metrics: ServeMetrics | None = None,
+        on_idle: Callable[[], None] | None = None,
+        idle_interval_s: float = IDLE_INTERVAL_S,
+    ) -> None:
+        if max_waiting < 0:
+            raise ValueError(f"max_waiting={max_waiting}: must be >= 0 (0 = no bound)")
+        self.engine = engine
+        self.clock = engine.clock
+        self.max_waiting = max_waiting
+        self.metrics = metrics
+        self.on_idle = on_idle
+        self.idle_interval_s = idle_interval_s
+        self.stats = LoopStats()
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._live: dict[str, _Live] = {}
+        self._aloop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._outbox: list[tuple[asyncio.Queue[Update], Update]] = []
+
+    # -- the asyncio side ------------------------------------------------------------------
+
+    def start(self, aloop: asyncio.AbstractEventLoop) -> None:
+        self._aloop = aloop
+        self._thread = threading.Thread(target=self._run, name="schedtop-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Abort what is left, run the engine thread out and wait for it."""
+        if self._thread is None:
+            return
+        self._inbox.put(_STOP)
+        self._thread.join(timeout)
+        self._thread = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, sub: Submission) -> None:
+        self._inbox.put(sub)
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(_Abort(request_id))
+
+    def client_report(self, report: ClientReport) -> None:
+        self._inbox.put(_Client(report))
+
+    # -- the engine thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                if not self._drain(block=not self._has_work()):
+                    break
+                self._flush()
+                if self._has_work():
+                    self._step()
+                self._flush()
+        except Exception as e:  # a bug: say so, and fail every request rather than hang
+            log.exception("the engine loop failed")
+            self.stats.errors.append(f"{type(e).__name__}: {e}")
+        finally:
+            self._shutdown()
+
+    def _drain(self, block: bool) -> bool:
+        """Apply the queued commands; when idle, wait for one (calling on_idle meanwhile).
+        False once asked to stop."""
+        while True:
+            try:
+                cmd = self._inbox.get(timeout=self.idle_interval_s) if block else None
+                if cmd is None:
+                    cmd = self._inbox.get_nowait()
+            except queue.Empty:
+                if not block:
+                    return True
+                self._idle()
+                continue
+            if cmd is _STOP:
+                return False
+            self._apply(cmd)
+            if block and self._has_work():
+                block = False
+            self._flush()
+
+    def _has_work(self) -> bool:
+        """Requests to run, or an abort with nothing left to run: that still gets its
+        step, whose record is where the trace shows the abort and the blocks freed."""
+        return self.engine.has_unfinished() or self.engine.core.scheduler.has_unreported
+
+    def _idle(self) -> None:
+        self.stats.idle_free_blocks = self.engine.core.scheduler.kv.num_free_blocks
+        if self.metrics is not None:
+            self.metrics.observe_state(self.engine)
+        if self.on_idle is not None:
+            self.on_idle()
+
+    def _apply(self, cmd: Any) -> None:
+        if isinstance(cmd, Submission):
+            self._add(cmd)
+        elif isinstance(cmd, _Abort):
+            self._abort(cmd.request_id)
+        elif isinstance(cmd, _Client):
+            report_client(self.engine.core.sink, cmd.report)
+
+    def _add(self, sub: Submission) -> None:
+        problem, status, ids = self._check(sub)
+        if problem:
+            self.stats.refused += 1
+            self._send(sub.out, Update(error=problem, status=status))
+            return
+        params = sub.params
+        if sub.max_tokens is None:
+            params = replace(params, max_tokens=self.engine.config.max_model_len - len(ids))
+        engine = self.engine
+        engine.add_request(
+            sub.request_id, ids, params, arrival_time=sub.arrival_time, priority=sub.priority
+        )
+        out = engine.output(sub.request_id)
+        if out.finished:  # refused by the scheduler (KV pool too small, ...)
+            engine.forget(sub.request_id)
+            self.stats.refused += 1
+            self._send(sub.out, Update(error=out.finish_message, status=400, arrived=True))
+            return
+        self.stats.added += 1
+        self._live[sub.request_id] = _Live(
+            sub, IncrementalDetokenizer(engine.tokenizer.decode), StopStrings(sub.stops)
+        )
+        self._send(sub.out, Update(prompt_tokens=len(ids)))
+
+    def _check(self, sub: Submission) -> tuple[str, int, list[int]]:
+        """(problem, HTTP status, prompt ids): what makes the engine refuse a request."""
+        waiting = len(self.engine.core.scheduler.waiting)
+        if self.max_waiting and waiting >= self.max_waiting:
+            return (
+                f"the server is overloaded: {waiting} requests are waiting "
+                f"(--max-waiting {self.max_waiting}); retry later",
+                503,
+                [],
+            )
+        if sub.priority != 0 and self.engine.config.policy != "priority":
+            return (
+                f"priority={sub.priority}: priorities need --scheduling-policy priority",
+                400,
+                [],
+            )
+        try:
+            ids = self.engine.tokenize(sub.prompt)
+        except RequestError as e:
+            return str(e), 400, []
+        limit = self.engine.config.max_model_len
+        if not ids:
+            return "the prompt is empty", 400, ids
+        if len(ids) >= limit:
+            return (
+                f"the prompt is {len(ids)} tokens long; this model's maximum context "
+                f"length is {limit} tokens",
+                400,
+                ids,
+            )
+        if sub.max_tokens is not None and len(ids) + sub.max_tokens > limit:
+            return (
+                f"this model's maximum context length is {limit} tokens; this request asks "
+                f"for {len(ids) + sub.max_tokens} ({len(ids)} in the prompt, "
+                f"{sub.max_tokens} max_tokens)",
+                400,
+                ids,
+            )
+        return "", 200, ids
+
+    def _abort(self, request_id: str) -> None:
+        live = self._live.pop(request_id, None)
+        if live is None:
+            return  # finished meanwhile
+        self.engine.abort(request_id)
+        self.stats.aborted += 1
+        if self.metrics is not None:
+            self.metrics.observe_finish(self.engine.output(request_id), "abort")
+        self.engine.forget(request_id)
+
+    def _step(self) -> None:
+        engine = self.engine
+        started = self.clock()  # admissions happen at the step's start (vLLM's scheduled_ts)
+        outs = engine.step()
+        self.stats.steps += 1
+        last = engine.last_step
+        report = last.report if last is not None else None
+        if last is not None and report is not None:
+            for a in report.admissions:
+                live = self._live.get(last.names.get(a.ref, ""))
+                if live is not None and live.scheduled_at is None:
+                    live.scheduled_at = started
+            if self.metrics is not None:
+                self.metrics.observe_step(report, engine, started)
+        for out in outs:
+            live = self._live.get(out.request_id)
+            if live is not None:
+                self._advance(live, out)
+
+    def _advance(self, live: _Live, out: RequestOutput) -> None:
+        new = out.output_token_ids[live.num_tokens :]
+        live.num_tokens = len(out.output_token_ids)
+        text = live.stops.feed(live.detok.push(new)) if new else ""
+        reason = out.finish_reason
+        if live.stops.matched is not None:
+            reason = "stop"
+            if not out.finished:  # vLLM ends a stop-string match with an abort, too
+                self.engine.abort(out.request_id)
+        elif out.finished:
+            text += live.stops.feed(live.detok.finish(), final=True)
+        if self.metrics is not None:
+            self.metrics.observe_tokens(out, len(new))
+        update = Update(
+            text=text,
+            num_tokens=live.num_tokens,
+            prompt_tokens=len(out.prompt_token_ids),
+            finish_reason=reason,
+            scheduled_at=None if live.sent_schedule else live.scheduled_at,
+        )
+        live.sent_schedule = live.sent_schedule or live.scheduled_at is not None
+        if reason is not None:
+            del self._live[out.request_id]
+            if self.metrics is not None:
+                self.metrics.observe_finish(self.engine.output(out.request_id), reason)
+            self.engine.forget(out.request_id)
+        if text or reason is not None or update.scheduled_at is not None:
+            self._send(live.sub.out, update)
+
+    # -- delivery ----------------------------------------------------------------------------
+
+    def _send(self, q: asyncio.Queue[Update], update: Update) -> None:
+        self._outbox.append((q, update))
+
+    def _flush(self) -> None:
+        """Hand this round's updates to the event loop in one call: one wake-up per step,
+        not one per request."""
+        self.stats.live = len(self._live)
+        if not self._outbox or self._aloop is None:
+            return
+        batch, self._outbox = self._outbox, []
+        # A closed event loop raises RuntimeError: nobody is listening any more.
+        with contextlib.suppress(RuntimeError):
+            self._aloop.call_soon_threadsafe(_deliver, batch)
+
+    def _shutdown(self) -> None:
+        """Answer whatever is still queued, abort what runs, record the last step."""
+        while True:
+            try:
+                cmd = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(cmd, Submission):
+                self._send(cmd.out, Update(error="the server is shutting down", status=503))
+        for rid, live in list(self._live.items()):
+            with contextlib.suppress(Exception):  # the engine may be what failed
+                self.engine.abort(rid)
+            self._send(live.sub.out, Update(num_tokens=live.num_tokens, finish_reason="abort"))
+        self._live.clear()
+        self._flush()
+        if self.engine.core.scheduler.has_unreported and not self.stats.errors:
+            with contextlib.suppress(Exception):  # the last aborts' step, for the trace
+                self.engine.step()
+
+
+def _deliver(batch: list[tuple[asyncio.Queue[Update], Update]]) -> None:
+    for q, update in batch:
+        q.put_nowait(update)

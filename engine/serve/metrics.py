@@ -1,0 +1,180 @@
+"""Prometheus metrics under vLLM's names, types, labels and buckets, so that a Grafana
+dashboard built for vLLM works against `schedtop serve` unchanged.
+
+Every metric carries vLLM's labels `model_name` and `engine` ("0": one engine). Each server
+has its own registry: two servers in one process (tests) do not share counters."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+if TYPE_CHECKING:
+    from engine.model.llm_engine import LLMEngine, RequestOutput
+    from engine.report import StepReport
+
+# vLLM does the same: no `*_created` series beside every counter and histogram.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# vLLM's buckets (vllm/v1/metrics/loggers.py), so that histogram_quantile() reads the same.
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+    10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+)  # fmt: skip
+REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+FINISH_REASONS = ("stop", "length", "abort", "error")
+LABELS = ("model_name", "engine")
+
+
+def token_buckets(max_value: int) -> list[float]:
+    """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's request-size buckets)."""
+    out: list[float] = []
+    scale = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return out
+            out.append(float(m * scale))
+        scale *= 10
+
+
+class ServeMetrics:
+    """The server's metrics; the engine thread updates them, /metrics reads them."""
+
+    def __init__(self, model_name: str, max_model_len: int, prefix_caching: bool) -> None:
+        self.registry = CollectorRegistry()
+        self.prefix_caching = prefix_caching
+        labels = (model_name, "0")
+        r = self.registry
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, LABELS, registry=r).labels(*labels)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, LABELS, registry=r).labels(*labels)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...] | list[float]) -> Histogram:
+            return Histogram(name, doc, LABELS, registry=r, buckets=buckets).labels(*labels)
+
+        self.running = gauge("vllm:num_requests_running", "Requests in model execution batches.")
+        self.waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be processed.")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent.")
+        self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemptions.")
+        self.prefix_queries = counter(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in queried tokens."
+        )
+        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in cached tokens.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter(
+            "vllm:generation_tokens", "Number of generation tokens processed."
+        )
+        success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            (*LABELS, "finished_reason"),
+            registry=r,
+        )
+        self.success = {reason: success.labels(*labels, reason) for reason in FINISH_REASONS}
+        self.ttft = histogram(
+            "vllm:time_to_first_token_seconds", "Time to first token in seconds.", TTFT_BUCKETS
+        )
+        self.itl = histogram(
+            "vllm:inter_token_latency_seconds", "Inter-token latency in seconds.", ITL_BUCKETS
+        )
+        self.e2e = histogram(
+            "vllm:e2e_request_latency_seconds",
+            "End-to-end request latency in seconds.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.queue = histogram(
+            "vllm:request_queue_time_seconds",
+            "Time spent in WAITING phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        sizes = token_buckets(max_model_len)
+        self.request_prompt = histogram(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", sizes
+        )
+        self.request_generation = histogram(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", sizes
+        )
+        self.iteration_tokens = histogram(
+            "vllm:iteration_tokens_total",
+            "Number of tokens per engine step.",
+            (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
+        )
+        self._admitted: dict[str, float] = {}  # request id -> engine clock at first admission
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # -- from the engine thread ------------------------------------------------------------
+
+    def observe_state(self, engine: LLMEngine) -> None:
+        sched = engine.core.scheduler
+        self.running.set(len(sched.running))
+        self.waiting.set(len(sched.waiting))
+        usable = engine.config.usable_blocks
+        free = sched.kv.num_free_blocks
+        self.kv_usage.set((usable - free) / usable if usable else 0.0)
+
+    def observe_step(self, report: StepReport, engine: LLMEngine, started: float) -> None:
+        """After a step that began at `started` (engine clock)."""
+        self.observe_state(engine)
+        self.preemptions.inc(len(report.preemptions))
+        self.iteration_tokens.observe(report.num_scheduled_tokens)
+        requests = engine.core.scheduler.requests
+        names = engine.last_step.names if engine.last_step is not None else {}
+        for a in report.admissions:
+            if a.resumed:
+                continue
+            rid = names.get(a.ref, "")
+            self._admitted.setdefault(rid, started)
+            if self.prefix_caching:
+                req = requests.get(rid)
+                if req is not None:
+                    self.prefix_queries.inc(req.num_prompt_tokens)
+                    self.prefix_hits.inc(a.cached_tokens)
+
+    def observe_tokens(self, out: RequestOutput, num_new: int) -> None:
+        """A request got `num_new` tokens this step (vLLM counts the prompt at the first)."""
+        if num_new <= 0:
+            return
+        n = len(out.output_token_ids)
+        if n == num_new:
+            self.prompt_tokens.inc(len(out.prompt_token_ids))
+            if out.ttft_s is not None:
+                self.ttft.observe(out.ttft_s)
+        self.generation_tokens.inc(num_new)
+        times = out.token_times
+        for i in range(max(1, n - num_new), n):
+            self.itl.observe(times[i] - times[i - 1])
+
+    def observe_finish(self, out: RequestOutput, reason: str) -> None:
+        self.success[reason if reason in self.success else "error"].inc()
+        admitted = self._admitted.pop(out.request_id, None)
+        if reason == "error":
+            return
+        end = out.finish_time if out.finish_time is not None else out.arrival_time
+        self.e2e.observe(max(0.0, end - out.arrival_time))
+        if admitted is not None:
+            self.queue.observe(max(0.0, admitted - out.arrival_time))
+        self.request_prompt.observe(len(out.prompt_token_ids))
+        self.request_generation.observe(len(out.output_token_ids))

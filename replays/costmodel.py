@@ -1,0 +1,264 @@
+"""A step-time model: how long an engine step takes as a function of the step's work.
+
+    seconds = intercept + Σ coefficient[f] * work[f]
+
+over five work features of a step (`FEATURES`), fitted by least squares (numpy) to the
+step wall times a real run recorded, or given by hand for a trace without timings (a
+simulated one). `replays.whatif` advances its clock with it. docs/whatif.md describes the
+form, the fit and its limits.
+
+This module reads the trace schema only; it does not import the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# What a step does, from each scheduled entry's (num_tokens, num_spec_tokens,
+# num_computed_before). An entry whose query is one token is a decode (a speculative one
+# verifies drafts on top); any other query is prefill work.
+FEATURES = (
+    "prefill_tokens",  # query tokens of the entries that are not decodes
+    "decode_requests",  # entries whose query is one token (plus drafts)
+    "spec_tokens",  # draft tokens verified
+    "context_tokens",  # attended context: Σ (computed before + scheduled) over entries
+    "num_requests",  # scheduled entries
+)
+MIN_STEP_NS = 1_000  # a step takes at least 1 µs: the clock must move even on empty steps
+OUTLIER_MADS = 5.0  # residuals beyond this many (scaled) median absolute deviations are dropped
+OUTLIER_ROUNDS = 8  # refits with the outliers of the previous fit left out, until stable
+OUTLIER_MIN = 0.25  # ... but never one within 25% of its prediction (a clean fit has tiny MADs)
+
+
+def step_work(entries: Iterable[tuple[int, int, int]]) -> tuple[int, int, int, int, int]:
+    """The FEATURES of one step, from (num_tokens, num_spec_tokens, num_computed_before)
+    of each scheduled entry."""
+    prefill = decodes = spec = context = n = 0
+    for num_tokens, num_spec, before in entries:
+        n += 1
+        spec += num_spec
+        context += before + num_tokens
+        query = num_tokens - num_spec
+        if query == 1:
+            decodes += 1
+        else:
+            prefill += query
+    return prefill, decodes, spec, context, n
+
+
+class CostModelError(ValueError):
+    """A model that cannot be fitted, parsed or loaded."""
+
+
+@dataclass(frozen=True)
+class FitQuality:
+    """How well a fitted model explains the steps it was fitted on."""
+
+    source: str  # the trace it was fitted on
+    num_steps: int  # steps in the fit (outliers excluded)
+    num_outliers: int  # steps dropped as outliers before the final fit
+    num_excluded: int  # steps with no measurable duration (the engine was idle before them)
+    r2: float  # coefficient of determination on the fitted steps
+    rmse_s: float  # root-mean-square error per step, seconds
+    mape: float  # mean of |predicted - measured| / measured over the fitted steps
+    mean_step_s: float  # mean measured step time, seconds
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """seconds = intercept_s + Σ coefficients[f] * work[f] (floored at MIN_STEP_NS)."""
+
+    intercept_s: float  # a step's fixed cost, seconds
+    coefficients: dict[str, float] = field(default_factory=dict)  # feature -> seconds per unit
+    fit: FitQuality | None = None  # None: given by hand, not fitted
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.coefficients) - set(FEATURES))
+        if unknown:
+            raise CostModelError(
+                f"unknown feature(s) {', '.join(unknown)}; known: intercept, {', '.join(FEATURES)}"
+            )
+        values = [self.intercept_s, *self.coefficients.values()]
+        if not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
+            raise CostModelError(f"coefficients must be finite numbers, got {values}")
+        # Every feature present, in FEATURES order: equal models compare equal.
+        full = {f: float(self.coefficients.get(f, 0.0)) for f in FEATURES}
+        object.__setattr__(self, "coefficients", full)
+
+    @property
+    def vector(self) -> tuple[float, ...]:
+        """(intercept, coefficient of each FEATURE in order), seconds."""
+        return (self.intercept_s, *(self.coefficients.get(f, 0.0) for f in FEATURES))
+
+    def predict_ns(self, work: Sequence[int]) -> int:
+        """The predicted duration of a step with this work, integer ns."""
+        c = self.vector
+        s = c[0] + c[1] * work[0] + c[2] * work[1] + c[3] * work[2] + c[4] * work[3]
+        s += c[5] * work[4]
+        return max(MIN_STEP_NS, round(s * 1e9))
+
+    def predict_many_ns(self, work: np.ndarray) -> np.ndarray:
+        """predict_ns for each row of an (n, 5) work array; the same integers."""
+        return np.array([self.predict_ns(row) for row in work.tolist()], dtype=np.int64)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "form": "linear",
+            "unit": "s",
+            "intercept": self.intercept_s,
+            "coefficients": {f: self.coefficients.get(f, 0.0) for f in FEATURES},
+        }
+        if self.fit is not None:
+            out["fit"] = self.fit.__dict__.copy()
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "model") -> CostModel:
+        if not isinstance(data, dict) or data.get("form", "linear") != "linear":
+            raise CostModelError(f"{where}: expected a linear cost model object")
+        coef = data.get("coefficients", {})
+        if not isinstance(coef, dict):
+            raise CostModelError(f"{where}: 'coefficients' must be an object")
+        try:
+            fit = FitQuality(**data["fit"]) if isinstance(data.get("fit"), dict) else None
+            return cls(
+                float(data.get("intercept", 0.0)), {k: float(v) for k, v in coef.items()}, fit
+            )
+        except (TypeError, ValueError) as e:  # CostModelError is a ValueError too
+            raise CostModelError(f"{where}: {e}") from None
+
+
+def parse_model(spec: str) -> CostModel:
+    """A model from a JSON file (as `schedtop stats --cost-model --json` prints it) or
+    from `intercept=S,FEATURE=S,...` (seconds; features not named cost nothing)."""
+    path = Path(spec)
+    if path.is_file():
+        try:
+            return CostModel.from_json(json.loads(path.read_text()), str(path))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CostModelError(f"{path}: not a cost model file: {e}") from None
+    if "=" not in spec:
+        raise CostModelError(
+            f"--model {spec!r}: neither a file nor intercept=S,FEATURE=S,... "
+            f"(features: {', '.join(FEATURES)})"
+        )
+    intercept = 0.0
+    coef: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        key, sep, value = part.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            raise CostModelError(f"--model: {part!r}: {value!r} is not a number") from None
+        if not sep:
+            raise CostModelError(f"--model: {part!r} is not KEY=SECONDS")
+        if key.strip() == "intercept":
+            intercept = number
+        else:
+            coef[key.strip()] = number
+    return CostModel(intercept, coef)
+
+
+def fit_model(work: np.ndarray, seconds: np.ndarray, source: str, excluded: int = 0) -> CostModel:
+    """Least squares of step seconds on [1, work] (work: (n, 5) FEATURES). Plain
+    (absolute) least squares, because what the model feeds are sums of step times (a TTFT
+    spans many steps), and it keeps those sums unbiased.
+
+    Two refinements keep the model usable outside the fitted range: a feature whose
+    coefficient comes out negative is dropped and the rest refitted (more work never makes
+    a step faster; a negative term is collinearity, not physics), and steps whose residual
+    relative to their own duration exceeds OUTLIER_MADS scaled MADs (and OUTLIER_MIN) are
+    left out, refitting until the set is stable (a
+    thread-count probe, another process on the machine) before the final fit."""
+    n = len(seconds)
+    if n < 2:
+        raise CostModelError(
+            f"{source}: {n} timed step(s) to fit on; a cost model needs at least 2 "
+            "(a simulated trace has none: give one with --model)"
+        )
+    x = np.hstack([np.ones((n, 1)), work.astype(np.float64)])
+    y = np.maximum(seconds.astype(np.float64), MIN_STEP_NS / 1e9)
+    keep = np.ones(n, dtype=bool)
+    coef = _nonneg_lstsq(x, y)
+    for _ in range(OUTLIER_ROUNDS):
+        rel = (x @ coef - y) / y
+        mad = float(np.median(np.abs(rel - np.median(rel)))) * 1.4826
+        now = np.abs(rel - np.median(rel)) <= max(OUTLIER_MADS * mad, OUTLIER_MIN)
+        if now.sum() < 2 or (now == keep).all():
+            break
+        keep = now
+        coef = _nonneg_lstsq(x[keep], y[keep])
+    xk, yk = x[keep], y[keep]
+    pred = xk @ coef
+    ss_res = float(((yk - pred) ** 2).sum())
+    ss_tot = float(((yk - yk.mean()) ** 2).sum())
+    quality = FitQuality(
+        source=source,
+        num_steps=int(keep.sum()),
+        num_outliers=int(n - keep.sum()),
+        num_excluded=excluded,
+        r2=1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0,
+        rmse_s=math.sqrt(ss_res / len(yk)),
+        mape=float((np.abs(yk - pred) / yk).mean()),
+        mean_step_s=float(yk.mean()),
+    )
+    return CostModel(
+        float(coef[0]), {f: float(coef[i + 1]) for i, f in enumerate(FEATURES)}, quality
+    )
+
+
+def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every feature's coefficient >= 0 (the intercept is free), by
+    dropping the most negative one and refitting until none is; columns that never vary
+    from 0 are left out from the start (their coefficient is 0)."""
+    active = [j for j in range(1, x.shape[1]) if np.any(x[:, j] != 0)]
+    while True:
+        cols = [0, *active]
+        sol = np.linalg.lstsq(x[:, cols], y, rcond=None)[0]
+        coef = np.zeros(x.shape[1])
+        coef[cols] = sol
+        negative = [j for j in active if coef[j] < 0]
+        if not negative:
+            return coef
+        active.remove(min(negative, key=lambda j: coef[j]))
+
+
+def format_model(m: CostModel) -> str:
+    """The model as a few lines: its formula, then its fit quality."""
+    units = {
+        "prefill_tokens": "per prefill token",
+        "decode_requests": "per decode",
+        "spec_tokens": "per draft token",
+        "context_tokens": "per context token",
+        "num_requests": "per request",
+    }
+    lines = [
+        "step time = intercept + Σ coefficient × work",
+        f"  intercept        {_us(m.intercept_s)}",
+    ]
+    for f in FEATURES:
+        lines.append(f"  {f:<16} {_us(m.coefficients.get(f, 0.0))} {units[f]}")
+    q = m.fit
+    if q is None:
+        lines.append("given, not fitted")
+    else:
+        lines.append(
+            f"fitted on {q.num_steps} steps of {q.source} ({q.num_outliers} outliers dropped, "
+            f"{q.num_excluded} steps after idle time not measurable)"
+        )
+        lines.append(
+            f"R² {q.r2:.3f}   RMSE {q.rmse_s * 1e3:.2f} ms   mean relative error "
+            f"{q.mape:.1%}   mean step {q.mean_step_s * 1e3:.2f} ms"
+        )
+    return "\n".join(lines)
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:12.3f} µs"

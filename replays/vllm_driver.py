@@ -1,0 +1,368 @@
+"""The vLLM side of `schedtop resim --engine vllm`: runs in an interpreter that has vLLM.
+
+    python -m replays.vllm_driver TRACE OUT [KEY=VALUE ...]
+    python -m replays.vllm_driver --workload WORKLOAD.json OUT
+
+Drives the installed vLLM's own scheduler (vLLM's Scheduler or AsyncScheduler, with
+schedtop's recording taps: recorder.vllm) with a trace's inputs, or a simulation
+workload's, and records what it decides into OUT. No model is loaded: a tiny config.json
+stands in for one, and a scripted runner gives each request the tokens the trace says
+it sampled, like `schedtop resim`'s scripted runner. The engine loop is vLLM's
+EngineCore's, step for step: schedule, execute, (aborts that came in meanwhile), update;
+with async scheduling, two batches in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.config import EngineConfig, parse_setting
+from recorder.reader import TraceReader
+from recorder.schema import Step
+from recorder.vllm import MID_STEP_ABORT
+from replays.reducer import apply_with_view
+from replays.state import State
+
+_TINY_MODEL = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 1,
+    "vocab_size": 1 << 20,  # workloads use token ids up to here
+    "max_position_embeddings": 1 << 22,
+    "rms_norm_eps": 1e-6,
+    "torch_dtype": "float16",
+}
+
+
+@dataclass
+class Script:
+    """One request's inputs: how it arrives, what it samples, when it is aborted."""
+
+    request_id: str  # the id it had
+    arrival_step: int  # added before this step's schedule()
+    prompt: list[int]  # prompt token ids
+    tokens: list[int]  # every token it sampled, in order
+    max_tokens: int  # sampling limits
+    priority: int = 0  # lower runs first under the priority policy
+    arrival_time: float = 0.0  # the tie-break order
+    eos_token_id: int | None = None  # stops it when sampled
+    stop_token_ids: tuple[int, ...] = ()  # so do these
+    abort_step: int = -1  # aborted before this step's schedule() (-1: never)
+    abort_mid_step: bool = False  # ... or between its schedule() and update
+    abort_message: str = ""  # the message of the recorded finish
+
+
+@dataclass
+class Inputs:
+    """Everything a run needs."""
+
+    config: EngineConfig  # the scheduler config
+    scripts: list[Script] = field(default_factory=list)  # in arrival order
+    num_steps: int = 0  # recorded steps (0: run until done)
+
+
+def tiny_model_dir() -> str:
+    d = Path(tempfile.gettempdir()) / "schedtop_vllm_tiny_llama_v2"
+    d.mkdir(exist_ok=True)
+    path = d / "config.json"
+    if not path.exists():
+        tmp = d / f"config.json.{os.getpid()}"
+        tmp.write_text(json.dumps(_TINY_MODEL))
+        os.replace(tmp, path)
+    return str(d)
+
+
+def vllm_configs(cfg: EngineConfig) -> tuple[Any, Any]:
+    """vLLM's VllmConfig and KVCacheConfig for schedtop's config."""
+    import torch
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    model = ModelConfig(
+        model=tiny_model_dir(),
+        dtype="float16",
+        seed=0,
+        skip_tokenizer_init=True,
+        max_model_len=cfg.max_model_len,
+    )
+    sched_kwargs: dict[str, Any] = dict(
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_model_len=cfg.max_model_len,
+        is_encoder_decoder=False,
+        long_prefill_token_threshold=cfg.long_prefill_token_threshold,
+        long_prefill_token_threshold_adaptive=cfg.long_prefill_token_threshold_adaptive,
+        policy=cfg.policy,
+        async_scheduling=cfg.async_scheduling,
+        watermark=cfg.watermark,
+        scheduler_reserve_full_isl=cfg.scheduler_reserve_full_isl,
+        enable_chunked_prefill=cfg.enable_chunked_prefill,
+    )
+    if cfg.max_num_active_seqs is not None:
+        sched_kwargs["max_num_active_seqs"] = cfg.max_num_active_seqs
+    cache = CacheConfig(
+        block_size=cfg.block_size,
+        cache_dtype="auto",
+        enable_prefix_caching=cfg.enable_prefix_caching,
+    )
+    config = VllmConfig(
+        scheduler_config=SchedulerConfig(**sched_kwargs),
+        model_config=model,
+        cache_config=cache,
+        # The CUDA wheel finds no platform on a CPU-only host; naming the device keeps
+        # vLLM on its platform-neutral path.
+        device_config=DeviceConfig(device="cpu"),
+    )
+    spec = FullAttentionSpec(
+        block_size=cfg.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+    )
+    kv = KVCacheConfig(
+        num_blocks=cfg.num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
+    )
+    cache.num_gpu_blocks = cfg.num_blocks
+    return config, kv
+
+
+def inputs_from_trace(path: str | Path, overrides: dict[str, Any]) -> Inputs:
+    """A trace's inputs: config, arrivals, sampled tokens per request, aborts."""
+    with TraceReader(path) as reader:
+        header = reader.header
+        if header.redacted:
+            raise SystemExit(
+                f"{path}: a redacted trace has no token ids; vLLM's scheduler hashes "
+                "prompts itself, so it cannot be re-simulated with --engine vllm"
+            )
+        if header.first_step != 0:
+            raise SystemExit(f"{path}: the trace starts mid-run (step {header.first_step})")
+        recorded = {k: v for k, v in header.config.items() if k != "max_steps"}
+        try:
+            config = EngineConfig.from_dict({**recorded, **overrides})
+        except ValueError as e:
+            raise SystemExit(f"config: {e}") from None
+        state = State.initial(header)
+        scripts: list[Script] = []
+        steps = 0
+        for entry in reader.entries():
+            rec = entry.record
+            if not isinstance(rec, Step):
+                continue
+            steps += 1
+            _collect(rec, state, scripts)
+    return Inputs(config, scripts, steps)
+
+
+def _collect(rec: Step, state: State, scripts: list[Script]) -> None:
+    for a in rec.arrivals:
+        s = a.sampling
+        scripts.append(
+            Script(
+                a.request_id,
+                rec.step,
+                list(a.prompt_token_ids or ()),
+                [],
+                s.max_tokens,
+                a.priority,
+                a.arrival_time,
+                a.eos_token_id if not s.ignore_eos else None,
+                tuple(s.stop_token_ids),
+            )
+        )
+    view = apply_with_view(state, rec)
+    for sample in view.samples:
+        scripts[sample.ref].tokens += list(sample.token_ids or [0] * sample.count)
+    for f in rec.finishes:
+        if f.status == 5:  # FINISHED_ABORTED
+            script = scripts[f.ref]
+            script.abort_step = rec.step
+            script.abort_mid_step = f.message.startswith(MID_STEP_ABORT)
+            script.abort_message = f.message
+
+
+def inputs_from_workload(path: str | Path) -> Inputs:
+    """A simulation workload (the fidelity cases' format) as inputs."""
+    from engine.sim.workload import load_workload
+
+    w = load_workload(path)
+    scripts = [
+        Script(
+            r.id,
+            r.arrival_step,
+            list(r.prompt_token_ids),
+            list(r.output_token_ids),
+            r.max_tokens,
+            r.priority,
+            float(rank),
+        )
+        for rank, r in enumerate(w.requests)
+    ]
+    return Inputs(w.config, scripts)
+
+
+class Driver:
+    """vLLM's scheduler with the recording taps, driven like vLLM's EngineCore."""
+
+    def __init__(self, inputs: Inputs, out: str | Path, scheduler_cls: Any = None) -> None:
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        from recorder.vllm import RecordingScheduler
+
+        self.inputs = inputs
+        cfg = inputs.config
+        os.environ["SCHEDTOP_TRACE_FILE"] = str(out)
+        vllm_config, kv = vllm_configs(cfg)
+        cls = scheduler_cls or RecordingScheduler
+        self.sched = cls(
+            vllm_config=vllm_config,
+            kv_cache_config=kv,
+            block_size=cfg.block_size,
+            log_stats=False,
+            structured_output_manager=StructuredOutputManager(vllm_config),
+        )
+        del os.environ["SCHEDTOP_TRACE_FILE"]
+        tap = self.sched._schedtop
+        if tap is None or tap.is_async != cfg.async_scheduling:
+            raise SystemExit(
+                f"vLLM set async_scheduling={vllm_config.scheduler_config.async_scheduling}"
+                f" (asked: {cfg.async_scheduling}); is VLLM_TARGET_DEVICE=cpu set?"
+            )
+        init_none_hash(sha256)
+        self.hasher = get_request_block_hasher(cfg.block_size, sha256)
+        self.sampled: dict[str, int] = {}
+        self.by_id: dict[str, Script] = {}
+        self.batches: deque[tuple[Any, Any]] = deque()
+
+    def _request(self, s: Script) -> Any:
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.request import Request
+
+        params = SamplingParams(max_tokens=s.max_tokens, stop_token_ids=list(s.stop_token_ids))
+        params.update_from_generation_config({}, s.eos_token_id)
+        return Request(
+            request_id=s.request_id,
+            prompt_token_ids=list(s.prompt),
+            sampling_params=params,
+            pooling_params=None,
+            arrival_time=s.arrival_time,
+            priority=s.priority,
+            block_hasher=self.hasher,
+        )
+
+    def _runner_output(self, out: Any) -> Any:
+        """A scheduled request samples iff this step reaches the end of its known tokens;
+        its next scripted token."""
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        ids = list(out.num_scheduled_tokens)
+        tokens: list[list[int]] = []
+        for rid in ids:
+            if self.sched.requests[rid].is_prefill_chunk:
+                tokens.append([])
+                continue
+            n = self.sampled.get(rid, 0)
+            script = self.by_id[rid].tokens
+            tokens.append([script[n] if n < len(script) else 0])
+            self.sampled[rid] = n + 1
+        return ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=tokens
+        )
+
+    def _abort(self, step: int, mid_step: bool) -> None:
+        from vllm.v1.request import RequestStatus
+
+        ids = [
+            s.request_id
+            for s in self.inputs.scripts
+            if s.abort_step == step and s.abort_mid_step == mid_step
+        ]
+        live = [rid for rid in ids if rid in self.sched.requests]
+        if live:
+            self.sched.finish_requests(live, RequestStatus.FINISHED_ABORTED)
+
+    def run(self, max_steps: int = 1_000_000) -> int:
+        """Run until every request is done (and the recorded steps are covered)."""
+        arrivals: dict[int, list[Script]] = {}
+        for s in self.inputs.scripts:
+            arrivals.setdefault(s.arrival_step, []).append(s)
+        last = max(arrivals, default=-1)
+        last = max(last, self.inputs.num_steps - 1)
+        is_async = self.inputs.config.async_scheduling
+        sched = self.sched
+        step = 0
+        try:
+            while step <= last or sched.has_unfinished_requests() or self.batches:
+                if step >= max_steps:
+                    raise SystemExit(f"still running at step {step}")
+                for s in arrivals.get(step, ()):
+                    self.by_id[s.request_id] = s
+                    sched.add_request(self._request(s))
+                self._abort(step, mid_step=False)  # after: one may be aborted at once
+                if is_async:
+                    self._step_async(step)
+                else:
+                    self._step_sync(step)
+                step += 1
+        finally:
+            sched.shutdown()
+        return step
+
+    def _step_sync(self, step: int) -> None:
+        sched = self.sched
+        if not sched.has_requests():
+            # vLLM's EngineCore skips the step; schedtop's records an empty one.
+            out = sched.schedule()
+        else:
+            out = sched.schedule()
+        mro = self._runner_output(out)
+        self._abort(step, mid_step=True)
+        sched.update_from_output(out, mro)
+
+    def _step_async(self, step: int) -> None:
+        sched = self.sched
+        batches = self.batches
+        if sched.has_requests():
+            out = sched.schedule()
+            batches.append((out, self._runner_output(out)))
+            executed = out.total_num_scheduled_tokens > 0
+            if len(batches) < 2 and (executed or sched.has_requests()):
+                return
+        elif not batches:
+            out = sched.schedule()  # an empty step, as schedtop's engine records one
+            batches.append((out, self._runner_output(out)))
+        old_out, old_mro = batches.popleft()
+        self._abort(step, mid_step=True)
+        sched.update_from_output(old_out, old_mro)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) >= 3 and argv[0] == "--workload":
+        inputs = inputs_from_workload(argv[1])
+        out = argv[2]
+    elif len(argv) >= 2:
+        overrides = dict(parse_setting(a) for a in argv[2:])
+        inputs = inputs_from_trace(argv[0], overrides)
+        out = argv[1]
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    steps = Driver(inputs, out).run()
+    print(json.dumps({"steps": steps, "trace": out}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,333 @@
+"""What-if in time: re-simulate a trace with its arrivals at their recorded times and a
+clock advanced by a step-time model (`replays.costmodel`).
+
+`resim` replays arrivals at their recorded *steps*, which answers "which decisions
+change" but not "how much sooner": with another budget steps take longer or shorter, so
+requests arrive at other steps, and the decisions follow. Here each request is added at
+the first step boundary at or after its recorded arrival time, every step advances the
+clock by the model's prediction for the work it scheduled, and the predicted run is
+recorded like any trace (its steps carry the predicted time), so `stats`, `diff`,
+`export` and the TUI read it.
+
+Like `resim`, the one other module of `replays` that drives the engine (a re-simulation
+with a clock); it reuses resim's per-request scripts.
+"""
+
+from __future__ import annotations
+
+import functools
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.kv.hashing import BlockHasher
+from engine.outputs import ModelRunnerOutput, SchedulerOutput
+from engine.records import Timing
+from recorder.reader import TraceReader
+from recorder.recorder import Recorder
+from recorder.schema import Header
+from recorder.writer import NullWriter, TraceWriter
+from replays.costmodel import CostModel, fit_model, step_work
+from replays.resim_base import Checker, ResimError, config_for, request_of
+from replays.resim_scripted import _collect, _fill_redacted, _RecordedHasher, _ScriptedRunner
+from replays.timebase import (
+    Observer,
+    Timebase,
+    TimedMetrics,
+    observe_trace,
+    recorded_timebase,
+    timed_metrics,
+)
+
+METRICS = (
+    "throughput",
+    "ttft_p50",
+    "ttft_p99",
+    "tpot_p50",
+    "tpot_p99",
+    "itl_p50",
+    "itl_p99",
+    "queue_p50",
+    "queue_p99",
+    "preemptions",
+    "recompute_tokens",
+    "peak_blocks",
+)
+
+
+class WhatifError(ResimError):
+    """A trace or a model that a time-driven re-simulation cannot use."""
+
+
+@dataclass
+class WhatifResult:
+    """A time-driven re-simulation and the recording it was compared with."""
+
+    trace: str  # the recorded trace
+    config: EngineConfig  # the config it ran with
+    changed: dict[str, Any]  # the overrides applied to the recorded config
+    model: CostModel  # the step-time model
+    recorded: TimedMetrics  # the recording, on its clock (a sim trace: on the model's)
+    predicted: TimedMetrics  # the predicted run
+    first_difference: int | None  # first step whose decisions differ (None: none, or unchecked)
+    out: Path | None  # where the predicted trace went
+
+
+def whatif(
+    path: str | Path,
+    overrides: dict[str, Any] | None = None,
+    model: CostModel | None = None,
+    out: str | Path | None = None,
+    check: bool = True,
+) -> WhatifResult:
+    """Predict the trace at `path` under its config with `overrides`, with `model`
+    (default: fitted on the trace's own timings); write the predicted trace to `out`.
+    `check` compares each predicted step's decisions with the recording's (sweeps, which
+    only want the metrics, skip it)."""
+    inputs = _inputs(path)
+    obs = inputs.obs
+    if inputs.first_step != 0:
+        raise WhatifError(
+            f"{path}: the trace starts mid-run (step {inputs.first_step}); "
+            "what-if needs every arrival from step 0"
+        )
+    if model is None:
+        if not obs.timed:
+            raise WhatifError(
+                f"{path}: the trace has no step timings (a simulated run): give a step-time "
+                "model with --model FILE or --model intercept=S,prefill_tokens=S,..."
+            )
+        work, secs, excluded = obs.fit_rows()
+        model = fit_model(work, secs, str(path), excluded)
+    base = recorded_timebase(obs, model)
+    recorded = timed_metrics(obs, base.end_ns, base.arrival_ns)
+    config = config_for(inputs.header.config, overrides or {})
+    predicted, differs = _TimedRun(inputs, config, model, base).run(out, check)
+    return WhatifResult(
+        str(path),
+        config,
+        dict(overrides or {}),
+        model,
+        recorded,
+        predicted,
+        differs,
+        Path(out) if out is not None else None,
+    )
+
+
+class _Clock:
+    """The predicted run's clock, integer ns. A step's time is charged when the runner
+    executes it; an empty step (the runner is not called) is charged when the recorder
+    reads the clock at its end, or when the step returns."""
+
+    def __init__(self, empty_ns: int) -> None:
+        self.now = 0
+        self.empty_ns = empty_ns
+        self.pending = False
+
+    def begin_step(self) -> None:
+        self.pending = True
+
+    def charge(self, ns: int) -> None:
+        self.now += ns
+        self.pending = False
+
+    def settle(self) -> int:
+        if self.pending:
+            self.charge(self.empty_ns)
+        return self.now
+
+    def seconds(self) -> float:
+        # EngineCore times schedule() and update_from_output() with this: both take no
+        # predicted time (the model's step time covers them), so they record 0.
+        return self.now / 1e9
+
+
+class _TimedRunner(_ScriptedRunner):
+    """The scripted runner, plus the model's time for each step it executes."""
+
+    def __init__(self, config: EngineConfig, model: CostModel, clock: _Clock) -> None:
+        super().__init__(config)
+        self.model = model
+        self.clock = clock
+
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        result = super().execute(out)
+        before = {nr.req_id: nr.num_computed_tokens for nr in out.scheduled_new_reqs}
+        cached = out.scheduled_cached_reqs
+        before.update(zip(cached.req_ids, cached.num_computed_tokens))
+        spec = out.scheduled_spec_decode_tokens
+        work = step_work(
+            (n, len(spec.get(rid, ())), before[rid]) for rid, n in out.num_scheduled_tokens.items()
+        )
+        ns = self.model.predict_ns(work)
+        self.clock.charge(ns)
+        result.timings = [Timing(out.step, 0, ns, None, 0)]
+        return result
+
+
+class _TimedRun:
+    """The predicted run: arrivals and aborts at their times, one engine step at a time.
+
+    Its metrics come from the engine's own step records (explicit: no reducer needed);
+    a recorder runs only to write `out` or to compare each step with the recording."""
+
+    def __init__(
+        self, inputs: _Inputs, config: EngineConfig, model: CostModel, base: Timebase
+    ) -> None:
+        self.inputs = inputs
+        self.config = config
+        self.base = base
+        self.clock = _Clock(model.predict_ns((0, 0, 0, 0, 0)))
+        self.runner = _TimedRunner(config, model, self.clock)
+        self.engine = EngineCore(config, self.runner, clock=self.clock.seconds)
+        self.obs = Observer(config.num_blocks - 1)
+
+    def run(self, out: str | Path | None, check: bool) -> tuple[TimedMetrics, int | None]:
+        header = self.inputs.header
+        with ExitStack() as stack:
+            checker = None
+            if check:
+                recorded = stack.enter_context(TraceReader(self.inputs.path))
+                checker = Checker(recorded.steps())
+            if out is not None or checker is not None:
+                sink = TraceWriter(out, live=False) if out is not None else NullWriter()
+                recorder = Recorder(
+                    self.engine,
+                    sink,
+                    redact_prompts=header.redacted,
+                    snapshot_interval=header.snapshot_interval,
+                    model=header.model,
+                    on_step_record=checker,
+                    clock=self.clock.settle,
+                )
+                stack.callback(recorder.close)
+            self._drive()
+        first = None
+        if checker is not None:
+            d = checker.divergence
+            if d is not None:
+                first = d.step
+            elif checker.steps < self.inputs.num_steps:
+                first = checker.steps
+        return timed_metrics(self.obs, self.obs.end_ns, self.base.arrival_ns), first
+
+    def _drive(self) -> None:
+        scripts = self.inputs.scripts
+        engine, clock, base = self.engine, self.clock, self.base
+        # A simulated trace's driver steps through idle time (each empty step costs the
+        # model's empty-step time); a real engine sleeps until the next arrival.
+        idle_steps = not self.inputs.obs.timed
+        redacted = self.inputs.header.redacted
+        plain = BlockHasher(self.config.block_size)
+        live: dict[str, int] = {}
+        aborts = sorted((t, ref) for ref, t in base.abort_ns.items())
+        limit = 10 * self.inputs.num_steps + 10_000
+        nxt = 0  # next arrival (ref)
+        done_aborts = 0
+        while nxt < len(scripts) or engine.has_unfinished():
+            if engine.step_index >= limit:
+                raise WhatifError(f"the predicted run is still going at step {engine.step_index}")
+            while nxt < len(scripts) and base.arrival_ns[nxt] <= clock.now:
+                s = scripts[nxt]
+                a = s.arrival
+                self.runner.add_script(a.request_id, _fill_redacted(s) if redacted else s.tokens)
+                self.runner.accepted[a.request_id] = s.accepted
+                self.runner.proposed[a.request_id] = s.proposed
+                live[a.request_id] = nxt
+                hasher = _RecordedHasher(self.config.block_size, s, nxt) if redacted else plain
+                engine.add_request(request_of(a, hasher))
+                nxt += 1
+            while done_aborts < len(aborts) and aborts[done_aborts][0] <= clock.now:
+                ref = aborts[done_aborts][1]
+                rid = scripts[ref].arrival.request_id
+                if live.get(rid) == ref:
+                    engine.abort(rid)
+                done_aborts += 1
+            idle = not engine.has_unfinished()
+            if idle:
+                if nxt >= len(scripts):
+                    break
+                if not idle_steps:
+                    clock.now = base.arrival_ns[nxt]
+                    continue
+            clock.begin_step()
+            result = engine.step()
+            self.obs.observe_explicit(result.report, clock.settle(), idle)
+            engine.take_finished()
+
+
+@dataclass
+class _Inputs:
+    """What a what-if reads from a trace, once per process per trace (a sweep runs the
+    same trace under many configs)."""
+
+    path: str  # the trace
+    header: Header  # its header
+    obs: Observer  # its steps, observed
+    first_step: int  # its first step
+    scripts: list[Any]  # per-request scripts (resim's), by ref
+    num_steps: int  # step records
+
+
+def _inputs(path: str | Path) -> _Inputs:
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise WhatifError(f"{path}: cannot read: {e.strerror}") from None
+    return _read_inputs(str(p), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2)
+def _read_inputs(path: str, size: int, mtime_ns: int) -> _Inputs:
+    obs, first_step = observe_trace(path)
+    with TraceReader(path) as reader:
+        header = reader.header
+        scripts, num_steps = _collect(reader) if first_step == 0 else ([], 0)
+    return _Inputs(path, header, obs, first_step, scripts, num_steps)
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+
+def format_result(r: WhatifResult) -> str:
+    """Recorded vs predicted, side by side, with the prediction's relative change (or,
+    with no overrides, its error against the recording)."""
+    label = "error" if not r.changed else "change"
+    rows = [("metric", "recorded", "predicted", label)]
+    for name in METRICS:
+        a, b = getattr(r.recorded, name), getattr(r.predicted, name)
+        rows.append((name, _fmt(name, a), _fmt(name, b), _delta(a, b)))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = []
+    for i, row in enumerate(rows):
+        lines.append(
+            "  ".join(
+                c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths))
+            )
+        )
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(name: str, v: float | int | None) -> str:
+    if v is None:
+        return "-"
+    if name == "throughput":
+        return f"{v:.1f} tok/s"
+    if isinstance(v, int):
+        return str(v)
+    return f"{v * 1e3:.1f} ms"
+
+
+def _delta(a: float | int | None, b: float | int | None) -> str:
+    if a is None or b is None:
+        return "-"
+    if a == 0:
+        return "0%" if b == 0 else "new"
+    return f"{(b - a) / a:+.1%}"

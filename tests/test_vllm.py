@@ -1,0 +1,283 @@
+"""A real vLLM's scheduler recorded by recorder.vllm, re-simulated by schedtop's (issue 12).
+
+vLLM runs in its own venv ($SCHEDTOP_VLLM_PYTHON, else .venv-vllm/bin/python), in
+subprocesses: its real LLMEngine with a model-free executor (tests/vllm_engine.py),
+in-process and multiprocess, sync and async, on the fidelity workloads and on random ones
+with preemptions, prefix hits, aborts, stop tokens and priorities. Each recorded trace
+must re-simulate with schedtop's scheduler to identical decisions, and after every step
+the state the trace rebuilds must equal vLLM's live one (checked inside vLLM). Without a
+vLLM venv these tests skip, except in CI (CI=true), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.sim.api import load_workload, run_sim
+from recorder.reader import TraceReader
+from recorder.recorder import open_recording
+from recorder.schema import Snapshot, Step
+from replays.reducer import apply
+from replays.resim import resimulate
+from replays.state import State
+
+pytestmark = pytest.mark.vllm
+
+ROOT = Path(__file__).resolve().parent.parent
+FIDELITY = ROOT / "tests" / "data" / "fidelity"
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    configured = os.environ.get("SCHEDTOP_VLLM_PYTHON")
+    python = configured or str(ROOT / ".venv-vllm" / "bin" / "python")
+    if Path(python).exists():
+        return python
+    why = f"no vLLM venv ({python} does not exist; .ci/run makes one)"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI must run the vllm tests: {why}")
+    pytest.skip(why)
+
+
+def vllm_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT)
+    env["VLLM_LOGGING_LEVEL"] = "ERROR"
+    env["VLLM_TARGET_DEVICE"] = "cpu"
+    env["SCHEDTOP_SNAPSHOT_INTERVAL"] = "16"  # snapshots in every trace, checked below
+    return env
+
+
+def random_workload(seed: int) -> dict[str, Any]:
+    """Small pools (preemptions), shared prefixes (hits), aborts, stop tokens, priorities."""
+    rng = random.Random(seed)
+    bs = rng.choice([4, 8, 16])
+    num_blocks = rng.randint(12, 60)
+    capacity = (num_blocks - 1) * bs
+    max_num_seqs = rng.choice([2, 4, 8])
+    cfg = {
+        "block_size": bs,
+        "num_blocks": num_blocks,
+        "max_model_len": capacity,
+        "max_num_batched_tokens": max(max_num_seqs, rng.choice([16, 32, 64, 256])),
+        "max_num_seqs": max_num_seqs,
+        "policy": "priority" if seed % 2 else "fcfs",
+        "long_prefill_token_threshold": rng.choice([0, 0, 8, 24]),
+        "enable_prefix_caching": True,
+    }
+    prefixes = [[rng.randint(100, 120) for _ in range(rng.randint(bs, 3 * bs))] for _ in range(2)]
+    requests = []
+    for i in range(rng.randint(6, 14)):
+        prompt = (rng.choice(prefixes) if rng.random() < 0.7 else []) + [
+            rng.randint(1, 50) for _ in range(rng.randint(1, 2 * bs))
+        ]
+        max_tokens = rng.randint(1, 24)
+        prompt = prompt[: max(1, capacity - max_tokens - 1)]
+        r: dict[str, Any] = {
+            "id": f"r{i}",
+            "arrival_step": rng.choice([0, 0, rng.randint(0, 30)]),
+            "prompt_token_ids": prompt,
+            "max_tokens": max_tokens,
+            "output_token_ids": [rng.randint(1, 60) for _ in range(max_tokens)],
+            "priority": rng.randint(0, 2),
+        }
+        if rng.random() < 0.2:
+            r["abort_step"] = r["arrival_step"] + rng.randint(0, 12)
+        if rng.random() < 0.2:
+            r["stop_token_ids"] = [r["output_token_ids"][rng.randrange(max_tokens)]]
+        requests.append(r)
+    return {"config": cfg, "requests": requests}
+
+
+def fidelity_workloads() -> dict[str, dict[str, Any]]:
+    return {
+        p.name.removesuffix(".workload.json"): json.loads(p.read_text())
+        for p in sorted(FIDELITY.glob("*.workload.json"))
+    }
+
+
+MODES = {
+    "inproc-sync": (False, False),
+    "inproc-async": (False, True),
+    "mp-sync": (True, False),
+    "mp-async": (True, True),
+}
+
+
+def runs_for(mode: str) -> dict[str, dict[str, Any]]:
+    multiprocess, _ = MODES[mode]
+    if not multiprocess:
+        # In-process engines are cheap: every fidelity case and six random workloads.
+        runs = fidelity_workloads()
+        runs.update({f"random{s}": random_workload(s) for s in range(4)})
+        return runs
+    # Each multiprocess engine starts an engine-core process: two workloads.
+    return {
+        "e_priority_preemption": fidelity_workloads()["e_priority_preemption"],
+        "random7": random_workload(7),
+    }
+
+
+@pytest.fixture(scope="session")
+def recorded(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every mode's runs, recorded inside vLLM: {mode: (root, {name: result})}."""
+    out: dict[str, Any] = {}
+    for mode, (multiprocess, is_async) in MODES.items():
+        root = tmp_path_factory.mktemp(mode)
+        spec = {
+            "root": str(root),
+            "check": True,
+            "runs": [
+                {
+                    "name": name,
+                    "workload": w,
+                    "multiprocess": multiprocess,
+                    "async_scheduling": is_async,
+                }
+                for name, w in runs_for(mode).items()
+            ],
+        }
+        (root / "spec.json").write_text(json.dumps(spec))
+        proc = subprocess.run(
+            [
+                vllm_python,
+                "-m",
+                "tests.vllm_engine",
+                str(root / "spec.json"),
+                str(root / "out.json"),
+            ],
+            cwd=ROOT,
+            env=vllm_env(),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[mode] = (root, json.loads((root / "out.json").read_text()))
+    return out
+
+
+def assert_snapshots_match_the_steps(trace: Path) -> None:
+    """Every snapshot the recorder took from vLLM's state is the state its steps build."""
+    with TraceReader(trace) as reader:
+        state = State.initial(reader.header)
+        snapshots = 0
+        for entry in reader.entries():
+            rec = entry.record
+            if isinstance(rec, Step):
+                apply(state, rec)
+            elif isinstance(rec, Snapshot):
+                snapshots += 1
+                from_snap = State.from_snapshot(reader.header, rec).to_snapshot()
+                assert from_snap == state.to_snapshot(), f"{trace.name}: snapshot of {rec.step}"
+    assert snapshots > 0 or state.step < 15
+
+
+def the_trace(directory: Path) -> Path:
+    traces = sorted(directory.glob("*.trace"))
+    assert len(traces) == 1, f"{directory}: expected one trace, found {traces}"
+    return traces[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", list(MODES))
+def test_vllm_traces_resimulate_and_rebuild_vllms_state(
+    mode: str, recorded: dict[str, Any]
+) -> None:
+    root, results = recorded[mode]
+    _, is_async = MODES[mode]
+    assert set(results) == set(runs_for(mode))
+    preemptions = hits = aborts = 0
+    for name, result in results.items():
+        assert "error" not in result, f"{mode}/{name}: {result['error']}"
+        trace = the_trace(root / name)
+        with TraceReader(trace) as reader:
+            header = reader.header
+            steps = [e.record for e in reader.entries() if isinstance(e.record, Step)]
+        assert header.engine.startswith("vLLM 0.33")
+        assert ("AsyncScheduler" in header.engine) == is_async
+        assert header.config["async_scheduling"] == is_async
+        assert_snapshots_match_the_steps(trace)
+        checks = [
+            json.loads(line) for line in (root / name / "check.jsonl").read_text().splitlines()
+        ]
+        assert [c["step"] for c in checks] == [s.step for s in steps], f"{mode}/{name}"
+        bad = [c for c in checks if c["problem"]]
+        assert not bad, f"{mode}/{name}: the trace's state differs from vLLM's: {bad[0]}"
+        result_ = resimulate(trace)
+        assert result_.reproduced, (
+            f"{mode}/{name}: step {result_.divergence.step if result_.divergence else '?'} "
+            f"differs: {result_.divergence.fields if result_.divergence else ''}"
+        )
+        preemptions += sum(len(s.preemptions) for s in steps)
+        hits += sum(len(s.kv_events.hit_tokens) for s in steps)
+        aborts += sum(1 for s in steps for f in s.finishes if f.status == 5)
+    # The workloads must exercise what the recorder has to get right.
+    assert preemptions > 0 and hits > 0
+    if not MODES[mode][0]:
+        assert aborts > 0
+
+
+@pytest.mark.slow
+def test_replay_stats_find_export_work_on_a_vllm_trace(
+    recorded: dict[str, Any], tmp_path: Path
+) -> None:
+    root, _ = recorded["inproc-async"]
+    trace = the_trace(root / "e_priority_preemption")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cli = [sys.executable, "-m", "tui.cli"]
+    stats = subprocess.run(
+        [*cli, "stats", str(trace), "--json"], env=env, capture_output=True, text=True
+    )
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["preemptions"] > 0
+    found = subprocess.run(
+        [*cli, "find", str(trace), "preempt", "--all"], env=env, capture_output=True, text=True
+    )
+    assert found.returncode == 0 and found.stdout.strip(), found.stderr
+    out = tmp_path / "perfetto.json"
+    exported = subprocess.run(
+        [*cli, "export", str(trace), "--perfetto", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert exported.returncode == 0, exported.stderr
+    assert json.loads(out.read_text())["traceEvents"]
+    from replays.timeline import Timeline
+
+    with TraceReader(trace) as reader:
+        timeline = Timeline(reader)
+        last = timeline.last_step
+        assert timeline.state(last).step == last
+        assert timeline.state(last // 2).step == last // 2
+
+
+@pytest.mark.slow
+def test_resim_with_vllm_reproduces_schedtops_own_traces(
+    vllm_python: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from replays.vllm_resim import resimulate_with_vllm
+
+    monkeypatch.setenv("SCHEDTOP_VLLM_PYTHON", vllm_python)
+    for name, overrides in (
+        ("e_priority_preemption", {}),
+        ("c_kv_pressure_prefix", {"async_scheduling": True}),
+    ):
+        workload = load_workload(FIDELITY / f"{name}.workload.json", overrides)
+        trace = tmp_path / f"{name}.trace"
+        run_sim(workload, on_engine=lambda e, t=trace: open_recording(e, t, live=False))
+        result = resimulate_with_vllm(trace, out=tmp_path / f"{name}.vllm.trace")
+        assert result.reproduced, f"{name}: step {result.divergence_step}: {result.fields}"
+        assert result.num_steps > 10
+        with TraceReader(result.trace) as reader:
+            base = "AsyncScheduler" if overrides else "(Scheduler"
+            assert base in reader.header.engine
