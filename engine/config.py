@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from engine.limits import RANGES, check_range
+
 POLICIES = ("fcfs", "priority")
 SPEC_METHODS = ("ngram",)
 _SPEC_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
@@ -99,6 +101,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         self._spec_config()
         self._check_types()
+        for name in _FIELD_TYPES:
+            value = getattr(self, name)
+            if name in RANGES and value is not None:
+                check_range(name, value)
         _require(self.block_size > 0, "block_size", self.block_size, "must be > 0")
         _require(
             self.num_blocks >= 2,

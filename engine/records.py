@@ -13,9 +13,12 @@ Pure Python, no torch: the trace reader imports this module without the model st
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from operator import attrgetter
+
+from engine.limits import check_range
 
 
 class Status(enum.IntEnum):
@@ -97,6 +100,17 @@ REASON_LABELS: dict[int, str] = {
 }
 
 
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` safe to print on a terminal: control characters (escape sequences that clear
+    the screen or retitle the window, C1 codes, bidi overrides) shown as `\\xNN` /
+    `\\uNNNN`; newlines and tabs kept. Everything printed from a trace or a workload (ids,
+    host, model names, messages) goes through it."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
 def label(table: dict[int, str], value: int) -> str:
     """A value's label; one this version does not know (a newer trace's) as its number."""
     return table.get(value, f"#{value}")
@@ -127,14 +141,15 @@ class SamplingParams:
     ignore_eos: bool = False  # keep going past the model's EOS token
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens={self.max_tokens}: must be >= 1")
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature}: must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p}: must be in (0, 1]")
-        if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k}: must be >= 0 (0 = off)")
+        # engine.limits has the ranges: NaN, 1e23 or a negative id fail here, not mid-run
+        for name in ("max_tokens", "temperature", "top_p", "top_k"):
+            check_range(name, getattr(self, name))
+        if self.top_p == 0:
+            raise ValueError("top_p=0.0: must be in (0, 1]")
+        if self.seed is not None:
+            check_range("seed", self.seed)
+        for t in self.stop_token_ids:
+            check_range("token_id", t, "stop_token_ids")
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,8 @@ from recorder.encoding import (
     Items,
     Opt,
     Struct,
+    begin_record,
+    end_record,
     kind_of,
     pack_ints,
     unpack_body,
@@ -302,11 +304,16 @@ def encode(record: Record) -> tuple[RecordType, bytes]:
     if isinstance(record, End):
         return RecordType.END, _END_PREFIX + record.footer_offset.to_bytes(8, "big")
     rtype = TYPES[type(record)]
-    return rtype, BODIES[rtype].encode(record)
+    begin_record()
+    try:
+        return rtype, BODIES[rtype].encode(record)
+    finally:
+        end_record()
 
 
 def decode(rtype: int, body: bytes, offset: int) -> Record | None:
     """The record in `body`, None for a type this reader does not know (skip it)."""
+    begin_record()
     try:
         if rtype == RecordType.END:
             return _decode_end(body)
@@ -315,6 +322,8 @@ def decode(rtype: int, body: bytes, offset: int) -> Record | None:
     except Bad as e:
         name = RecordType(rtype).name.lower()
         raise TraceError(f"{name} record: {e.message()}", offset) from None
+    finally:
+        end_record()
 
 
 def _decode_end(body: bytes) -> End:

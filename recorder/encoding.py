@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 import sys
+import threading
 from array import array
 from collections.abc import Callable, Sequence
 from operator import attrgetter, itemgetter
@@ -168,6 +169,8 @@ def pack_ints(values: Sequence[int]) -> bytes:
     n = len(values)
     if not n:
         return b""
+    if not _spend(n):
+        raise ValueError(f"the record holds more than {MAX_RECORD_INTS} integers")
     if n <= 64:
         top = max(values)
         widths: tuple[int, ...] = (
@@ -192,6 +195,30 @@ def _packer_for(n: int, width: int) -> Callable[..., bytes]:
     return pack
 
 
+MAX_RECORD_INTS = 1 << 24  # integers in one record's arrays, all together (writers too)
+_budget = threading.local()  # .left: integers the record being coded may still hold
+
+
+def begin_record() -> None:
+    """Count the integers of the record about to be encoded or decoded (on this thread)
+    against MAX_RECORD_INTS, until end_record(): a 64 MiB record of 2-byte ids would
+    otherwise decode to 1.6 GB of Python ints. Decoding checks before it builds any."""
+    _budget.left = MAX_RECORD_INTS
+
+
+def end_record() -> None:
+    _budget.left = None
+
+
+def _spend(n: int) -> bool:
+    """False when the record in progress would hold more than MAX_RECORD_INTS."""
+    left: int | None = getattr(_budget, "left", None)
+    if left is None:
+        return True
+    _budget.left = left - n
+    return left >= n
+
+
 def unpack_ints(data: bytes) -> tuple[int, ...]:
     if not data:
         return ()
@@ -201,6 +228,8 @@ def unpack_ints(data: bytes) -> tuple[int, ...]:
         raise Bad(f"integer array width {width}: must be 1, 2, 4 or 8")
     if (len(data) - 1) % width:
         raise Bad(f"integer array of {len(data) - 1} bytes is not a multiple of width {width}")
+    if not _spend((len(data) - 1) // width):
+        raise Bad(f"the record holds more than {MAX_RECORD_INTS} integers")
     values = array(typecode)
     values.frombytes(memoryview(data)[1:])
     if _BIG_ENDIAN:
@@ -381,7 +410,7 @@ class Items(Codec[tuple[T, ...]]):
             e.path.append(f"[{len(out)}]")
             raise
         except _DECODE_ERRORS as e:
-            raise Bad(f"item {len(out)}: malformed msgpack ({e})") from None
+            raise Bad(f"item {len(out)}: malformed msgpack ({_why(e)})") from None
         if end != len(v):
             raise Bad(f"item {len(out)} is cut short")
         return tuple(out)
@@ -455,4 +484,9 @@ def unpack_body(body: bytes) -> Any:
     try:
         return msgpack.unpackb(body, **_LIMITS)
     except _DECODE_ERRORS as e:
-        raise Bad(f"malformed msgpack ({e})") from None
+        raise Bad(f"malformed msgpack ({_why(e)})") from None
+
+
+def _why(e: BaseException) -> str:
+    """An exception's reason; its type when it has no message (msgpack raises some bare)."""
+    return str(e) or type(e).__name__

@@ -11,7 +11,7 @@ from pathlib import Path
 from recorder.errors import TraceError
 from recorder.multi import SegmentedReader, open_trace
 from recorder.reader import Cut, TraceReader
-from recorder.schema import Header, Snapshot, Step
+from recorder.schema import Header, Snapshot, Step, printable
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,23 +48,12 @@ def summarize(path: str | os.PathLike[str]) -> TraceSummary:
 def _summarize(path: str | os.PathLike[str]) -> TraceSummary:
     with open_trace(path) as reader:
         size = reader.size if isinstance(reader, SegmentedReader) else reader.path.stat().st_size
+        # Every record is read and checked, footer or not: a footer only says the writer
+        # got to the end, not that what lies before it is whole (issue 14).
+        last_step, last_time, totals, end = _count(reader, size)
         footer = reader.footer
         if footer is not None:
-            index = reader.index()
-            last_time = 0
-            if index.step_offsets:
-                last = reader.read_at(index.step_offsets[-1]).record
-                last_time = last.time_ns if isinstance(last, Step) else 0
-            totals = (
-                footer.num_arrivals,
-                footer.num_finishes,
-                footer.num_preemptions,
-                len(footer.snapshot_offsets),
-            )
-            last_step = index.last_step
-            end = size
-        else:
-            last_step, last_time, totals, end = _count(reader, size)
+            _check_footer(reader, last_step, totals)
         return TraceSummary(
             reader.path,
             size,
@@ -79,6 +68,27 @@ def _summarize(path: str | os.PathLike[str]) -> TraceSummary:
             end=end,
             segments=tuple(reader.segments) if isinstance(reader, SegmentedReader) else (),
             first_time_s=_first_time(reader, last_step) / 1e9,
+        )
+
+
+def _check_footer(reader: TraceReader, last_step: int, totals: tuple[int, int, int, int]) -> None:
+    """The footer's counts must be the records' own."""
+    footer = reader.footer
+    assert footer is not None
+    claimed = (
+        footer.num_arrivals,
+        footer.num_finishes,
+        footer.num_preemptions,
+        len(footer.snapshot_offsets),
+    )
+    names = ("arrivals", "finishes", "preemptions", "snapshots")
+    for name, said, found in zip(names, claimed, totals):
+        if said != found:
+            raise TraceError(f"footer: says {said} {name}, the records hold {found}")
+    if reader.index().last_step != last_step:
+        raise TraceError(
+            f"footer: says the last step is {reader.index().last_step}, the records end "
+            f"at step {last_step}"
         )
 
 
@@ -139,7 +149,7 @@ def format_summary(s: TraceSummary) -> str:
     if s.segments:
         names = s.segments[0].name + ("" if len(s.segments) == 1 else f" .. {s.segments[-1].name}")
         lines.insert(1, f"segments  {len(s.segments)}: {names}")
-    return "\n".join(lines)
+    return printable("\n".join(lines))  # host, model, config values: from the file
 
 
 def _closing(s: TraceSummary) -> str:

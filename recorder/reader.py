@@ -123,6 +123,9 @@ class TraceReader:
             raise
         self._index: TraceIndex | None = None
         self._tail = self.records_start
+        self._head: bytes | None = None  # preamble and header as first read (tail mode checks)
+        if _file is None:
+            self._head = os.pread(self._f.fileno(), self.records_start, 0)
         self._last_tail_step: int | None = None
 
     @classmethod
@@ -310,6 +313,8 @@ class TraceReader:
         steps: list[int] = []
         snap_steps: list[int] = []
         snap_offsets: list[int] = []
+        if tail:
+            self.check_unchanged(start)
         offset = start
         finished = False
         while (frame := self._frame_at(offset, tail=tail)) is not None:
@@ -327,10 +332,37 @@ class TraceReader:
 
     # -- tail mode ---------------------------------------------------------------------------
 
+    def check_unchanged(self, read_up_to: int) -> None:
+        """Raise TraceError when the file is no longer the one opened: truncated below
+        `read_up_to` (bytes already read), replaced at its path, or rewritten from the
+        start by a new run (its preamble and header differ). A follower would otherwise
+        wait at an old offset forever, or read the new run's records as the old one's."""
+        if self._head is None:
+            return  # a trace in memory cannot change
+        st = os.fstat(self._f.fileno())
+        why = None
+        if st.st_size < read_up_to:
+            why = f"it was truncated to {st.st_size} bytes"
+        else:
+            try:
+                now = os.stat(self.path)
+                if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                    why = "another file replaced it"
+            except OSError:
+                why = "it was removed"
+            if why is None and os.pread(self._f.fileno(), len(self._head), 0) != self._head:
+                why = "a new run rewrote it"
+        if why is not None:
+            err = TraceError(f"the trace changed under the reader: {why}; open it again")
+            err.path = str(self.path)
+            raise err
+
     def poll(self) -> list[Entry]:
         """The whole records appended since the last poll (tail mode): an incomplete last
         record is left for the next poll, not reported as a cut."""
         out: list[Entry] = []
+        if not self.finished:
+            self.check_unchanged(self._tail)
         while not self.finished:
             frame = self._frame_at(self._tail, tail=True)
             if frame is None:
@@ -485,8 +517,25 @@ def _open(path: Path) -> BinaryIO:
     try:
         if not stat.S_ISREG(path.stat().st_mode):
             raise TraceError("not a regular file")
-        return open(path, "rb", buffering=1 << 16)
+        return _File(path)
     except FileNotFoundError:
         raise TraceError("no such file", incomplete=True) from None
     except OSError as e:
         raise TraceError(f"cannot read: {e.strerror}") from None
+
+
+class _File(io.BufferedReader):
+    """A trace file whose read errors (EIO on a failing disk, /proc/self/mem) are
+    TraceErrors naming the file, like every other way a trace cannot be read."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(io.FileIO(path, "r"), buffer_size=1 << 16)
+        self._path = str(path)
+
+    def read(self, size: int | None = -1) -> bytes:
+        try:
+            return super().read(size)
+        except OSError as e:
+            err = TraceError(f"cannot read: {e.strerror or e}")
+            err.path = self._path
+            raise err from None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from engine.limits import MAX_NUM_BLOCKS
 from engine.records import (
     KIND_LABELS,
     NO_KV_EVENTS,
@@ -45,12 +46,16 @@ from engine.records import (
     Timing,
     label,
     percentile,
+    printable,
 )
 
+MAX_BLOCKS = MAX_NUM_BLOCKS  # the writers' limit is the readers': whatever a run records, reads
 Sampling = SamplingParams  # the name the trace format gives a request's sampling parameters
 RequestSnap = RequestState  # the name the trace format gives a request in a snapshot
 
 __all__ = [
+    "printable",
+    "MAX_BLOCKS",
     "KIND_LABELS",
     "REASON_LABELS",
     "STATUS_LABELS",
@@ -128,6 +133,13 @@ class Header:
     redacted: bool  # token ids replaced by lengths and block hashes
     first_step: int = 0  # the step of the first step record (> 0: attached mid-run)
     snapshot_interval: int = 256  # a snapshot follows step s when (s + 1) % interval == 0
+
+    def __post_init__(self) -> None:
+        # a crafted header must fail as a TraceError here, not as a ZeroDivisionError later
+        if self.snapshot_interval < 1:
+            raise ValueError(f"snapshot_interval={self.snapshot_interval}: must be >= 1")
+        if not 1 <= self.block_size <= 4096:
+            raise ValueError(f"block_size={self.block_size}: must be in [1, 4096]")
 
 
 # -- footer ---------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ on: later records are dropped, the file keeps every record written whole before 
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import threading
@@ -47,12 +48,7 @@ class TraceWriter:
         write: WriteFn = os.write,
     ) -> None:
         self.path = Path(path)
-        try:
-            self._fd = os.open(
-                self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644
-            )
-        except OSError as e:
-            raise RecordingError(f"{self.path}: cannot create the trace: {e.strerror}") from None
+        self._fd = open_locked(self.path)
         self.live = live  # flush after every step record
         self.flush_bytes = flush_bytes  # otherwise flush when this much is buffered...
         self.flush_interval_s = flush_interval_s  # ...or this long after the last flush
@@ -197,6 +193,67 @@ class TraceWriter:
                 "before this, and the engine goes on",
                 self.error,
             )
+
+
+def open_locked(path: Path) -> int:
+    """Open `path` for writing, emptied, under an exclusive lock held until it is closed:
+    two writers on one path would interleave their records into a file that reads as
+    neither run. The lock is taken before the file is emptied, so a refused second writer
+    leaves the first one's trace whole."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise RecordingError(f"{path}: cannot create the trace: {e.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pid = lock_holder(fd)
+        os.close(fd)
+        who = f"pid {pid}" if pid is not None else "another process"
+        raise RecordingError(
+            f"{path}: another writer ({who}) is recording this trace; choose another path"
+        ) from None
+    try:
+        os.ftruncate(fd, 0)
+    except OSError as e:
+        os.close(fd)
+        raise RecordingError(f"{path}: cannot empty the trace: {e.strerror}") from None
+    return fd
+
+
+def check_not_being_written(path: str | os.PathLike[str]) -> None:
+    """Raise RecordingError when another process holds `path`'s writer lock."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return  # missing or unreadable: the output checks say what is wrong
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        pid = lock_holder(fd)
+        who = f"pid {pid}" if pid is not None else "another process"
+        raise RecordingError(
+            f"{path}: another writer ({who}) is recording this trace; choose another path"
+        ) from None
+    finally:
+        os.close(fd)
+
+
+def lock_holder(fd: int) -> int | None:
+    """The pid holding a flock on the file open as `fd`, from /proc/locks (Linux); None
+    where that cannot be told."""
+    st = os.fstat(fd)
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as f:
+            for line in f:
+                fields = line.split()
+                # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; blocked waiters ("->") skip
+                if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == inode:
+                    return int(fields[4])
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 class TraceSink(Protocol):

@@ -153,6 +153,7 @@ def atomic_events(path: Path) -> Iterator[EventWriter]:
     """An EventWriter whose file becomes `path` only when the block ends without an
     error (the caller calls finish()). Any OSError becomes an ExportError naming `path`;
     any error removes the temporary file."""
+    path = Path(os.path.realpath(path))  # through a link: replace its target, not the link
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         f = open(tmp, "x", encoding="utf-8", newline="\n")  # noqa: SIM115 (closed below)

@@ -9,7 +9,7 @@ from itertools import zip_longest
 from pathlib import Path
 
 from recorder.multi import open_trace
-from recorder.schema import KIND_LABELS, REASON_LABELS, STATUS_LABELS, Step, label
+from recorder.schema import KIND_LABELS, REASON_LABELS, STATUS_LABELS, Step, label, printable
 from replays.reducer import StepView
 from replays.stats import TraceStats, trace_stats
 from replays.timeline import Timeline
@@ -196,7 +196,7 @@ def format_diff(d: TraceDiff, max_entries: int = 12) -> str:
             f"{name:<16} {_fmt(va, attr, unit):>12} {_fmt(vb, attr, unit):>12} "
             f"{_delta(va, vb, attr, unit):>12}"
         )
-    return "\n".join(lines)
+    return printable("\n".join(lines))
 
 
 def _format_side(name: str, side: StepSide | None, max_entries: int) -> list[str]:

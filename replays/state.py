@@ -13,10 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from recorder.errors import TraceError
-from recorder.schema import Header, RequestState, Snapshot, Status
+from recorder.schema import MAX_BLOCKS, Header, RequestState, Snapshot, Status
 from replays.freequeue import FreeQueue
 
-MAX_BLOCKS = 1 << 22  # a header asking for more is refused: the block map would not fit
 POLICIES = ("fcfs", "priority")
 
 

@@ -22,6 +22,7 @@ from recorder.schema import (
     Step,
     label,
     percentile,
+    printable,
 )
 from replays.clients import ServerStats, format_server, server_stats
 from replays.reducer import apply, arrived
@@ -257,7 +258,7 @@ def format_stats(s: TraceStats) -> str:
     if s.server is not None:
         rows += format_server(s.server)
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    return printable("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
 
 
 def _v(x: float | None, unit: str) -> str:

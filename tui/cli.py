@@ -22,6 +22,7 @@ def user_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from engine.model.errors import ModelError
+        from engine.safe_output import OutputError
         from engine.sim.workload import WorkloadError
         from recorder.errors import RecordingError, TraceError
         from replays.costmodel import CostModelError
@@ -39,14 +40,43 @@ def user_errors(fn: F) -> F:
             ResimError,
             CostModelError,
             NoTerminal,
+            OutputError,
         ) as e:
             click.echo(f"schedtop: error: {e}", err=True)
             sys.exit(2)
         except DemoError as e:
             click.echo(f"schedtop: error: {e}", err=True)
             sys.exit(1)
+        except OSError as e:  # EIO, EISDIR, ENOSPC...: the file and the reason, one line
+            where = f"{e.filename}: " if e.filename else ""
+            click.echo(f"schedtop: error: {where}{e.strerror or e}", err=True)
+            sys.exit(2)
 
     return wrapper  # type: ignore[return-value]
+
+
+MIN_PACE, MAX_PACE = 0.01, 1e6  # steps/s: slower is a step per 100 s; 1e-300 overflowed sleep()
+FORCE = click.option(
+    "--force", is_flag=True, help="Overwrite output files that exist (never devices or links)."
+)
+
+
+def check_outputs(
+    outputs: dict[str, str | None], inputs: list[str | None], force: bool, trace: str | None = None
+) -> None:
+    """Refuse bad output paths before any work (engine.safe_output has the rules). A
+    trace another process is recording is named with that writer's pid first."""
+    from engine.safe_output import Output
+    from engine.safe_output import check_outputs as check
+    from recorder.writer import check_not_being_written
+
+    if trace:
+        check_not_being_written(trace)
+    check(
+        [Output(opt, path) for opt, path in outputs.items() if path is not None],
+        [p for p in inputs if p],
+        force=force,
+    )
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
@@ -121,6 +151,7 @@ def _attach() -> None:
     help="Run at most this many steps per second, to watch the trace live "
     "(`schedtop live TRACE`). Default: as fast as it goes.",
 )
+@FORCE
 @user_errors
 def sim(
     workload: str | None,
@@ -131,6 +162,7 @@ def sim(
     no_trace: bool,
     redact_prompts: bool,
     pace: float,
+    force: bool,
 ) -> None:
     """Run a workload through the real scheduler with a simulated model.
 
@@ -141,6 +173,9 @@ def sim(
 
     if no_trace and trace_path:
         raise click.UsageError("--trace and --no-trace exclude each other")
+    if pace and not MIN_PACE <= pace <= MAX_PACE:
+        raise click.BadParameter(f"{pace:g}: must be 0 or in [{MIN_PACE:g}, {MAX_PACE:g}]")
+    check_outputs({"--trace": trace_path, "--decisions": decisions}, [workload], force, trace_path)
     if speculative_config is not None:
         settings = (*settings, f"speculative_config={speculative_config}")
     w = load(workload, settings)
@@ -149,9 +184,16 @@ def sim(
     )
     sink = _Pace(pace) if pace else NULL_SINK
     summary = run_sim(w, decisions, sink=sink, on_engine=recording.attach)
-    click.echo(f"workload: {w.source}" + (f" - {w.description}" if w.description else ""))
+    click.echo(_about(w))
     click.echo(format_summary(summary))
     recording.report()
+
+
+def _about(w: Any) -> str:
+    """The workload line of a summary; its description is the file's, so made printable."""
+    from engine.records import printable
+
+    return printable(f"workload: {w.source}" + (f" - {w.description}" if w.description else ""))
 
 
 class _Recording:
@@ -175,8 +217,9 @@ class _Recording:
         rec = self.recorder
         if rec is not None:
             click.echo(f"trace: {rec.path}")
-            if rec.error:
-                click.echo(f"schedtop: warning: recording stopped early: {rec.error}", err=True)
+            if rec.error:  # the run went on, but its record is incomplete: not a success
+                click.echo(f"schedtop: error: recording stopped early: {rec.error}", err=True)
+                sys.exit(1)
 
 
 class _Pace:
@@ -331,8 +374,9 @@ def info(trace: str) -> None:
     help="Whose scheduler re-simulates: schedtop's, or the installed vLLM's "
     "(an interpreter with vLLM: $SCHEDTOP_VLLM_PYTHON).",
 )
+@FORCE
 @user_errors
-def resim(trace: str, settings: tuple[str, ...], out: str | None, engine: str) -> None:
+def resim(trace: str, settings: tuple[str, ...], out: str | None, engine: str, force: bool) -> None:
     """Re-drive today's scheduler with a trace's inputs.
 
     With the recorded config every decision must come out the same: exit status 0 when
@@ -343,6 +387,7 @@ def resim(trace: str, settings: tuple[str, ...], out: str | None, engine: str) -
     from replays.diff import diff_traces, format_diff
     from replays.resim import resimulate
 
+    check_outputs({"--trace": out}, [trace], force, out)
     overrides = parse_settings(settings)
     if engine == "vllm":
         _resim_vllm(trace, overrides, out)
@@ -618,12 +663,12 @@ def find(
         click.echo(f"schedtop: error: {e}", err=True)
         sys.exit(2)
     with open_trace(trace) as reader:
-        tl = Timeline(reader)
+        tl = Timeline(reader, max_cached_records=16, max_keyframes=4)  # one pass: flat memory
         if every:
             hits = list(find_all(tl, preds))
         else:
             origin = (
-                start
+                max(tl.first_step - 1, min(start, tl.last_step + 1))  # --from -5: the start
                 if start is not None
                 else (tl.last_step + 1 if backward else tl.first_step - 1)
             )
@@ -645,12 +690,14 @@ def find(
     metavar="OUT.json",
     help="Write the Chrome trace-event format, for ui.perfetto.dev or chrome://tracing.",
 )
+@FORCE
 @user_errors
-def export(trace: str, out: str) -> None:
+def export(trace: str, out: str, force: bool) -> None:
     """Export a trace for a timeline viewer: one track per request, the steps with their
     timings, counters and preemption arrows (docs/export.md)."""
     from replays.export import ExportError, export_perfetto
 
+    check_outputs({"--perfetto": out}, [trace], force)
     try:
         done = export_perfetto(trace, out)
     except ExportError as e:  # the output side; trace errors go through user_errors
@@ -706,6 +753,7 @@ def export(trace: str, out: str) -> None:
 @click.option(
     "--redact-prompts", is_flag=True, help="Leave prompt and output token ids out of the trace."
 )
+@FORCE
 @user_errors
 def run(
     model: str | None,
@@ -714,6 +762,7 @@ def run(
     trace_path: str | None,
     no_trace: bool,
     redact_prompts: bool,
+    force: bool,
     **options: Any,
 ) -> None:
     """Run a workload on the real model and summarise throughput and latency.
@@ -724,6 +773,9 @@ def run(
 
     if no_trace and trace_path:
         raise click.UsageError("--trace and --no-trace exclude each other")
+    check_outputs(
+        {"--trace": trace_path, "--outputs": outputs}, [workload, model], force, trace_path
+    )
     w = load(workload)
     recording = _Recording(
         None if no_trace else trace_path, "run", redact_prompts, enabled=not no_trace
@@ -736,7 +788,7 @@ def run(
         show_progress=True,
         on_engine=lambda e: recording.attach(e.core, e.model.spec.name),
     )
-    click.echo(f"workload: {w.source}" + (f" - {w.description}" if w.description else ""))
+    click.echo(_about(w))
     click.echo(format_summary(summary))
     recording.report()
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.config import EngineConfig
 from engine.events import NULL_SINK, EventSink
+from engine.limits import MAX_TOKENS
 from engine.model.errors import RequestError
 from engine.model.workload import (
     ENGINE_ALIASES,
@@ -27,7 +28,7 @@ from engine.model.workload import (
     check_option_names,
     load_run_workload,
 )
-from engine.records import percentile
+from engine.records import percentile, printable
 from engine.request import SamplingParams
 from engine.sim.workload import WorkloadError, atomic_output
 
@@ -120,6 +121,12 @@ def build_engine(
 
     options = merge_options(workload, overrides)
     own = loaded is None
+    # every option is checked before the model loads: a typo costs no load time
+    runner_options(options)
+    engine_config(options, MAX_TOKENS)
+    chosen = model if model is not None else options.get("model")
+    if chosen is not None and not isinstance(chosen, (str, Path)):
+        raise WorkloadError(f"config: model={chosen!r}: expected a path (a string)")
     if loaded is None:
         loaded = load_model(model if model is not None else options.get("model"))
     config = engine_config(options, loaded.spec.max_position)
@@ -313,4 +320,4 @@ def format_summary(s: RunSummary) -> str:
         lines.append(f"error: request {rid!r}: {message}")
     if len(s.errors) > 10:
         lines.append(f"... {len(s.errors) - 10} more errors")
-    return "\n".join(lines)
+    return printable("\n".join(lines))  # request ids and messages come from the workload

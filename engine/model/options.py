@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.limits import check_range
+
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
@@ -25,6 +27,19 @@ class RunnerOptions:
     num_threads: int | None = None  # torch CPU threads (None: measured, 1 or all cores)
 
     def __post_init__(self) -> None:
+        for name in _INTS:
+            value = getattr(self, name)
+            if value is None and name in _OPTIONAL:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name}={value!r}: expected int")
+            check_range(name, value)
+        if isinstance(self.gpu_memory_utilization, bool) or not isinstance(
+            self.gpu_memory_utilization, (int, float)
+        ):
+            raise ValueError(
+                f"gpu_memory_utilization={self.gpu_memory_utilization!r}: expected float"
+            )
         _one_of("device", self.device, DEVICES)
         _one_of("dtype", self.dtype, DTYPES)
         _one_of("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
@@ -45,6 +60,10 @@ class RunnerOptions:
             raise ValueError(f"num_threads={self.num_threads}: must be >= 1")
 
 
+_INTS = ("kv_cache_memory", "num_gpu_blocks_override", "profile_every", "seed", "num_threads")
+_OPTIONAL = {"kv_cache_memory", "num_gpu_blocks_override", "num_threads"}
+
+
 def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
+    if not isinstance(value, str) or value not in allowed:
         raise ValueError(f"{name}={value!r}: must be one of {', '.join(allowed)}")

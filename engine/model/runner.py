@@ -293,7 +293,13 @@ def build_runner(
         config = config.replace(num_blocks=num_blocks)
     except ValueError as e:
         raise ModelError(f"KV cache: {e}") from None
-    kv = KVCache(loaded.spec, num_blocks, config.block_size, dtype, device)
+    try:
+        kv = KVCache(loaded.spec, num_blocks, config.block_size, dtype, device)
+    except (RuntimeError, MemoryError) as e:  # torch's out-of-memory is a RuntimeError
+        raise ModelError(
+            f"KV cache: cannot allocate {num_blocks} blocks: {str(e).splitlines()[0]}; "
+            "lower kv_cache_memory or num_gpu_blocks_override"
+        ) from None
     return ModelRunner(model, kv, config, options, timer, threads), config
 
 

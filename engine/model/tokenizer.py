@@ -4,12 +4,15 @@ template is code that came with a downloaded file)."""
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
+from engine.limits import MAX_TEMPLATE_CHARS, MAX_TEMPLATE_S
 from engine.model.errors import ModelError, RequestError
 
 # llama.cpp's pre-tokenizer names and the splits they stand for. The GPT-2 split is the
@@ -102,16 +105,17 @@ class ModelTokenizer:
         from jinja2 import TemplateError
 
         try:
-            return str(
-                self._template.render(
-                    messages=messages,
-                    add_generation_prompt=add_generation_prompt,
-                    bos_token=self.token_text(self.bos_token_id),
-                    eos_token=self.token_text(self.eos_token_id),
-                )
+            return _render_bounded(
+                self._template,
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.token_text(self.bos_token_id),
+                eos_token=self.token_text(self.eos_token_id),
             )
         except TemplateError as e:
             raise RequestError(f"the chat template rejected the messages: {e}") from None
+        except RecursionError:
+            raise RequestError("the chat template recursed too deeply") from None
 
 
 def _check_messages(messages: Any) -> None:
@@ -128,6 +132,38 @@ def _check_messages(messages: Any) -> None:
             )
 
 
+def _render_bounded(template: Any, **values: Any) -> str:
+    """Render with the limits of engine.limits: the sandbox stops attribute escapes, not a
+    template that loops for minutes or builds gigabytes. Output is taken chunk by chunk
+    and counted; time is checked on every line the compiled template runs (a trace
+    function on this thread, on template frames only, removed afterwards)."""
+    from jinja2 import TemplateError
+
+    deadline = time.monotonic() + MAX_TEMPLATE_S
+
+    def on_line(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line" and time.monotonic() > deadline:
+            raise TemplateError(f"rendering took more than {MAX_TEMPLATE_S:g} s")
+        return on_line
+
+    def on_call(frame: Any, event: str, arg: Any) -> Any:
+        return on_line if frame.f_code.co_filename == "<template>" else None
+
+    previous = sys.gettrace()
+    sys.settrace(on_call)
+    try:
+        parts: list[str] = []
+        size = 0
+        for chunk in template.generate(**values):
+            size += len(chunk)
+            if size > MAX_TEMPLATE_CHARS:
+                raise TemplateError(f"the rendered prompt exceeds {MAX_TEMPLATE_CHARS} characters")
+            parts.append(chunk)
+        return "".join(parts)
+    finally:
+        sys.settrace(previous)
+
+
 def _compile_template(source: str) -> Any:
     from jinja2 import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -135,7 +171,34 @@ def _compile_template(source: str) -> Any:
     def raise_exception(message: str) -> None:
         raise TemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(
+    class BoundedEnvironment(ImmutableSandboxedEnvironment):
+        """`*` and `**` checked before they run: `'A' * 3000000000` or `9 ** 9 ** 9`
+        would use gigabytes (or minutes) inside one expression, before any check."""
+
+        intercepted_binops = frozenset(["*", "**"])
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            if operator == "*":
+                for seq, n in ((left, right), (right, left)):
+                    if (
+                        isinstance(seq, (str, list, tuple))
+                        and isinstance(n, int)
+                        and len(seq) * n > MAX_TEMPLATE_CHARS
+                    ):
+                        raise TemplateError(
+                            f"a repetition of {len(seq) * n} items exceeds {MAX_TEMPLATE_CHARS}"
+                        )
+            if (
+                operator == "**"
+                and isinstance(left, int)
+                and isinstance(right, int)
+                and abs(left) > 1
+                and right > 4096
+            ):
+                raise TemplateError(f"the power {left} ** {right} is too large")
+            return super().call_binop(context, operator, left, right)
+
+    env = BoundedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
     )
     env.globals["raise_exception"] = raise_exception

@@ -12,13 +12,13 @@ run time and reported with finish_reason "error", and the others go on."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.sim.workload import WorkloadError, parse_requests, request_id
+from engine.limits import check_range
+from engine.sim.workload import WorkloadError, parse_requests, read_json, request_id
 
 # Workload/CLI names that differ from EngineConfig's field names.
 ENGINE_ALIASES = {"scheduling_policy": "policy"}
@@ -82,15 +82,7 @@ class RunWorkload:
 
 def load_run_workload(path: str | Path) -> RunWorkload:
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise WorkloadError(f"{path}: no such file") from None
-    except OSError as e:
-        raise WorkloadError(f"{path}: cannot read: {e.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise WorkloadError(f"{path}: not valid JSON: {e}") from None
-    return parse_run_workload(data, str(path))
+    return parse_run_workload(read_json(path), str(path))
 
 
 def parse_run_workload(data: Any, source: str = "workload") -> RunWorkload:
@@ -100,6 +92,8 @@ def parse_run_workload(data: Any, source: str = "workload") -> RunWorkload:
     if not isinstance(options, dict):
         raise WorkloadError(f"{source}: 'config' must be an object")
     check_option_names(options, f"{source}: config")
+    if "model" in options and not isinstance(options["model"], str):
+        raise WorkloadError(f"{source}: config: model={options['model']!r}: expected a path")
     parsed = parse_requests(data, source, _request)
     parsed.sort(key=lambda r: r.arrival_time)
     return RunWorkload(str(data.get("description", "")), dict(options), parsed, source)
@@ -125,10 +119,12 @@ def _request(r: Any, index: int, source: str) -> WorkloadRequest:
             f"{where}: give exactly one of 'prompt', 'messages', 'prompt_token_ids'"
         )
     arrival = r.get("arrival_time", 0.0)
-    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or arrival < 0:
+    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)):
         raise WorkloadError(f"{where}: arrival_time={arrival!r}: expected seconds >= 0")
+    _check(where, "arrival_time", float(arrival), "arrival_time")
     sampling = _sampling(r.get("sampling", {}), where)
     priority = sampling.pop("priority", 0)
+    _check(where, "sampling.priority", priority, "priority")
     return WorkloadRequest(
         rid,
         prompt=_prompt(r, where),
@@ -170,6 +166,14 @@ def _token_ids(r: dict[str, Any], where: str) -> list[int] | None:
     ):
         raise WorkloadError(f"{where}: 'prompt_token_ids' must be a list of integers")
     return value
+
+
+def _check(where: str, key: str, value: float, limit: str) -> None:
+    """engine.limits' range `limit`, as a WorkloadError naming the request and key."""
+    try:
+        check_range(limit, value, key)
+    except ValueError as e:
+        raise WorkloadError(f"{where}: {e}") from None
 
 
 def _sampling(value: Any, where: str) -> dict[str, Any]:

@@ -50,7 +50,8 @@ class SimSummary:
             self.preemptions[victim] = self.preemptions.get(victim, 0) + 1
         for f in rep.finishes:
             self.finish_step[names[f.ref]] = rep.step
-            self.finish_reason[names[f.ref]] = FINISH_REASONS[Status(f.status)]
+            reason = FINISH_REASONS[Status(f.status)]
+            self.finish_reason[names[f.ref]] = f"{reason}: {f.message}" if f.message else reason
 
 
 def make_engine(workload: SimWorkload, sink: EventSink = NULL_SINK) -> EngineCore:

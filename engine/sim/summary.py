@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from engine.records import printable
 from engine.sim.driver import SimSummary
 
 
 def format_summary(s: SimSummary, max_rows: int = 40) -> str:
     finished = len(s.finish_step)
-    errors = sum(1 for r in s.finish_reason.values() if r == "error")
+    errors = sum(1 for r in s.finish_reason.values() if r.split(":")[0] == "error")
     lines = [
         f"steps {s.num_steps}   requests {len(s.arrival_step)} (finished {finished}, "
         f"errors {errors})   scheduled tokens {s.scheduled_tokens}",
@@ -29,7 +30,7 @@ def format_summary(s: SimSummary, max_rows: int = 40) -> str:
     if len(rows) > max_rows:
         lines.append(f"... {len(rows) - max_rows} more")
     lines.append("(queued: steps from arrival to first scheduled; ttft: to first token)")
-    return "\n".join(lines)
+    return printable("\n".join(lines))
 
 
 def _steps(step: int | None, arrive: int) -> str:

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO, TypeVar
 
 from engine.config import EngineConfig
+from engine.limits import MAX_ID_CHARS, MAX_TOKEN_ID, MAX_TOKENS, check_range
+from engine.safe_output import remove_stale_temps
 
 DRIVER_KEYS = ("max_steps",)
 
@@ -50,19 +52,32 @@ class SimWorkload:
 def load_workload(path: str | Path, overrides: dict[str, Any] | None = None) -> SimWorkload:
     """Read and validate a workload file; `overrides` are `--set` values."""
     path = Path(path)
+    return parse_workload(read_json(path), overrides, source=str(path))
+
+
+def read_json(path: Path) -> Any:
+    """A workload file's JSON; every way it can be unreadable is a WorkloadError."""
     try:
-        text = path.read_text()
+        if path.stat().st_size > MAX_WORKLOAD_BYTES:
+            raise WorkloadError(f"{path}: larger than {MAX_WORKLOAD_BYTES >> 20} MiB")
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise WorkloadError(f"{path}: no such file") from None
     except OSError as e:
-        raise WorkloadError(f"{path}: cannot read: {e.strerror}") from None
+        raise WorkloadError(f"{path}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise WorkloadError(f"{path}: not UTF-8 text (byte {e.start})") from None
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise WorkloadError(
             f"{path}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
         ) from None
-    return parse_workload(data, overrides, source=str(path))
+    except RecursionError:
+        raise WorkloadError(f"{path}: not valid JSON: nested too deeply") from None
+
+
+MAX_WORKLOAD_BYTES = 1 << 30  # a workload file is read whole
 
 
 def parse_workload(
@@ -77,7 +92,7 @@ def parse_workload(
         config = EngineConfig.from_dict({**raw_cfg, **(overrides or {})}, ignore=DRIVER_KEYS)
     except (ValueError, TypeError) as e:
         raise WorkloadError(f"{source}: config: {e}") from None
-    max_steps = _int(raw_cfg.get("max_steps", 100_000), f"{source}: config.max_steps", 1)
+    max_steps = _int(raw_cfg.get("max_steps", 100_000), f"{source}: config.max_steps", "max_steps")
     parsed = parse_requests(data, source, _request)
     order = sorted(range(len(parsed)), key=lambda i: (parsed[i].arrival_step, i))
     return SimWorkload(
@@ -114,7 +129,8 @@ def parse_requests(
 def atomic_output(path: str | Path) -> Iterator[TextIO]:
     """A text file that appears at `path` only when the block completes: a failed run
     leaves no half-written output (and no temporary file) behind."""
-    final = Path(path)
+    final = Path(os.path.realpath(path))  # through a link: replace its target, not the link
+    remove_stale_temps(final)
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w") as f:
@@ -135,36 +151,57 @@ def request_id(r: Any, index: int, source: str) -> tuple[str, str]:
     if "id" not in r:
         raise WorkloadError(f"{where}: missing 'id'")
     rid = str(r["id"])
+    if not rid or len(rid) > MAX_ID_CHARS:
+        raise WorkloadError(f"{where}: id must have 1 to {MAX_ID_CHARS} characters")
+    try:
+        rid.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: no trace (or terminal) could hold it
+        raise WorkloadError(f"{where}: id {rid!r} is not valid Unicode") from None
     return rid, f"{source}: request {rid!r}"
+
+
+REQUEST_KEYS = frozenset(
+    ("id", "arrival_step", "prompt_token_ids", "output_token_ids", "max_tokens", "priority")
+)
 
 
 def _request(r: Any, index: int, source: str) -> SimRequest:
     rid, where = request_id(r, index, source)
+    unknown = sorted(set(r) - REQUEST_KEYS)
+    if unknown:  # a typo (`max_token`) must not pass as a default
+        raise WorkloadError(
+            f"{where}: unknown field {unknown[0]!r}; known: " + ", ".join(sorted(REQUEST_KEYS))
+        )
     prompt = _tokens(r.get("prompt_token_ids"), f"{where}: prompt_token_ids")
     outputs = _tokens(r.get("output_token_ids", []), f"{where}: output_token_ids")
-    max_tokens = _int(r.get("max_tokens", len(outputs)), f"{where}: max_tokens", 1)
+    max_tokens = _int(r.get("max_tokens", len(outputs)), f"{where}: max_tokens", "max_tokens")
     return SimRequest(
         rid,
-        _int(r.get("arrival_step", 0), f"{where}: arrival_step", 0),
+        _int(r.get("arrival_step", 0), f"{where}: arrival_step", "arrival_step"),
         prompt,
         outputs + [0] * (max_tokens - len(outputs)),
         max_tokens,
-        _int(r.get("priority", 0), f"{where}: priority", None),
+        _int(r.get("priority", 0), f"{where}: priority", "priority"),
     )
 
 
-def _int(value: Any, what: str, minimum: int | None) -> int:
+def _int(value: Any, what: str, limit: str) -> int:
+    """An integer within engine.limits' range `limit`; `what` names it in messages."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise WorkloadError(f"{what}={value!r}: expected an integer")
-    if minimum is not None and value < minimum:
-        raise WorkloadError(f"{what}={value}: must be >= {minimum}")
+    try:
+        check_range(limit, value, what)
+    except ValueError as e:
+        raise WorkloadError(str(e)) from None
     return value
 
 
 def _tokens(value: Any, what: str) -> list[int]:
     if not isinstance(value, list):
         raise WorkloadError(f"{what}: expected a list of token ids")
+    if len(value) > MAX_TOKENS:
+        raise WorkloadError(f"{what}: more than {MAX_TOKENS} tokens")
     for t in value:
-        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-            raise WorkloadError(f"{what}: {t!r} is not a token id")
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_TOKEN_ID:
+            raise WorkloadError(f"{what}: {t!r} is not a token id (0..{MAX_TOKEN_ID})")
     return value
