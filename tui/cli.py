@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -444,9 +445,15 @@ _MODEL_HELP = (
     help="Write the predicted trace here (replay, diff, stats, export it).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print recorded and predicted as JSON.")
+@FORCE
 @user_errors
 def whatif(
-    trace: str, settings: tuple[str, ...], model_spec: str | None, out: str | None, as_json: bool
+    trace: str,
+    settings: tuple[str, ...],
+    model_spec: str | None,
+    out: str | None,
+    as_json: bool,
+    force: bool,
 ) -> None:
     """Predict a trace's run under another config, in time: arrivals at their recorded
     times, each step as long as the step-time model says. Prints recorded vs predicted."""
@@ -457,6 +464,8 @@ def whatif(
     from replays.whatif import format_result
     from replays.whatif import whatif as predict
 
+    inputs = [trace] + ([model_spec] if model_spec and Path(model_spec).exists() else [])
+    check_outputs({"--trace": out}, inputs, force, out)
     overrides = parse_settings(settings)
     model = parse_model(model_spec) if model_spec else None
     r = predict(trace, overrides, model, out)
