@@ -718,6 +718,42 @@ def export(trace: str, out: str, force: bool) -> None:
     )
 
 
+def _engine_options(fn: F) -> F:
+    """The engine and runner flags of `run` and `serve` (vLLM's names)."""
+    for option in reversed(
+        [
+            click.option("--max-num-batched-tokens", type=int, help="Per-step token budget."),
+            click.option("--max-num-seqs", type=int, help="Cap on running requests."),
+            click.option("--block-size", type=int, help="Tokens per KV block."),
+            click.option(
+                "--long-prefill-token-threshold", type=int, help="Per-request tokens per step."
+            ),
+            click.option(
+                "--enable-prefix-caching/--no-enable-prefix-caching",
+                default=None,
+                help="Reuse KV blocks of shared prefixes.",
+            ),
+            click.option("--scheduling-policy", type=click.Choice(["fcfs", "priority"])),
+            click.option("--max-model-len", type=int, help="Prompt + output tokens, at most."),
+            click.option("--kv-cache-memory", metavar="SIZE", help="KV cache size on CPU."),
+            click.option("--gpu-memory-utilization", type=float, help="Fraction of GPU memory."),
+            click.option("--num-gpu-blocks-override", type=int, help="KV blocks, fixed."),
+            click.option("--device", type=click.Choice(["auto", "cpu", "cuda"])),
+            click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"])),
+            click.option("--seed", type=int, help="Seed of unseeded sampling."),
+            click.option(
+                "--speculative-config",
+                metavar="JSON",
+                help="Speculative decoding, as vLLM spells it, e.g. "
+                '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
+                '"prompt_lookup_min": 1}\'.',
+            ),
+        ]
+    ):
+        fn = option(fn)
+    return fn
+
+
 @main.command()
 @click.option(
     "--model",
@@ -727,31 +763,8 @@ def export(trace: str, out: str, force: bool) -> None:
 )
 @click.option("--workload", metavar="FILE", help="A workload JSON file (default: built-in).")
 @click.option("--outputs", metavar="OUT.jsonl", help="Write one JSON line per request.")
-@click.option("--max-num-batched-tokens", type=int, help="Per-step token budget.")
-@click.option("--max-num-seqs", type=int, help="Cap on running requests.")
-@click.option("--block-size", type=int, help="Tokens per KV block.")
-@click.option("--long-prefill-token-threshold", type=int, help="Per-request tokens per step.")
-@click.option(
-    "--enable-prefix-caching/--no-enable-prefix-caching",
-    default=None,
-    help="Reuse KV blocks of shared prefixes.",
-)
-@click.option("--scheduling-policy", type=click.Choice(["fcfs", "priority"]))
-@click.option("--max-model-len", type=int, help="Prompt + output tokens, at most.")
-@click.option("--kv-cache-memory", metavar="SIZE", help="KV cache size on CPU, e.g. 2GiB.")
-@click.option("--gpu-memory-utilization", type=float, help="Fraction of GPU memory to use.")
-@click.option("--num-gpu-blocks-override", type=int, help="KV blocks, ignoring the budget.")
+@_engine_options
 @click.option("--profile-every", type=int, help="Profile every Nth step (torch.profiler).")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]))
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
-@click.option("--seed", type=int, help="Seed of unseeded sampling.")
-@click.option(
-    "--speculative-config",
-    metavar="JSON",
-    help="Speculative decoding, as vLLM spells it, e.g. "
-    '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
-    '"prompt_lookup_min": 1}\'.',
-)
 @click.option(
     "--trace",
     "trace_path",
@@ -800,35 +813,6 @@ def run(
     click.echo(_about(w))
     click.echo(format_summary(summary))
     recording.report()
-
-
-def _engine_options(fn: F) -> F:
-    """The engine and runner flags `serve` shares with `run` (vLLM's names)."""
-    for option in reversed(
-        [
-            click.option("--max-num-batched-tokens", type=int, help="Per-step token budget."),
-            click.option("--max-num-seqs", type=int, help="Cap on running requests."),
-            click.option("--block-size", type=int, help="Tokens per KV block."),
-            click.option(
-                "--long-prefill-token-threshold", type=int, help="Per-request tokens per step."
-            ),
-            click.option(
-                "--enable-prefix-caching/--no-enable-prefix-caching",
-                default=None,
-                help="Reuse KV blocks of shared prefixes.",
-            ),
-            click.option("--scheduling-policy", type=click.Choice(["fcfs", "priority"])),
-            click.option("--max-model-len", type=int, help="Prompt + output tokens, at most."),
-            click.option("--kv-cache-memory", metavar="SIZE", help="KV cache size on CPU."),
-            click.option("--gpu-memory-utilization", type=float, help="Fraction of GPU memory."),
-            click.option("--num-gpu-blocks-override", type=int, help="KV blocks, fixed."),
-            click.option("--device", type=click.Choice(["auto", "cpu", "cuda"])),
-            click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"])),
-            click.option("--seed", type=int, help="Seed of unseeded sampling."),
-        ]
-    ):
-        fn = option(fn)
-    return fn
 
 
 @main.command()
