@@ -187,6 +187,22 @@ class TraceReader:
             if isinstance(entry.record, Step):
                 yield entry.record
 
+    def frames(self, start: int | None = None, tail: bool = False) -> Iterator[tuple[int, int, bytes]]:
+        """(offset, record type, body) of every record from `start` on, undecoded: for a
+        scan that needs a few fields of each record and would waste its time decoding
+        the rest. `tail`: the file is still being written (an incomplete last record is
+        not a cut). Stops at the END record or the end of the file."""
+        offset = self.records_start if start is None else start
+        while True:
+            frame = self._frame_at(offset, tail)
+            if frame is None:
+                return
+            rtype, body, after = frame
+            yield offset, rtype, body
+            if rtype == RecordType.END:
+                return
+            offset = after
+
     def read_at(self, offset: int) -> Entry:
         """The record at `offset` (a record start, from the index)."""
         frame = self._frame_at(offset)

@@ -348,13 +348,26 @@ def diff(a: str, b: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
 @user_errors
 def stats(trace: str, as_json: bool) -> None:
-    """Throughput, TTFT/TPOT percentiles, preemptions, prefix hits and KV use of a trace."""
+    """Throughput, TTFT/TPOT percentiles, preemptions, prefix hits and KV use of a trace,
+    and its preemption storm: preemptions per 1k steps, recompute lost, top victims."""
+    import dataclasses
     import json
 
     from replays.stats import format_stats, trace_stats
+    from replays.storms import format_summary, scan
 
     s = trace_stats(trace)
-    click.echo(json.dumps(s.to_json(), indent=1) if as_json else format_stats(s))
+    storm = scan(trace).summary()
+    if as_json:
+        out = s.to_json()
+        out["storm"] = {
+            **dataclasses.asdict(storm),
+            "per_1k_steps": storm.per_1k_steps,
+            "lost_share": storm.lost_share,
+        }
+        click.echo(json.dumps(out, indent=1))
+    else:
+        click.echo(f"{format_stats(s)}\n{format_summary(storm)}")
 
 
 @main.command()
