@@ -187,7 +187,9 @@ class TraceReader:
             if isinstance(entry.record, Step):
                 yield entry.record
 
-    def frames(self, start: int | None = None, tail: bool = False) -> Iterator[tuple[int, int, bytes]]:
+    def frames(
+        self, start: int | None = None, tail: bool = False
+    ) -> Iterator[tuple[int, int, bytes]]:
         """(offset, record type, body) of every record from `start` on, undecoded: for a
         scan that needs a few fields of each record and would waste its time decoding
         the rest. `tail`: the file is still being written (an incomplete last record is

@@ -54,7 +54,8 @@ def test_counts_and_thrash_flags() -> None:
 def test_select_sorts_and_filters() -> None:
     s = scan(str(STORM))
     by_lost = select(s.incidents, sort="lost", reverse=True)
-    assert [i.tokens_lost for i in by_lost] == sorted((i.tokens_lost for i in by_lost), reverse=True)
+    lost = [i.tokens_lost for i in by_lost]
+    assert lost == sorted(lost, reverse=True)
     only = select(s.incidents, query="s15")
     assert only and all(i.request_id == "s15" or "s15" in i.cause for i in only)
     assert select(s.incidents, kinds=("abort", "error")) == ()

@@ -25,6 +25,7 @@ from textual.widget import Widget
 from textual.widgets import Footer, Input
 
 from replays.breakpoints import Predicate, parse
+from replays.storms import Incident
 from tui.commands import (
     Cancel,
     Command,
@@ -39,8 +40,10 @@ from tui.commands import (
     Speed,
     ToggleBreakpoint,
     TogglePlay,
+    WatchIncidents,
 )
 from tui.screens.help import HelpScreen
+from tui.screens.incidents import IncidentsScreen
 from tui.screens.prompt import breakpoints_screen, goto_screen
 from tui.session import Session
 from tui.viewmodel import SORT_KEYS, Frame, table_rows
@@ -101,6 +104,7 @@ class SchedtopApp(App[None]):
         Binding("s", "sort", "sort"),
         Binding("S", "sort_reverse", "reverse sort", show=False),
         Binding("z", "zoom", "zoom"),
+        Binding("i", "incidents", "incidents"),
         Binding("escape", "escape", "stop", show=False),
         Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),
@@ -120,6 +124,7 @@ class SchedtopApp(App[None]):
         self._main: Screen[object] | None = None  # the screen with the panes, once mounted
         self._trace = Path(session.name).name
         self._gc_threshold = gc.get_threshold()
+        self._reveal: int | None = None  # at this step, scroll the selected request into view
 
     # -- layout -----------------------------------------------------------------------------
 
@@ -222,6 +227,8 @@ class SchedtopApp(App[None]):
         log.step = frame.header.step
         log.followed = frame.header.followed
         self._titles()
+        if isinstance(self.screen, IncidentsScreen):
+            self.screen.vm = frame.incidents
 
     def _update_table(self) -> None:
         frame = self.frame
@@ -232,7 +239,8 @@ class SchedtopApp(App[None]):
         table.rows = table_rows(frame.requests, self.query_text, self.sort_key, self.sort_reverse)
         table.selected = self.selected_request
         table.followed = frame.header.followed
-        if frame.header.followed is not None and frame.header.followed == self.selected_request:
+        reveal = frame.header.followed == self.selected_request or self._reveal == frame.header.step
+        if self.selected_request is not None and reveal:
             i = table.index_of(self.selected_request)
             if i >= 0:
                 table.scroll_to_row(i)
@@ -412,6 +420,18 @@ class SchedtopApp(App[None]):
             self._pane(RequestTable).focus()
             return
         self.send(Cancel())
+
+    def action_incidents(self) -> None:
+        def chosen(incident: Incident | None) -> None:
+            self.send(WatchIncidents(False))
+            if incident is not None:
+                self._reveal = incident.step
+                self.selected_request = incident.request_id
+                self.send(Goto(incident.step))
+
+        self.send(WatchIncidents(True))
+        vm = self.frame.incidents if self.frame is not None else None
+        self.push_screen(IncidentsScreen(vm), chosen)
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())

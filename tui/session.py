@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from recorder.schema import Step
 from replays.breakpoints import Predicate, find, parse
@@ -31,8 +31,10 @@ from tui.commands import (
     Speed,
     ToggleBreakpoint,
     TogglePlay,
+    WatchIncidents,
 )
 from tui.history import Event, History, names_before
+from tui.incidents import IncidentFeed
 from tui.viewmodel import Context, Frame, StepInput, build_frame
 
 SPEEDS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)  # steps per second
@@ -107,6 +109,8 @@ class Session:
         self._step: tuple[int, StepInput] | None = None  # the cursor's step, spelled out
         self._followed_to: int | None = None  # live: the step of the last frame following
         self._before_names: dict[int, str] = {}  # the cursor step's requests, named
+        self.incidents = IncidentFeed(timeline.reader, live)  # scanned in slices by tick()
+        self.watch_incidents = False  # the incidents view is open: show the scan's progress
         cut = timeline.cut
         if cut is not None:
             self.notices.append(
@@ -142,6 +146,8 @@ class Session:
                 self.breakpoints.append(cmd.predicate)
         elif isinstance(cmd, FollowRequest):
             self.followed = cmd.request_id
+        elif isinstance(cmd, WatchIncidents):
+            self.watch_incidents = cmd.on
         elif isinstance(cmd, Cancel):
             self.search = None
             self.playing = False
@@ -185,7 +191,7 @@ class Session:
     def timeout(self) -> float | None:
         """How long the worker may wait for a command before calling tick() (None: until
         a command comes)."""
-        if self.search is not None or self._backfill is not None:
+        if self.search is not None or self._backfill is not None or self.incidents.busy:
             return 0.0
         if self.playing:
             return max(1.0 / self.speed, 1.0 / MAX_FPS)
@@ -207,10 +213,13 @@ class Session:
             self._search_slice()
         elif self.playing:
             self._play(now)
+        elif self.incidents.busy and self.incidents.step() and self.watch_incidents:
+            self.dirty = True
 
     def _grow(self, now: float) -> None:
         tl = self.tl
         if tl.refresh():
+            self.incidents.grew()
             self._grew_at = now
             self._idle_shown = 0
             if self.following:
@@ -383,7 +392,7 @@ class Session:
             step_ns=step_ns,
             tokens_per_s=rate,
         )
-        return build_frame(
+        frame = build_frame(
             state,
             step,
             self.history.window(lo, hi),
@@ -391,6 +400,7 @@ class Session:
             tuple(self.notes),
             ctx,
         )
+        return replace(frame, incidents=self.incidents.view(tl.last_step))
 
     def _fill(self, lo: int, hi: int) -> None:
         """Digest steps lo..hi, and the next AHEAD too when hi is past what is known

@@ -18,6 +18,7 @@ from recorder.schema import Kind, Reason, Status
 from replays.reducer import StepView
 from replays.state import ReqState, State
 from tui.history import Digest, Event
+from tui.incidents import IncidentsVM
 
 # Block classes in BlockMapVM.cls; the held ones (USED, SHARED) are those >= USED.
 NULL, FREE, CACHED, USED, SHARED = range(5)
@@ -171,6 +172,7 @@ class Frame:
     batch: BatchVM  # the batch composition
     sparks: SparksVM  # the sparklines
     events: tuple[Event, ...]  # the event log, oldest first
+    incidents: IncidentsVM | None = None  # every preemption, abort and error found so far
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,8 +85,12 @@ def layout(width: int) -> tuple[tuple[Column, int, int], ...]:
     return tuple(out)
 
 
-def _fit(text: str, width: int, right: bool) -> str:
-    """`text` in exactly `width` cells: cut with an ellipsis, or padded."""
+def fit(text: str, width: int, right: bool, suffix: str = "") -> str:
+    """`text` in exactly `width` cells: cut with an ellipsis, or padded. A `suffix` (a
+    sort arrow) is never cut: the text makes room for it."""
+    if suffix:
+        room = max(0, width - cell_len(suffix))
+        return fit(fit(text, room, False).rstrip() + suffix, width, right)
     if not text.isascii():  # wide characters: measure cells, not characters
         return (
             set_cell_size(text, width)
@@ -98,7 +102,7 @@ def _fit(text: str, width: int, right: bool) -> str:
     return text.rjust(width) if right else text.ljust(width)
 
 
-def _strip(segments: list[Segment], used: int, width: int, style: Style) -> Strip:
+def full_strip(segments: list[Segment], used: int, width: int, style: Style) -> Strip:
     """A line of exactly `width` cells from segments `used` cells wide (telling Strip the
     length spares it measuring every segment)."""
     if used < width:
@@ -158,6 +162,9 @@ class RequestTable(ScrollView, can_focus=True, inherit_bindings=False):
             return
         i = self.index_of(self.selected)
         i = 0 if i < 0 else min(max(i + delta, 0), len(self.rows) - 1)
+        # Selected here at once, not only when the app answers the message: six fast
+        # presses must each move from where the last one left the cursor.
+        self.selected = self.rows[i].request_id
         self.post_message(self.Selected(self.rows[i].request_id))
         self.scroll_to_row(i)
 
@@ -197,10 +204,10 @@ class RequestTable(ScrollView, can_focus=True, inherit_bindings=False):
         segments = [Segment(" " * _GUTTER, _HEADER)]
         used = _GUTTER
         for col, _, w in layout(width):
-            title = col.title + ((" ▼" if descending else " ▲") if col.sort == key else "")
-            segments.append(Segment(_fit(title, w, col.right) + " ", _HEADER))
+            arrow = (" ▼" if descending else " ▲") if col.sort == key else ""
+            segments.append(Segment(fit(col.title, w, col.right, arrow) + " ", _HEADER))
             used += w + 1
-        return _strip(segments, used, width, _HEADER)
+        return full_strip(segments, used, width, _HEADER)
 
     def _row(self, row: RequestRow, width: int) -> Strip:
         selected = row.request_id == self.selected
@@ -214,11 +221,9 @@ class RequestTable(ScrollView, can_focus=True, inherit_bindings=False):
         ]
         used = _GUTTER
         for (col, _, w), text in zip(layout(width), cells(row)):
-            segments.append(
-                Segment(_fit(text, w, col.right) + " ", self._style(col, row, base, bg))
-            )
+            segments.append(Segment(fit(text, w, col.right) + " ", self._style(col, row, base, bg)))
             used += w + 1
-        return _strip(segments, used, width, base)
+        return full_strip(segments, used, width, base)
 
     @staticmethod
     def _style(col: Column, row: RequestRow, base: Style, bg: str | None) -> Style:
