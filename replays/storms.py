@@ -89,6 +89,7 @@ class IncidentScan:
         self.incidents: list[Incident] = []
         self.last_step = reader.header.first_step - 1  # the last step scanned
         self.done = False  # the END record was read (a live trace may still grow otherwise)
+        self.ids: set[str] = set()  # every request id seen so far (to check breakpoints)
         self._names: dict[int, str] = {}  # refs of unfinished requests -> ids
         self._counts: dict[int, int] = {}  # unfinished refs -> preemptions so far
         self._back_in: dict[int, int] = {}  # unfinished refs -> step of their last admission
@@ -135,6 +136,7 @@ class IncidentScan:
             return
         for r in snap.requests:
             self._names[r.ref] = r.request_id
+            self.ids.add(r.request_id)
             self._counts[r.ref] = r.num_preemptions
 
     def _step(self, body: object) -> None:
@@ -144,6 +146,7 @@ class IncidentScan:
         arrivals: tuple[Arrival, ...] = _get(body, "arrivals")
         for a in arrivals:
             self._names[a.ref] = a.request_id
+            self.ids.add(a.request_id)
         admissions: tuple[Admission, ...] = _get(body, "admissions")
         for ad in admissions:
             self._back_in[ad.ref] = step
@@ -250,6 +253,15 @@ def scan(path: str) -> IncidentScan:
         return s
     finally:
         reader.close()
+
+
+def unknown_requests(path: str, request_ids: Iterable[str]) -> list[str]:
+    """The ids among `request_ids` that no request of the trace at `path` has."""
+    wanted = list(dict.fromkeys(request_ids))
+    if not wanted:
+        return []
+    ids = scan(path).ids
+    return [r for r in wanted if r not in ids]
 
 
 # -- what a view shows of them -------------------------------------------------------------

@@ -3,15 +3,23 @@ its jump, wait accounting, watchpoints, the event log, the 80x24 layout and the 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from textual import events
 
+from recorder.reader import TraceReader
+from replays.breakpoints import parse
 from replays.storms import scan
+from replays.timeline import Timeline
 from tests.tui_support import app_test, at_step, make_app, screen_text, wait_until
+from tui.commands import SetBreakpoints, TogglePlay
 from tui.screens.incidents import IncidentsScreen
+from tui.session import Session
 from tui.widgets.incidents import IncidentTable
 from tui.widgets.requests import RequestTable
+from tui.worker import FrameSource
 
 INCIDENTS = Path(__file__).resolve().parent.parent / "replays" / "incidents"
 STORM = INCIDENTS / "preemption_storm.trace"
@@ -100,3 +108,73 @@ async def test_key_repeat_moves_one_row_per_press() -> None:
         for _ in range(6):
             app.post_message(events.Key("j", "j"))
         await wait_until(pilot, lambda: table.index_of(app.selected_request) == start + 6)
+
+
+# -- 3. watchpoints, live breakpoints, unknown requests --------------------------------------
+
+
+def growing_copy(src: Path, dest: Path, steps: int) -> tuple[bytes, list[int]]:
+    """`dest`: the first `steps` step records of `src` (a trace still being written)."""
+    data = src.read_bytes()
+    with TraceReader(src) as reader:
+        offsets = list(reader.index().step_offsets)
+    dest.write_bytes(data[: offsets[steps]])
+    return data, offsets
+
+
+def live_session(path: Path, **kw: object) -> Session:
+    return Session(Timeline(TraceReader(path), live=True), name=path.name, live=True, **kw)  # type: ignore[arg-type]
+
+
+def test_a_live_view_pauses_at_a_breakpoint_hit(tmp_path: Path) -> None:
+    growing = tmp_path / "g.trace"
+    data, offsets = growing_copy(STORM, growing, 3)  # the first preemption is at step 4
+    s = live_session(growing, breakpoints=(parse("preempt"),))
+    source = FrameSource(s, lambda: None, lambda *_: None)
+    frame = source.run_once()
+    assert frame is not None and frame.header.mode == "LIVE" and frame.header.step == 2
+    with open(growing, "ab") as f:
+        f.write(data[offsets[3] : offsets[30]])
+    notices: list[tuple[str, str]] = []
+    source = FrameSource(s, lambda: None, lambda *n: notices.append(n))
+    frame = source.run_once()
+    assert frame is not None and frame.header.step == 4 and frame.header.mode == "PAUSED"
+    assert any("paused at a breakpoint hit, step 4" in text for _, text in notices)
+    assert "breakpoint hit at step 4" in frame.header.status
+    # Space resumes following the engine (not playing back at 10 steps/s).
+    s.handle(TogglePlay())
+    frame = source.run_once()
+    assert frame is not None and frame.header.mode == "LIVE" and frame.header.step == 29
+
+
+def test_a_breakpoint_on_an_unknown_request_is_refused() -> None:
+    s = Session(Timeline(TraceReader(STORM)), name="storm")
+    notices: list[tuple[str, str]] = []
+    source = FrameSource(s, lambda: None, lambda *n: notices.append(n))
+    while s.incidents.busy:
+        s.tick()
+    s.handle(SetBreakpoints((parse("admit:s03"), parse("admit:nobody"))))
+    frame = source.run_once()
+    assert frame is not None and frame.header.breakpoints == ("admit:s03",)
+    assert any("no request 'nobody'" in text for _, text in notices)
+    out = subprocess.run(
+        [sys.executable, "-m", "tui.cli", "find", str(STORM), "finish:nobody"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and "no request 'nobody'" in out.stderr
+
+
+@app_test
+async def test_watchpoint_n_stops_once_per_transition() -> None:
+    tl = Timeline(TraceReader(STORM))
+    below = [s for s in range(tl.last_step + 1) if tl.record(s).free_blocks < 2]
+    drops = [s for s in below if s == 0 or tl.record(s - 1).free_blocks >= 2]
+    assert len(drops) >= 2 and len(below) > len(drops)
+    app = make_app(STORM, breakpoints=(parse("free<2"),))
+    async with app.run_test(size=BIG) as pilot:
+        await at_step(pilot, 0)
+        for step in drops[:3]:
+            await pilot.press("n")
+            await at_step(pilot, step)
+            assert f"breakpoint hit at step {step}: free<2" in screen_text(app)

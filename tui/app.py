@@ -22,7 +22,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import Footer, Input
+from textual.widgets import Input
 
 from replays.breakpoints import Predicate, parse
 from replays.storms import Incident
@@ -42,11 +42,12 @@ from tui.commands import (
     TogglePlay,
     WatchIncidents,
 )
+from tui.format import duration
 from tui.screens.help import HelpScreen
 from tui.screens.incidents import IncidentsScreen
 from tui.screens.prompt import breakpoints_screen, goto_screen
 from tui.session import Session
-from tui.viewmodel import SORT_KEYS, Frame, table_rows
+from tui.viewmodel import NUMERIC_SORTS, SORT_KEYS, Frame, table_rows
 from tui.widgets.batch import BatchBar
 from tui.widgets.blockmap import ZOOMS, BlockMap
 from tui.widgets.detail import BlockDetail
@@ -55,6 +56,7 @@ from tui.widgets.header import StepHeader
 from tui.widgets.lines import StepClicked
 from tui.widgets.requests import RequestTable
 from tui.widgets.sparks import Sparklines
+from tui.widgets.status import StatusLine
 from tui.worker import FrameSource
 
 PREEMPT = parse("preempt")
@@ -148,7 +150,7 @@ class SchedtopApp(App[None]):
                     yield BatchBar(id="batch")
         with Vertical(id="events-pane", classes="pane"):
             yield EventLog(id="events")
-        yield Footer()
+        yield StatusLine(id="status")
 
     def on_mount(self) -> None:
         # The panes live on the main screen; dialogs go on top of it, so panes are found
@@ -223,10 +225,12 @@ class SchedtopApp(App[None]):
         self._pane(Sparklines).vm = frame.sparks
         self._pane(BatchBar).vm = frame.batch
         log = self._pane(EventLog)
-        log.events = frame.events
+        if log.events != frame.events:
+            log.events = frame.events
         log.step = frame.header.step
         log.followed = frame.header.followed
         self._titles()
+        self._pane(StatusLine).text = frame.header.status
         if isinstance(self.screen, IncidentsScreen):
             self.screen.vm = frame.incidents
 
@@ -253,14 +257,17 @@ class SchedtopApp(App[None]):
         total = len(frame.requests)
         order = f"{self.sort_key}{' ▼' if self.sort_reverse else ''}"
         count = f"{shown} of {total}" if self.query_text else str(total)
-        vm, batch, sparks = frame.blocks, frame.batch, frame.sparks
+        vm, batch = frame.blocks, frame.batch
         used = sum(e.tokens for e in batch.entries)
-        n = len(sparks.series[0].values) if sparks.series else 0
+        drawn = self._pane(Sparklines).drawn()
+        log = self._pane(EventLog)
+        head = f" · {frame.header.queue_head}" if frame.header.queue_head else ""
+        below = [f"filter: {self.query_text}"] if self.query_text else []
+        waited = self._wait_line()
+        if waited:
+            below.append(waited)
         titles = {
-            "#requests-pane": (
-                f"requests {count} · sorted by {order}",
-                f"filter: {self.query_text}" if self.query_text else "",
-            ),
+            "#requests-pane": (f"requests {count}{head} · sorted by {order}", " · ".join(below)),
             "#blocks-pane": (
                 f"KV blocks {vm.num_blocks - 1} × {vm.block_size} tokens · "
                 f"{self._pane(BlockMap).title}",
@@ -270,8 +277,12 @@ class SchedtopApp(App[None]):
                 f"batch: {len(batch.entries)} requests, {used}/{batch.budget} tokens",
                 "",
             ),
+            "#events-pane": (
+                "events" + (f" · {log.kind} only" if log.kind else ""),
+                "c: kind  ↑↓: scroll" if log.has_focus else "",
+            ),
             "#sparks-pane": (
-                f"history: steps {sparks.first}–{sparks.first + n - 1}" if n else "history",
+                f"history: steps {drawn[0]}–{drawn[1]}" if drawn else "history",
                 "",
             ),
         }
@@ -283,6 +294,18 @@ class SchedtopApp(App[None]):
             if (pane.border_subtitle or "") != subtitle:
                 pane.border_subtitle = subtitle
 
+    def _wait_line(self) -> str:
+        """The selected request's wait and why, if it is waiting."""
+        frame, rid = self.frame, self.selected_request
+        if frame is None or rid is None:
+            return ""
+        row = next((r for r in frame.requests if r.request_id == rid), None)
+        if row is None or row.wait is None:
+            return ""
+        steps = f"{row.wait}{'' if row.wait_exact else '+'} steps"
+        time = f" ({duration(row.wait_ns)})" if row.wait_ns is not None else ""
+        return f"{rid} waited {steps}{time}: {row.wait_why}"
+
     def _selected_ref(self) -> int | None:
         frame, rid = self.frame, self.selected_request
         if frame is None or rid is None:
@@ -292,6 +315,7 @@ class SchedtopApp(App[None]):
     def watch_selected_request(self) -> None:
         self._pane(RequestTable).selected = self.selected_request
         self._pane(BlockMap).highlight = self._selected_ref()
+        self._titles()
 
     def watch_selected_block(self, block: int | None) -> None:
         self._pane(BlockMap).selected = block
@@ -320,7 +344,16 @@ class SchedtopApp(App[None]):
         if message.key == self.sort_key:
             self.sort_reverse = not self.sort_reverse
         else:
-            self.sort_key, self.sort_reverse = message.key, False
+            self.sort_key, self.sort_reverse = message.key, message.key in NUMERIC_SORTS
+
+    def on_event_log_kind_changed(self, _: EventLog.KindChanged) -> None:
+        self._titles()
+
+    def on_descendant_focus(self) -> None:
+        self._titles()
+
+    def on_descendant_blur(self) -> None:
+        self._titles()
 
     def on_step_clicked(self, message: StepClicked) -> None:
         self.send(Goto(message.step))
@@ -401,7 +434,8 @@ class SchedtopApp(App[None]):
 
     def action_sort(self) -> None:
         i = SORT_KEYS.index(self.sort_key)
-        self.sort_key = SORT_KEYS[(i + 1) % len(SORT_KEYS)]
+        key = SORT_KEYS[(i + 1) % len(SORT_KEYS)]
+        self.sort_key, self.sort_reverse = key, key in NUMERIC_SORTS
 
     def action_sort_reverse(self) -> None:
         self.sort_reverse = not self.sort_reverse

@@ -200,7 +200,8 @@ def live(trace: str) -> None:
     metavar="PRED",
     help="A breakpoint (n / N go to the next / previous hit): preempt, "
     "preempt:ID, admit:ID, first-token:ID, finish:ID, free<N, slow>MS, "
-    "wait>STEPS, util<PERCENT. Repeatable.",
+    "wait>STEPS, util<PERCENT (these four hit when they become true; "
+    "`while free<N` at every step it holds). Repeatable.",
 )
 @user_errors
 def replay(trace: str, breaks: tuple[str, ...]) -> None:
@@ -213,7 +214,22 @@ def replay(trace: str, breaks: tuple[str, ...]) -> None:
         predicates = tuple(parse(b) for b in breaks)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--break") from None
+    _refuse_unknown_requests(trace, predicates)
     run_app(open_session(trace, live=False, breakpoints=predicates))
+
+
+def _refuse_unknown_requests(trace: str, predicates: Any) -> None:
+    """A breakpoint naming a request the trace does not have would never hit: say so."""
+    from replays.storms import unknown_requests
+
+    unknown = unknown_requests(trace, (p.request for p in predicates if p.request))
+    if unknown:
+        click.echo(
+            f"schedtop: error: no request {unknown[0]!r} in {trace}: a breakpoint on it "
+            "would never hit",
+            err=True,
+        )
+        sys.exit(2)
 
 
 @main.command()
@@ -389,7 +405,8 @@ def find(
     """Find the steps where breakpoints hold (the TUI's n/N, from the shell).
 
     Predicates: preempt, preempt:ID, admit:ID, first-token:ID, finish:ID, free<N, slow>MS,
-    wait>STEPS, util<PERCENT. Exit status 1 when nothing matches."""
+    wait>STEPS, util<PERCENT (conditions hit where they become true), `while COND` (at
+    every step it holds). Exit status 1 when nothing matches."""
     from recorder.reader import TraceReader
     from replays.breakpoints import find as find_step
     from replays.breakpoints import find_all, parse
@@ -400,6 +417,7 @@ def find(
     except ValueError as e:
         click.echo(f"schedtop: error: {e}", err=True)
         sys.exit(2)
+    _refuse_unknown_requests(trace, preds)
     with TraceReader(trace) as reader:
         tl = Timeline(reader)
         if every:

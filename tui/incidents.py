@@ -30,6 +30,7 @@ class IncidentFeed:
 
     def __init__(self, reader: TraceReader, live: bool) -> None:
         self._scan = IncidentScan(reader, tail=live)
+        self._live = live
         self._caught_up = False  # the last slice reached the end of what is written
         self._error = ""
         self._vm: IncidentsVM | None = None
@@ -58,6 +59,13 @@ class IncidentFeed:
         if n < SCAN_SLICE:
             self._caught_up = True
         return len(self._scan.incidents) != before or self._caught_up
+
+    def known(self, request_id: str) -> bool | None:
+        """Whether the trace has a request `request_id`: None while the scan has not
+        seen the whole trace and has not met it yet."""
+        if request_id in self._scan.ids:
+            return True
+        return False if self._caught_up and (self._scan.done or not self._live) else None
 
     def view(self, last_step: int) -> IncidentsVM:
         s = self._scan

@@ -36,6 +36,7 @@ from tui.commands import (
 from tui.history import Event, History, names_before
 from tui.incidents import IncidentFeed
 from tui.viewmodel import Context, Frame, StepInput, build_frame
+from tui.waits import WaitBook, decoders
 
 SPEEDS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)  # steps per second
 DEFAULT_SPEED = 10
@@ -93,6 +94,7 @@ class Session:
         self.search: _Search | None = None
         self.history = history if history is not None else History()
         self.notes: deque[Event] = deque(maxlen=64)  # breakpoint hits and the like
+        self.status = ""  # the newest of them, for the status line (not the event log)
         self.notices: list[tuple[str, str]] = []  # (severity, text) for the UI, once each
         self.dirty = True  # the cursor or a setting changed since the last frame
         self.seq = 0
@@ -109,7 +111,14 @@ class Session:
         self._step: tuple[int, StepInput] | None = None  # the cursor's step, spelled out
         self._followed_to: int | None = None  # live: the step of the last frame following
         self._before_names: dict[int, str] = {}  # the cursor step's requests, named
+        self._before_decoders: tuple[int, ...] = ()  # and its leading decodes
+        self.waits = WaitBook()
         self.incidents = IncidentFeed(timeline.reader, live)  # scanned in slices by tick()
+        # A simulated run (no model): its clock includes any pacing sleep, and its rate is
+        # a scripted model's, so its step time is the engine's own (schedule + update)
+        # and no tokens per second are shown.
+        self.simulated = timeline.header.model == ""
+        self.history.engine_time = self.simulated
         self.watch_incidents = False  # the incidents view is open: show the scan's progress
         cut = timeline.cut
         if cut is not None:
@@ -139,6 +148,7 @@ class Session:
             self._start_search(preds, cmd.backward, cmd.request_id)
         elif isinstance(cmd, SetBreakpoints):
             self.breakpoints = list(dict.fromkeys(cmd.predicates))
+            self._check_ids()
         elif isinstance(cmd, ToggleBreakpoint):
             if cmd.predicate in self.breakpoints:
                 self.breakpoints.remove(cmd.predicate)
@@ -146,6 +156,11 @@ class Session:
                 self.breakpoints.append(cmd.predicate)
         elif isinstance(cmd, FollowRequest):
             self.followed = cmd.request_id
+            self.status = (
+                f"following {cmd.request_id}: ] / [ go to its next / previous event"
+                if cmd.request_id
+                else "following no request"
+            )
         elif isinstance(cmd, WatchIncidents):
             self.watch_incidents = cmd.on
         elif isinstance(cmd, Cancel):
@@ -155,8 +170,25 @@ class Session:
             return
         self.dirty = True
 
+    def _check_ids(self) -> None:
+        """Drop the breakpoints that name a request the trace does not have, saying so
+        (checked again when the incident scan has read the whole trace)."""
+        unknown = [
+            p
+            for p in self.breakpoints
+            if p.request is not None and self.incidents.known(p.request) is False
+        ]
+        for p in unknown:
+            self.breakpoints.remove(p)
+            self.notices.append(
+                ("warning", f"breakpoint {p} refused: no request {p.request!r} in this trace")
+            )
+        if unknown:
+            self.dirty = True
+
     def _navigate(self, cmd: Move | Goto | GotoTime | GotoEdge) -> None:
         tl = self.tl
+        self.status = ""
         self.search = None
         self.playing = False
         self.following = False
@@ -179,7 +211,11 @@ class Session:
             self.following = False  # pause a live view where it is
         elif self.playing:
             self.playing = False
-        elif self.cursor < self.tl.last_step or self.live:
+        elif self.live:
+            # A paused live view resumes following the engine, not playing back.
+            self.following = True
+            self.cursor = self.tl.last_step
+        elif self.cursor < self.tl.last_step:
             self.playing = True
             self._played_at = self._clock()
             self._carry = 0.0
@@ -213,17 +249,21 @@ class Session:
             self._search_slice()
         elif self.playing:
             self._play(now)
-        elif self.incidents.busy and self.incidents.step() and self.watch_incidents:
-            self.dirty = True
+        elif self.incidents.busy and self.incidents.step():
+            self.dirty = self.dirty or self.watch_incidents
+            if not self.incidents.busy:
+                self._check_ids()
 
     def _grow(self, now: float) -> None:
         tl = self.tl
+        last = tl.last_step
         if tl.refresh():
             self.incidents.grew()
             self._grew_at = now
             self._idle_shown = 0
             if self.following:
                 self.cursor = tl.last_step
+                self._live_break(last)
             self.dirty = True
         if tl.finished != self._ended:
             self._ended = tl.finished
@@ -232,6 +272,19 @@ class Session:
         if idle >= IDLE_S and idle != self._idle_shown and not tl.finished:
             self._idle_shown = idle
             self.dirty = True
+
+    def _live_break(self, last: int) -> None:
+        """Following a live trace: stop at the first breakpoint hit among the new steps
+        (after `last`), and say that the view has paused there."""
+        if not self.breakpoints or last < self.tl.first_step - 1:
+            return
+        hit = find(self.tl, self.breakpoints, last, limit=self.tl.last_step)
+        if hit is None:
+            return
+        self._land(hit, tuple(self.breakpoints), None)
+        self.notices.append(
+            ("warning", f"live view paused at a breakpoint hit, step {hit}: F follows again")
+        )
 
     def _play(self, now: float) -> None:
         tl = self.tl
@@ -302,10 +355,14 @@ class Session:
         held = [p for p in preds if find(self.tl, [p], step - 1, limit=step) == step]
         if request is not None:
             words = ", ".join(_KIND_WORDS[p.kind] for p in held) or "an event"
-            self.notes.append(Event(step, "break", f"{request}: {words} (step {step})", (request,)))
+            self._note(Event(step, "break", f"{request}: {words} (step {step})", (request,)))
         else:
             names = ", ".join(str(p) for p in held or preds)
-            self.notes.append(Event(step, "break", f"breakpoint hit at step {step}: {names}"))
+            self._note(Event(step, "break", f"breakpoint hit at step {step}: {names}"))
+
+    def _note(self, event: Event) -> None:
+        self.notes.append(event)
+        self.status = event.text
 
     # -- frames ----------------------------------------------------------------------------------
 
@@ -350,7 +407,7 @@ class Session:
             first = max(min(lo, self._followed_to + 1), i - CATCHUP + 1, tl.first_step)
             skipped = first - self._followed_to - 1
             if skipped > 0:
-                self.notes.append(
+                self._note(
                     Event(
                         first,
                         "note",
@@ -361,7 +418,7 @@ class Session:
                 )
             self.history.fill(tl, first, i - 1)
             step = self._step_input(i)
-            self.history.add_step(tl, i, self._before_names)
+            self.history.add_step(tl, i, self._before_names, self._before_decoders)
         else:
             if i >= tl.first_step:
                 first = max(lo, tl.first_step)
@@ -370,6 +427,10 @@ class Session:
                 else:
                     self._backfill = (first, hi)
             step = self._step_input(i)
+            if step is not None:
+                # The step's own events and waits come with its first frame; the
+                # history around it may come a frame later.
+                self.history.add_step(tl, i, self._before_names, self._before_decoders)
         self._followed_to = i if self.following else None
         state = tl.state(i)
         self.seq += 1
@@ -391,14 +452,16 @@ class Session:
             search_at=None if self.search is None else self.search.at,
             step_ns=step_ns,
             tokens_per_s=rate,
+            status=self.status,
         )
         frame = build_frame(
             state,
             step,
             self.history.window(lo, hi),
             self.history.recent(i, LOG_STEPS),
-            tuple(self.notes),
+            (),  # the session's notes go to the status line, not the trace's events
             ctx,
+            self.waits.at(i, self.history.get) if i >= tl.first_step else None,
         )
         return replace(frame, incidents=self.incidents.view(tl.last_step))
 
@@ -420,6 +483,7 @@ class Session:
         reqs = before.requests
         gone = tuple(reqs[f.ref].copy() for f in rec.finishes if f.ref in reqs)
         self._before_names = names_before(rec, before)
+        self._before_decoders = decoders(rec, before)
         step = StepInput(tl.view(i), gone)
         self._step = (i, step)
         return step
@@ -430,6 +494,9 @@ class Session:
         tl = self.tl
         if i < tl.first_step:
             return 0, None
+        if self.simulated:
+            rec = tl.record(i)
+            return rec.schedule_ns + rec.update_ns, None
         end = tl.record(i).time_ns
         step_ns = end - (tl.record(i - 1).time_ns if i > tl.first_step else 0)
         lo = max(tl.first_step, i - RATE_STEPS)

@@ -39,12 +39,17 @@ COLUMNS = (
     Column("blocks", "blocks", 6, True),
     Column("preempted", "pre", 4, True),
     Column("priority", "prio", 5, True),
+    Column("wait", "wait", 5, True),
     Column("queued", "queued", 7, True),
     Column("ttft", "ttft", 5, True),
     Column("step", "this step", 12, False),
     Column("", "why not scheduled", 0, False),
 )
+# Columns left out, in this order, until "why not scheduled" has WHY_MIN cells.
+DROP = ("prio", "out/max", "ttft", "queued", "this step", "blocks")
+WHY_MIN = 24
 _GUTTER = 3  # the followed marker, the colour swatch, a space
+_TITLES = tuple(c.title for c in COLUMNS)
 _HEADER = palette.style("#abb2bf", "#2c313a", bold=True)
 _CURSOR_BG = "#3e4451"
 
@@ -62,6 +67,7 @@ def cells(row: RequestRow) -> tuple[str, ...]:
         str(row.blocks),
         str(row.preemptions),
         str(row.priority),
+        "" if row.wait is None else f"{row.wait}{'' if row.wait_exact else '+'}",
         queued,
         "—" if row.ttft is None else str(row.ttft),
         f"+{row.scheduled} {row.kind}" if row.scheduled else "",
@@ -71,11 +77,18 @@ def cells(row: RequestRow) -> tuple[str, ...]:
 
 @cache
 def layout(width: int) -> tuple[tuple[Column, int, int], ...]:
-    """(column, x, width) for a table `width` cells wide; columns that do not fit are
-    left out, the last one takes what is left."""
+    """(column, x, width) for a table `width` cells wide: the columns of DROP are left
+    out, in order, until "why not scheduled" (the last, which takes what is left) has
+    WHY_MIN cells; then any that still do not fit."""
+    shown = list(COLUMNS)
+    for title in DROP:
+        fixed = _GUTTER + sum(c.width + 1 for c in shown if c.width)
+        if width - fixed >= WHY_MIN:
+            break
+        shown = [c for c in shown if c.title != title]
     out = []
     x = _GUTTER
-    for col in COLUMNS:
+    for col in shown:
         w = col.width or max(0, width - x)
         if x + min(w, 4) > width:
             break
@@ -220,7 +233,9 @@ class RequestTable(ScrollView, can_focus=True, inherit_bindings=False):
             Segment(" ", base),
         ]
         used = _GUTTER
-        for (col, _, w), text in zip(layout(width), cells(row)):
+        texts = dict(zip(_TITLES, cells(row)))
+        for col, _, w in layout(width):
+            text = texts[col.title]
             segments.append(Segment(fit(text, w, col.right) + " ", self._style(col, row, base, bg)))
             used += w + 1
         return full_strip(segments, used, width, base)
