@@ -60,6 +60,7 @@ from tui.widgets.status import StatusLine
 from tui.worker import FrameSource
 
 PREEMPT = parse("preempt")
+SHORT = 30  # terminal lines under which the middle panes shrink for the requests
 GC_THRESHOLD = 20_000  # allocations between young-generation collections (default 700)
 W = TypeVar("W", bound=Widget)
 
@@ -156,6 +157,7 @@ class SchedtopApp(App[None]):
         # The panes live on the main screen; dialogs go on top of it, so panes are found
         # there, never on whatever screen is current.
         self._main = self.screen
+        self._main.set_class(self.size.height < SHORT, "-short")
         self.title = f"schedtop {self._trace}"
         self._pane(Widget, "#events-pane").border_title = "events"
         self._pane(Widget, "#sparks-pane").border_title = "history"
@@ -169,6 +171,10 @@ class SchedtopApp(App[None]):
         gc.set_threshold(GC_THRESHOLD, *self._gc_threshold[1:])
         gc.freeze()
         self.run_worker(self.source.run, thread=True, name="reader", exit_on_error=False)
+
+    def on_resize(self) -> None:
+        if self._main is not None:
+            self._main.set_class(self.size.height < SHORT, "-short")
 
     def on_unmount(self) -> None:
         self._main = None
@@ -221,7 +227,10 @@ class SchedtopApp(App[None]):
         blocks = self._pane(BlockMap)
         blocks.vm = frame.blocks
         blocks.highlight = self._selected_ref()
-        self._pane(BlockDetail).frame = frame
+        detail = self._pane(BlockDetail)
+        detail.frame = frame
+        detail.per_cell = blocks.geometry.per_cell
+        detail.aggregate = blocks.geometry.zoom == "fit"
         self._pane(Sparklines).vm = frame.sparks
         self._pane(BatchBar).vm = frame.batch
         log = self._pane(EventLog)
@@ -444,6 +453,7 @@ class SchedtopApp(App[None]):
         blocks = self._pane(BlockMap)
         blocks.zoom = ZOOMS[(ZOOMS.index(blocks.geometry.zoom) + 1) % len(ZOOMS)]
         self._pane(BlockDetail).per_cell = blocks.geometry.per_cell
+        self._pane(BlockDetail).aggregate = blocks.geometry.zoom == "fit"
         self._titles()
 
     def action_escape(self) -> None:
@@ -452,6 +462,10 @@ class SchedtopApp(App[None]):
             box.value = ""
             box.display = False
             self._pane(RequestTable).focus()
+            return
+        busy = self.frame is not None and self.frame.header.mode in ("SEARCHING", "PLAYING")
+        if self.selected_block is not None and not busy:
+            self.selected_block = None  # the block map's legend comes back
             return
         self.send(Cancel())
 

@@ -70,6 +70,14 @@ class _Search:
     request: str | None  # a followed request's events, rather than the breakpoints
 
 
+@dataclass(frozen=True, slots=True)
+class Writer:
+    """The process writing a live trace, so that a view can tell when it has died."""
+
+    pid: int  # its pid
+    alive: Callable[[], bool]  # whether it still runs
+
+
 class Session:
     """One trace being viewed: its Timeline, the cursor, the settings, the history."""
 
@@ -82,6 +90,7 @@ class Session:
         breakpoints: tuple[Predicate, ...] = (),
         clock: Callable[[], float] = time.monotonic,
         history: History | None = None,
+        writer: Writer | None = None,
     ) -> None:
         self.tl = timeline
         self.name = name
@@ -107,6 +116,8 @@ class Session:
         self._played_at = 0.0
         self._carry = 0.0
         self._ended = timeline.finished
+        self.writer = writer  # live: the process writing the trace, when its name says
+        self.writer_gone = False  # it died without closing the trace
         self._backfill: tuple[int, int] | None = None  # history to make after a jump
         self._step: tuple[int, StepInput] | None = None  # the cursor's step, spelled out
         self._followed_to: int | None = None  # live: the step of the last frame following
@@ -120,14 +131,17 @@ class Session:
         self.simulated = timeline.header.model == ""
         self.history.engine_time = self.simulated
         self.watch_incidents = False  # the incidents view is open: show the scan's progress
-        cut = timeline.cut
+        self._say_cut()
+
+    def _say_cut(self) -> None:
+        """The notice docs/tui.md promises for a trace whose writer died mid-record."""
+        cut, tl = self.tl.cut, self.tl
         if cut is not None:
             self.notices.append(
                 (
                     "warning",
-                    f"the trace is cut at byte {cut.offset:,} "
-                    f"({cut.reason}): it ends at step "
-                    f"{timeline.last_step}",
+                    f"the trace is cut at byte {cut.offset:,} ({cut.reason}): it ends at "
+                    f"step {tl.last_step}",
                 )
             )
 
@@ -204,6 +218,11 @@ class Session:
             target = tl.last_step if cmd.end else tl.first_step
             self.following = cmd.end and self.live
         self.cursor = min(max(target, tl.first_step), tl.last_step)
+        if isinstance(cmd, Goto) and cmd.step != self.cursor:
+            where = "past the end" if cmd.step > tl.last_step else "before the start"
+            edge = "last" if cmd.step > tl.last_step else "first"
+            self.status = f"step {cmd.step:,} is {where}: went to the {edge} step, {self.cursor:,}"
+            self.notices.append(("information", self.status))
 
     def _toggle_play(self) -> None:
         self.search = None
@@ -231,7 +250,7 @@ class Session:
             return 0.0
         if self.playing:
             return max(1.0 / self.speed, 1.0 / MAX_FPS)
-        if self.live and not self.tl.finished:
+        if self.live and not self.tl.finished and not self.writer_gone:
             return POLL_S
         return None
 
@@ -269,9 +288,26 @@ class Session:
             self._ended = tl.finished
             self.dirty = True
         idle = int(now - self._grew_at)
+        if idle >= IDLE_S and not tl.finished and not self.writer_gone:
+            self._check_writer()
         if idle >= IDLE_S and idle != self._idle_shown and not tl.finished:
             self._idle_shown = idle
             self.dirty = True
+
+    def _check_writer(self) -> None:
+        """A quiet live trace whose writer has died will not grow again: read it to its
+        end as a finished file would be (which finds a record cut in half), and say so."""
+        w = self.writer
+        if w is None or w.alive():
+            return
+        self.writer_gone = True
+        tl = self.tl
+        tl.live = False
+        tl.refresh()
+        self.dirty = True
+        self.status = f"the writer (pid {w.pid}) is gone: the trace ends at step {tl.last_step}"
+        self.notices.append(("warning", self.status))
+        self._say_cut()
 
     def _live_break(self, last: int) -> None:
         """Following a live trace: stop at the first breakpoint hit among the new steps
@@ -447,7 +483,7 @@ class Session:
             breakpoints=tuple(str(p) for p in self.breakpoints),
             followed=self.followed,
             live=self.live,
-            ended=tl.finished,
+            ended=tl.finished or self.writer_gone,
             idle_s=self._idle_shown or None,
             search_at=None if self.search is None else self.search.at,
             step_ns=step_ns,

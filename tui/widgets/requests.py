@@ -102,6 +102,8 @@ def fit(text: str, width: int, right: bool, suffix: str = "") -> str:
     """`text` in exactly `width` cells: cut with an ellipsis, or padded. A `suffix` (a
     sort arrow) is never cut: the text makes room for it."""
     if suffix:
+        if cell_len(text) + cell_len(suffix) > width:
+            suffix = suffix.strip()  # a narrow column: the arrow right after the text
         room = max(0, width - cell_len(suffix))
         return fit(fit(text, room, False).rstrip() + suffix, width, right)
     if not text.isascii():  # wide characters: measure cells, not characters

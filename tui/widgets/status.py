@@ -8,8 +8,14 @@ from textual.reactive import reactive
 
 from tui.widgets.lines import TextLines
 
-ALWAYS = (("i", "incidents"), ("?", "help"), ("q", "quit"))  # shown at any width
-MORE = (("space", "play"), ("n", "next break"), ("/", "filter"), ("tab", "pane"))
+ALWAYS = (("?", "help"), ("q", "quit"))  # shown at any width
+MORE = (
+    ("space", "play"),
+    ("n", "next break"),
+    ("/", "filter"),
+    ("tab", "pane"),
+    ("i", "incidents"),
+)
 
 
 class StatusLine(TextLines):
@@ -42,5 +48,5 @@ class StatusLine(TextLines):
 
 def _width(text: str, keys: list[tuple[str, str]]) -> int:
     """Cells for a status of `text` (at least a few words of it) and `keys`."""
-    status = min(len(text) + 1, 40)
+    status = min(len(text) + 1, 60)
     return status + sum(len(k) + len(w) + 4 for k, w in keys)
