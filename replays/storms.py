@@ -171,12 +171,12 @@ class IncidentScan:
         self._counts[p.victim] = count
         victim = self._name(p.victim)
         flags = []
+        if count >= REPEAT:
+            flags.append(_ordinal(count) + " time")
         back_in = self._back_in.get(p.victim)
         if count > 1 and back_in is not None and step - back_in <= THRASH_STEPS:
             d = step - back_in
-            flags.append(f"again {d} step{'' if d == 1 else 's'} after it got back in")
-        if count >= REPEAT:
-            flags.append(f"preempted {count} times")
+            flags.append(f"{d} step{'' if d == 1 else 's'} after resuming")
         self._thrash += bool(flags)
         self._victims[victim] += 1
         self._lost += p.tokens_lost
@@ -217,6 +217,11 @@ class IncidentScan:
         self._names.pop(f.ref, None)
         self._counts.pop(f.ref, None)
         self._back_in.pop(f.ref, None)
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def _get(body: dict[Any, Any], name: str) -> Any:

@@ -257,6 +257,8 @@ class SchedtopApp(App[None]):
             i = table.index_of(self.selected_request)
             if i >= 0:
                 table.scroll_to_row(i)
+                # Back from the incidents view, the table is laid out again first.
+                self.call_after_refresh(table.scroll_to_row, i)
 
     def _titles(self) -> None:
         frame = self.frame
@@ -311,7 +313,7 @@ class SchedtopApp(App[None]):
         row = next((r for r in frame.requests if r.request_id == rid), None)
         if row is None or row.wait is None:
             return ""
-        steps = f"{row.wait}{'' if row.wait_exact else '+'} steps"
+        steps = f"{row.wait}{'' if row.wait_exact else '+'} step{'' if row.wait == 1 else 's'}"
         time = f" ({duration(row.wait_ns)})" if row.wait_ns is not None else ""
         return f"{rid} waited {steps}{time}: {row.wait_why}"
 

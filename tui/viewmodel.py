@@ -391,7 +391,7 @@ def reasons(state: State, view: StepView) -> dict[int, str]:
         why[s.ref] = text if s.got == 0 else f"{text} ({s.got}/{s.wanted})"
     for p in rec.preemptions:
         why[p.victim] = (
-            "preempted: no KV room for itself"
+            "preempted itself (no KV)"
             if p.victim == p.for_request
             else f"preempted for {names.get(p.for_request, p.for_request)}"
         )

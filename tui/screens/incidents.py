@@ -35,23 +35,20 @@ class IncidentSummary(TextLines):
             return [Text("incidents: scanning the trace...", style="italic")]
         s = vm.summary
         one = Text()
-        one.append("incidents ", style="bold")
         one.append(f"{s.preemptions:,} preemptions", style="bold #e06c75")
-        one.append(f" in {s.steps:,} steps ({s.per_1k_steps:.1f} per 1k)  ")
-        one.append(f"recompute {s.lost_share:.1%}", style="bold")
-        one.append(" of computed tokens  ")
+        one.append(f" in {s.steps:,} steps ({s.per_1k_steps:.1f} per 1k) · ")
         one.append(f"thrash {s.thrash}", style="bold #e5c07b")
-        one.append(f"  aborts {s.aborts}  errors {s.errors}")
-        two = Text()
-        top = ", ".join(f"{rid} ×{n}" for rid, n in s.top_victims) or "none"
-        two.append("top victims ", style="#7f848e")
-        two.append(top)
+        one.append(f" · aborts {s.aborts} · errors {s.errors}")
         if vm.error:
-            two.append(f"  {vm.error}", style="bold #e06c75")
+            one.append(f"  {vm.error}", style="bold #e06c75")
         elif vm.scanned_to < vm.last_step or not vm.done:
-            two.append(
+            one.append(
                 f"  scanning: step {vm.scanned_to:,} of {vm.last_step:,}", style="italic #d19a66"
             )
+        two = Text()
+        two.append(f"recompute {s.lost_share:.1%}", style="bold")
+        two.append(" of computed tokens · top victims ")
+        two.append(", ".join(f"{rid} ×{n}" for rid, n in s.top_victims) or "none")
         three = Text(self.showing, style="#e5c07b")
         return [one, two, three]
 
