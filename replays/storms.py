@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from recorder.codec import STEP, Bad, decode, unpack_body
@@ -275,14 +276,13 @@ def unknown_requests(path: str, request_ids: Iterable[str]) -> list[str]:
 SORTS = ("step", "request", "lost", "free", "count")
 
 
-def _sort_key(key: str):  # type: ignore[no-untyped-def]
-    return {
-        "step": lambda i: i.step,
-        "request": lambda i: (i.request_id, i.step),
-        "lost": lambda i: (i.tokens_lost, -i.step),
-        "free": lambda i: (i.free_before, -i.step),
-        "count": lambda i: (i.count, -i.step),
-    }[key]
+_SORT_FIELDS = {
+    "step": "step",
+    "request": "request_id",
+    "lost": "tokens_lost",
+    "free": "free_before",
+    "count": "count",
+}
 
 
 def select(
@@ -301,7 +301,8 @@ def select(
     if words:
         out = [i for i in out if all(_matches(i, w) for w in words)]
     if sort != "step" or reverse:
-        out.sort(key=_sort_key(sort), reverse=reverse)
+        # One attribute per key: the sort is stable, so ties stay in step order.
+        out.sort(key=attrgetter(_SORT_FIELDS[sort]), reverse=reverse)
     return tuple(out)
 
 

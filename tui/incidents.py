@@ -10,7 +10,8 @@ from recorder.errors import TraceError
 from recorder.reader import TraceReader
 from replays.storms import Incident, IncidentScan, StormSummary
 
-SCAN_SLICE = 4096  # step records scanned per tick before commands are looked at again
+SCAN_SLICE = 1024  # step records scanned per tick (tens of ms) before commands are read
+SCAN_PAUSE_S = 0.0  # the worker's wait for a command between slices
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ from tui.commands import (
     WatchIncidents,
 )
 from tui.history import Event, History, names_before
-from tui.incidents import IncidentFeed
+from tui.incidents import SCAN_PAUSE_S, IncidentFeed
 from tui.viewmodel import Context, Frame, StepInput, build_frame
 from tui.waits import WaitBook, decoders
 
@@ -50,6 +50,7 @@ MAX_FPS = 30  # playing: frames per second at most
 INLINE_FILL = 48  # missing history steps made before a frame; more are made after it
 AHEAD = 32  # history steps made past the window's end at a time (stepping forwards)
 RATE_STEPS = 16  # tokens per second are averaged over this many steps
+SCAN_SHOW_S = 0.5  # the open incidents view gets the scan's progress this often
 
 _REQUEST_KINDS = ("admit", "preempt", "first-token", "finish")
 _KIND_WORDS = {
@@ -131,6 +132,7 @@ class Session:
         self.simulated = timeline.header.model == ""
         self.history.engine_time = self.simulated
         self.watch_incidents = False  # the incidents view is open: show the scan's progress
+        self._scan_shown = 0.0  # when a frame last showed it
         self._say_cut()
 
     def _say_cut(self) -> None:
@@ -246,10 +248,12 @@ class Session:
     def timeout(self) -> float | None:
         """How long the worker may wait for a command before calling tick() (None: until
         a command comes)."""
-        if self.search is not None or self._backfill is not None or self.incidents.busy:
+        if self.search is not None or self._backfill is not None:
             return 0.0
         if self.playing:
             return max(1.0 / self.speed, 1.0 / MAX_FPS)
+        if self.incidents.busy and not self.playing:
+            return SCAN_PAUSE_S
         if self.live and not self.tl.finished and not self.writer_gone:
             return POLL_S
         return None
@@ -269,8 +273,13 @@ class Session:
         elif self.playing:
             self._play(now)
         elif self.incidents.busy and self.incidents.step():
-            self.dirty = self.dirty or self.watch_incidents
-            if not self.incidents.busy:
+            # The open view shows the scan's progress twice a second, not after every
+            # slice: a frame costs far more than a slice.
+            done = not self.incidents.busy
+            if self.watch_incidents and (done or now - self._scan_shown >= SCAN_SHOW_S):
+                self._scan_shown = now
+                self.dirty = True
+            if done:
                 self._check_ids()
 
     def _grow(self, now: float) -> None:

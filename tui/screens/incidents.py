@@ -22,10 +22,6 @@ HINT = "enter go to step  e aborts/errors  t thrash  s/S sort  / filter  esc bac
 class IncidentSummary(TextLines):
     """Two lines: the storm in numbers, and what the list below shows."""
 
-    DEFAULT_CSS = """
-    IncidentSummary { height: 3; padding: 0 1; background: $panel; }
-    """
-
     vm: reactive[IncidentsVM | None] = reactive(None)
     showing: reactive[str] = reactive("")
 
@@ -55,10 +51,6 @@ class IncidentSummary(TextLines):
 
 class Hint(TextLines):
     """The keys of this screen, on its last line."""
-
-    DEFAULT_CSS = """
-    Hint { height: 1; padding: 0 1; }
-    """
 
     def lines(self, width: int, height: int) -> list[Text]:
         return [Text(HINT, style="#7f848e")]
@@ -168,8 +160,8 @@ class IncidentsScreen(Screen[Incident | None]):
 
     def action_sort(self) -> None:
         key = SORTS[(SORTS.index(self.sort_key) + 1) % len(SORTS)]
+        self.set_reactive(IncidentsScreen.sort_reverse, key in NUMERIC)  # one refresh
         self.sort_key = key
-        self.sort_reverse = key in NUMERIC
 
     def action_sort_reverse(self) -> None:
         self.sort_reverse = not self.sort_reverse

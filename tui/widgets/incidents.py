@@ -72,10 +72,6 @@ def layout(width: int) -> list[tuple[Col, int]]:
 class IncidentTable(ScrollView, can_focus=True, inherit_bindings=False):
     """Incidents with a cursor row; enter asks to go to the cursor's step."""
 
-    DEFAULT_CSS = """
-    IncidentTable { height: 1fr; scrollbar-size-vertical: 1; overflow-x: hidden; }
-    """
-
     BINDINGS = [
         Binding("up,k", "cursor(-1)", "up", show=False),
         Binding("down,j", "cursor(1)", "down", show=False),
