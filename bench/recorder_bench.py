@@ -11,7 +11,7 @@ Per-step medians leave out the steps that write a snapshot; means include them. 
 recorder's own CPU time is measured inside its on_step.
 
 Sizes: the step records of steady decode steps, the snapshots amortized over them, and
-the same steps encoded naively (one msgpack map per step: the whole StepReport plus every
+the same steps encoded naively (one msgpack map per step: the whole Step plus every
 request's full state)."""
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.config import EngineConfig  # noqa: E402
 from engine.core import EngineCore  # noqa: E402
-from engine.report import StepReport  # noqa: E402
+from engine.records import KVEvents, Step  # noqa: E402
 from engine.sim.driver import make_engine, run_steps  # noqa: E402
 from engine.sim.workload import SimWorkload, parse_workload  # noqa: E402
 from recorder.reader import TraceReader  # noqa: E402
 from recorder.recorder import Recorder  # noqa: E402
-from recorder.schema import Snapshot, Step  # noqa: E402
+from recorder.schema import Snapshot  # noqa: E402
 from recorder.writer import TraceWriter  # noqa: E402
 
 RUNNING = 256
@@ -91,7 +91,7 @@ class _Timed:
         self.inner = inner
         self.seconds = 0.0
 
-    def on_step(self, report: StepReport) -> None:
+    def on_step(self, report: Step) -> None:
         t = time.thread_time()
         self.inner.on_step(report)
         self.seconds += time.thread_time() - t
@@ -131,11 +131,11 @@ def twin_run(
     return times[0], times[1], share
 
 
-def naive_size(report: StepReport, engine: EngineCore) -> int:
+def naive_size(report: Step, engine: EngineCore) -> int:
     """One msgpack map per step: the report and every request's state, field names and all."""
     state = engine.snapshot()
-    fields = dataclasses.asdict(dataclasses.replace(report, kv_events=[]))
-    fields["kv_events"] = [dataclasses.asdict(e) for e in report.kv_events]
+    fields = dataclasses.asdict(dataclasses.replace(report, kv_events=KVEvents()))
+    fields["kv_events"] = [dataclasses.asdict(e) for e in report.kv_events.events()]
     return len(
         msgpack.packb(
             {

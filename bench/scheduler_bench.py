@@ -64,12 +64,12 @@ def ours(case: Case) -> float:
         if case.prefill_len:
             add(case.prefill_len, 4)
         t0 = time.perf_counter()
-        out, report = sched.schedule()
+        out, _ = sched.schedule()
         t1 = time.perf_counter()
         result = fake_output(sched, out)
         t2 = time.perf_counter()
-        sched.update_from_output(out, result, report)
-        sched.end_step(report)
+        sched.update_from_output(out, result)
+        sched.end_step()
         return (t1 - t0) + (time.perf_counter() - t2)
 
     for _ in range(3 + case.num_decodes * 8 // case.budget):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.request import SamplingParams
+from engine.records import SamplingParams, Timing
 
 
 @dataclass(slots=True)
@@ -46,28 +46,6 @@ class SchedulerOutput:
         return self.total_num_scheduled_tokens == 0
 
 
-@dataclass(frozen=True, slots=True)
-class KernelStat:
-    """One kernel or operator in a profiled step."""
-
-    name: str  # kernel or operator name
-    calls: int  # launches in the step
-    total_s: float  # summed time
-
-
-@dataclass(frozen=True, slots=True)
-class RunnerTimings:
-    """Where the runner's time went. CUDA timings are read one step late, so `step`
-    names the step they measure, which may be before the one they arrive with."""
-
-    step: int  # the step these timings measure
-    prepare_s: float  # building the input batch
-    forward_s: float  # the model forward pass, attention included
-    attention_s: float | None  # attention alone, where measured
-    sample_s: float  # sampling
-    kernels: tuple[KernelStat, ...] = ()  # per-kernel breakdown on profiled steps
-
-
 @dataclass(slots=True)
 class ModelRunnerOutput:
     """What the runner computed for one SchedulerOutput."""
@@ -75,4 +53,4 @@ class ModelRunnerOutput:
     req_ids: list[str]  # the scheduled requests, in scheduling order
     sampled_token_ids: list[list[int]]  # per request: [] mid-prefill; accepted drafts + 1
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)  # drafts for next step
-    timings: list[RunnerTimings] = field(default_factory=list)  # measurements resolved now
+    timings: list[Timing] = field(default_factory=list)  # measurements resolved now

@@ -1,57 +1,23 @@
-"""Requests, their lifecycle states and sampling parameters."""
+"""Requests: the scheduling object, with its lifecycle state and sampling parameters."""
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from engine.records import SamplingParams, Status
 
-class RequestStatus(enum.IntEnum):
-    """Lifecycle of a request. Every state after PREEMPTED is a finished state."""
+__all__ = ["FINISH_REASONS", "Request", "RequestStatus", "SamplingParams"]
 
-    WAITING = 0
-    RUNNING = 1
-    PREEMPTED = 2
-    FINISHED_STOPPED = 3  # EOS or a stop token
-    FINISHED_LENGTH_CAPPED = 4  # max_tokens or max_model_len
-    FINISHED_ABORTED = 5  # aborted by the caller, from waiting or running
-    FINISHED_ERROR = 6  # can never run (e.g. more blocks than the pool has)
 
-    @staticmethod
-    def is_finished(status: RequestStatus) -> bool:
-        return status > RequestStatus.PREEMPTED
-
+RequestStatus = Status  # the engine's name for the one Status enum
 
 FINISH_REASONS = {
-    RequestStatus.FINISHED_STOPPED: "stop",
-    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
-    RequestStatus.FINISHED_ABORTED: "abort",
-    RequestStatus.FINISHED_ERROR: "error",
-}
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How a request samples and when it stops."""
-
-    max_tokens: int = 16  # output tokens, at most
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0  # nucleus mass kept (1 = off)
-    top_k: int = 0  # most likely tokens kept (0 = off)
-    seed: int | None = None  # per-request generator: same tokens in any batch
-    stop_token_ids: tuple[int, ...] = ()  # tokens that end the request (kept in the output)
-    ignore_eos: bool = False  # keep going past the model's EOS token
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens={self.max_tokens}: must be >= 1")
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature}: must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p}: must be in (0, 1]")
-        if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k}: must be >= 0 (0 = off)")
+    Status.FINISHED_STOPPED: "stop",
+    Status.FINISHED_LENGTH_CAPPED: "length",
+    Status.FINISHED_ABORTED: "abort",
+    Status.FINISHED_ERROR: "error",
+}  # the API's finish_reason (OpenAI's and vLLM's spelling)
 
 
 BlockHasher = Callable[["Request"], None]
@@ -81,6 +47,10 @@ class Request:
     block_hasher: BlockHasher | None = None  # extends block_hashes as tokens become known
     finish_message: str = ""  # why it ended with FINISHED_ERROR
     stop_reason: int | None = None  # the stop token that ended it, if any
+    ref: int = -1  # its ordinal in the run, given by the scheduler (-1: not added yet)
+    arrival_step: int = -1  # the step whose schedule() first saw it
+    first_scheduled_step: int = -1  # the step it was first admitted in (-1: not yet)
+    first_token_step: int = -1  # the step of its first sampled token (-1: none yet)
     all_token_ids: list[int] = field(init=False)  # prompt + outputs
     num_prompt_tokens: int = field(init=False)  # len(prompt_token_ids)
 

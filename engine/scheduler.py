@@ -9,25 +9,66 @@ order; waiting requests get what is left, unless this step preempted someone.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from engine.config import EngineConfig
 from engine.kv.block_pool import KVBlock
 from engine.kv.manager import KVCacheManager, cdiv
 from engine.outputs import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from engine.queues import make_queue
-from engine.report import (
+from engine.records import (
     Admission,
     Arrival,
     Finish,
     Kind,
+    KVEvents,
     Preemption,
     QueueStop,
     Reason,
     Scheduled,
     Shortfall,
-    StepReport,
+    SpecAccepted,
 )
 from engine.request import Request, RequestStatus
+
+_REF = attrgetter("ref")
+
+
+@dataclass(frozen=True, slots=True)
+class Decisions:
+    """What schedule() decided, for the step record: none of it changes afterwards."""
+
+    step: int  # step index, from 0
+    arrivals: tuple[Arrival, ...]  # added since the last step
+    scheduled: tuple[Scheduled, ...]  # in scheduling order: running first, then admitted
+    admissions: tuple[Admission, ...]  # entered running, in order
+    preemptions: tuple[Preemption, ...]  # in the order they happened
+    shortfalls: tuple[Shortfall, ...]  # requests cut short, each with its reason
+    running_stop: QueueStop | None  # why the running pass left requests unscheduled
+    waiting_stop: QueueStop | None  # why the waiting pass left requests in waiting
+    num_free_blocks: int  # free blocks right after schedule()
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What update_from_output() made of the runner's output, for the step record."""
+
+    finishes: tuple[Finish, ...]  # every finish since the last step, aborts and errors included
+    finished: tuple[Request, ...]  # the requests of `finishes`, in the same order
+    sample_counts: tuple[int, ...] | None  # tokens per scheduled entry; None: one each
+    sampled_tokens: tuple[int, ...]  # every sampled token, in entry order
+    spec_accepted: tuple[SpecAccepted, ...]  # drafts accepted per speculative request
+    updated: list[Request]  # requests that got tokens or finished in the update
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """The end of a step: its KV events and where the queues and the pool stand."""
+
+    kv_events: KVEvents  # every block movement of the step, in order
+    num_free_blocks: int  # free blocks now
+    running: list[Request]  # the running queue, in order
+    waiting: list[Request]  # the waiting queue, in order
 
 
 @dataclass
@@ -48,12 +89,11 @@ class _Pass:
     shortfalls: list[Shortfall] = field(default_factory=list)
     running_stop: QueueStop | None = None
     waiting_stop: QueueStop | None = None
-    leading_decodes: int = 0  # entries so far that are running[i] decoding one token
 
 
 class Scheduler:
     """Continuous batching with chunked prefill, a token budget, KV admission control,
-    preemption by recompute and prefix caching (DESIGN.md S1-S12, K1-K8)."""
+    preemption by recompute and prefix caching (docs/contracts.md S1-S12, K1-K8)."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -72,9 +112,12 @@ class Scheduler:
         self.running: list[Request] = []
         self.waiting = make_queue(config.policy)
         self.step_index = 0
+        self.next_ref = 0  # the ref the next request gets
+        self.finished: dict[str, Request] = {}  # every finish, until the caller takes it
         self._finished_ids: set[str] = set()  # for the next SchedulerOutput
         self._arrivals: list[Arrival] = []
-        self._finishes: list[Finish] = []
+        self._finishes: list[Finish] = []  # since the last step record
+        self._finished_reqs: list[Request] = []  # the requests of _finishes
 
     # -- requests in and out --------------------------------------------------------------
 
@@ -82,22 +125,25 @@ class Scheduler:
         """Queue a request; one that can never run finishes at once with FINISHED_ERROR."""
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
+        request.ref = self.next_ref
+        self.next_ref += 1
+        request.arrival_step = self.step_index
         self._arrivals.append(
             Arrival(
+                request.ref,
                 request.request_id,
-                request.prompt_token_ids,
-                list(request.block_hashes),
-                request.sampling_params,
+                request.num_prompt_tokens,
                 request.priority,
                 request.arrival_time,
                 request.eos_token_id,
+                request.sampling_params,
+                tuple(request.prompt_token_ids),
+                tuple(request.block_hashes),
             )
         )
         problem = self._never_fits(request)
         if problem:
-            request.status = RequestStatus.FINISHED_ERROR
-            request.finish_message = problem
-            self._finishes.append(Finish(request.request_id, request.status, problem))
+            self._record_finish(request, RequestStatus.FINISHED_ERROR, problem)
             return
         self.requests[request.request_id] = request
         self.waiting.add(request)
@@ -135,12 +181,25 @@ class Scheduler:
         return True
 
     def _finish(self, request: Request, status: RequestStatus, message: str = "") -> None:
-        request.status = status
-        request.finish_message = message
         self.kv.free(request)
         del self.requests[request.request_id]
         self._finished_ids.add(request.request_id)
-        self._finishes.append(Finish(request.request_id, status, message))
+        self._record_finish(request, status, message)
+
+    def _record_finish(self, request: Request, status: RequestStatus, message: str) -> None:
+        """The one place a request finishes: its status, its record, and the list the
+        caller takes finished requests from."""
+        request.status = status
+        request.finish_message = message
+        self._finishes.append(Finish(request.ref, status, message))
+        self._finished_reqs.append(request)
+        self.finished[request.request_id] = request
+
+    def take_finished(self) -> list[Request]:
+        """Requests finished since the last call, however they finished."""
+        done = list(self.finished.values())
+        self.finished.clear()
+        return done
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
@@ -153,8 +212,8 @@ class Scheduler:
 
     # -- schedule ---------------------------------------------------------------------------
 
-    def schedule(self) -> tuple[SchedulerOutput, StepReport]:
-        """Decide this step. Returns the runner's input and the step's report so far."""
+    def schedule(self) -> tuple[SchedulerOutput, Decisions]:
+        """Decide this step. Returns the runner's input and the decisions to report."""
         cfg = self.config
         num_eligible = len(self.running) + len(self.waiting)
         threshold = cfg.long_prefill_token_threshold if num_eligible > 1 else 0
@@ -196,7 +255,7 @@ class Scheduler:
             if n > last_position - computed:
                 n, reason = last_position - computed, Reason.MAX_MODEL_LEN
             if n <= 0:
-                p.shortfalls.append(Shortfall(req.request_id, wanted, 0, Reason.MAX_MODEL_LEN))
+                p.shortfalls.append(Shortfall(req.ref, wanted, 0, Reason.MAX_MODEL_LEN))
                 p.cursor += 1
                 continue
             blocks = kv.allocate_running(req, n, lookahead)
@@ -207,16 +266,10 @@ class Scheduler:
                         continue  # it preempted itself; the cursor already points at the next
                     p.running_stop = QueueStop(Reason.KV_BLOCKS, Reason.KV_BLOCKS)
                     return
-            if (
-                wanted == 1
-                and p.leading_decodes == p.cursor == len(running_reqs)
-                and req.output_token_ids
-            ):
-                p.leading_decodes += 1  # lets a recorder write steady decoding as one number
             p.cursor += 1
             rid = req.request_id
             if reason is not None:
-                p.shortfalls.append(Shortfall(rid, wanted, n, reason))
+                p.shortfalls.append(Shortfall(req.ref, wanted, n, reason))
             num_scheduled[rid] = n
             new_blocks[rid] = blocks
             p.budget -= n
@@ -239,11 +292,9 @@ class Scheduler:
                 p.running_reqs.remove(victim)
                 p.new_blocks.pop(victim.request_id)
                 p.spec_tokens.pop(victim.request_id, None)
-                p.shortfalls[:] = [s for s in p.shortfalls if s.request_id != victim.request_id]
+                p.shortfalls[:] = [s for s in p.shortfalls if s.ref != victim.ref]
             p.preemptions.append(
-                Preemption(
-                    victim.request_id, req.request_id, victim.num_computed_tokens, given_back
-                )
+                Preemption(victim.ref, req.ref, victim.num_computed_tokens, given_back)
             )
             self._preempt(victim)
             p.preempted.append(victim)
@@ -331,13 +382,15 @@ class Scheduler:
         req.num_computed_tokens = num_hits
         if req.num_cached_tokens < 0:
             req.num_cached_tokens = num_hits
+        if req.first_scheduled_step < 0:
+            req.first_scheduled_step = self.step_index
         p.num_scheduled[req.request_id] = n
         p.new_blocks[req.request_id] = blocks
         p.budget -= n
         p.admitted.append(req)
-        p.admissions.append(Admission(req.request_id, num_hits, resumed))
+        p.admissions.append(Admission(req.ref, num_hits, resumed))
         if reason is not None:
-            p.shortfalls.append(Shortfall(req.request_id, wanted, n, reason))
+            p.shortfalls.append(Shortfall(req.ref, wanted, n, reason))
         return True
 
     def _admission_failure(
@@ -356,7 +409,7 @@ class Scheduler:
 
     # -- output ------------------------------------------------------------------------------
 
-    def _make_output(self, p: _Pass) -> tuple[SchedulerOutput, StepReport]:
+    def _make_output(self, p: _Pass) -> tuple[SchedulerOutput, Decisions]:
         step = self.step_index
         new_reqs = [self._new_request_data(r, p) for r in p.admitted]
         running_reqs = p.running_reqs
@@ -381,24 +434,19 @@ class Scheduler:
             preempted_req_ids={r.request_id for r in p.preempted},
         )
         self._finished_ids = set()
-        report = StepReport(
-            step=step,
-            arrivals=self._arrivals,
-            scheduled=scheduled,
-            token_budget=self.config.max_num_batched_tokens,
-            admissions=p.admissions,
-            preemptions=p.preemptions,
-            shortfalls=p.shortfalls,
-            running_stop=p.running_stop,
-            waiting_stop=p.waiting_stop,
-            # A preemption can shift or unschedule entries: then leave it to the reader.
-            num_leading_decodes=-1 if p.preemptions else p.leading_decodes,
-            finishes=self._finishes,
-            num_free_blocks_after_schedule=self.kv.num_free_blocks,
+        decisions = Decisions(
+            step,
+            tuple(self._arrivals),
+            tuple(scheduled),
+            tuple(p.admissions),
+            tuple(p.preemptions),
+            tuple(p.shortfalls),
+            p.running_stop,
+            p.waiting_stop,
+            self.kv.num_free_blocks,
         )
         self._arrivals = []
-        self._finishes = []
-        return out, report
+        return out, decisions
 
     def _new_request_data(self, req: Request, p: _Pass) -> NewRequestData:
         return NewRequestData(
@@ -430,56 +478,43 @@ class Scheduler:
                     kind = Kind.DECODE
                 else:
                     kind = Kind.PREFILL
-            append(Scheduled(rid, n, kind, before, num_spec))
+            append(Scheduled(req.ref, n, kind, before, num_spec))
             req.num_computed_tokens = before + n
         return scheduled
 
     # -- update -------------------------------------------------------------------------------
 
-    def update_from_output(
-        self, out: SchedulerOutput, result: ModelRunnerOutput, report: StepReport
-    ) -> list[Request]:
+    def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> Outcome:
         """Apply what the runner sampled: append tokens, roll back rejected drafts, finish
-        requests that stopped. Returns the requests that got tokens or finished."""
+        requests that stopped."""
         touched: list[Request] = []
         finished_any = False
-        sampled = report.sampled
-        flat = report.sampled_flat
+        counts: list[int] = []  # tokens per entry of `result`, in its order
+        flat: list[int] = []
+        accepted_drafts: list[SpecAccepted] = []
         spec = out.scheduled_spec_decode_tokens
         drafts = result.draft_token_ids
         requests = self.requests
-        max_model_len = self.max_model_len
+        step = self.step_index
         for rid, tokens in zip(result.req_ids, result.sampled_token_ids):
-            if not tokens:
-                continue  # mid-prefill
-            req = requests.get(rid)
-            if req is None:
-                continue  # aborted while the runner worked
+            req = requests.get(rid) if tokens else None
+            if req is None:  # mid-prefill, or aborted while the runner worked
+                counts.append(0)
+                continue
             if spec and rid in spec:
                 accepted = len(tokens) - 1
-                report.num_spec_accepted[rid] = accepted
+                accepted_drafts.append(SpecAccepted(req.ref, accepted))
                 req.num_computed_tokens -= len(spec[rid]) - accepted
-            if len(tokens) == 1:
-                # One token, the common case: append and test the stop conditions inline.
+            if req.first_token_step < 0:
+                req.first_token_step = step
+            if len(tokens) == 1:  # the common case: no loop
                 tok = tokens[0]
                 req.append_output_token_ids(tok)
-                params = req.sampling_params
-                if tok == req.eos_token_id and not params.ignore_eos:
-                    req.status = RequestStatus.FINISHED_STOPPED
-                elif params.stop_token_ids and tok in params.stop_token_ids:
-                    req.status = RequestStatus.FINISHED_STOPPED
-                    req.stop_reason = tok
-                elif (
-                    len(req.all_token_ids) >= max_model_len
-                    or len(req.output_token_ids) >= params.max_tokens
-                ):
-                    req.status = RequestStatus.FINISHED_LENGTH_CAPPED
-                stopped = req.status != RequestStatus.RUNNING
-                flat.append(tok)
+                stopped = self.check_stop(req, tok)
             else:
                 stopped = self._append(req, tokens)
-                flat += tokens
-            sampled[rid] = tokens
+            flat += tokens
+            counts.append(len(tokens))
             touched.append(req)
             if stopped:
                 finished_any = True
@@ -491,38 +526,67 @@ class Scheduler:
                     req.spec_token_ids = drafts.get(rid, [])
         if finished_any:
             self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
-        report.finishes.extend(self._finishes)
+        outcome = Outcome(
+            tuple(self._finishes),
+            tuple(self._finished_reqs),
+            self._entry_counts(out, result, counts, len(flat)),
+            tuple(flat),
+            tuple(accepted_drafts),
+            touched,
+        )
         self._finishes = []
-        return touched
+        self._finished_reqs = []
+        return outcome
+
+    @staticmethod
+    def _entry_counts(
+        out: SchedulerOutput, result: ModelRunnerOutput, counts: list[int], total: int
+    ) -> tuple[int, ...] | None:
+        """Sampled tokens per scheduled entry, in scheduling order; None when every entry
+        sampled exactly one (the steady decode step)."""
+        entries = out.num_scheduled_tokens
+        if result.req_ids != list(entries):  # the runner reordered, or ran nothing
+            by_id = dict(zip(result.req_ids, counts))
+            counts = [by_id.get(rid, 0) for rid in entries]
+        if total == len(counts) and 0 not in counts:
+            return None
+        return tuple(counts)
 
     def _append(self, req: Request, tokens: list[int]) -> bool:
         """Append sampled tokens, stopping at the first that ends the request (S10)."""
         for k, tok in enumerate(tokens, 1):
             req.append_output_token_ids(tok)
-            status = self._stop_status(req, tok)
-            if status is not None:
-                req.status = status
+            if self.check_stop(req, tok):
                 if k < len(tokens):
                     req.num_computed_tokens -= len(tokens) - k
                     del tokens[k:]
                 return True
         return False
 
-    def _stop_status(self, req: Request, tok: int) -> RequestStatus | None:
+    def check_stop(self, req: Request, tok: int) -> bool:
+        """Whether `tok`, just appended, ends the request; if so its status says how."""
         params = req.sampling_params
         if tok == req.eos_token_id and not params.ignore_eos:
-            return RequestStatus.FINISHED_STOPPED
-        if tok in params.stop_token_ids:
+            req.status = RequestStatus.FINISHED_STOPPED
+        elif params.stop_token_ids and tok in params.stop_token_ids:
+            req.status = RequestStatus.FINISHED_STOPPED
             req.stop_reason = tok
-            return RequestStatus.FINISHED_STOPPED
-        if req.num_tokens >= self.max_model_len or req.num_output_tokens >= params.max_tokens:
-            return RequestStatus.FINISHED_LENGTH_CAPPED
-        return None
+        elif (
+            len(req.all_token_ids) >= self.max_model_len
+            or len(req.output_token_ids) >= params.max_tokens
+        ):
+            req.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        else:
+            return False
+        return True
 
-    def end_step(self, report: StepReport) -> None:
-        """Close the step's report with the end-of-step queues and KV state."""
-        report.kv_events = self.kv.take_events()
-        report.num_free_blocks = self.kv.num_free_blocks
-        report.running = [r.request_id for r in self.running]
-        report.waiting = [r.request_id for r in self.waiting]
+    def end_step(self) -> Ending:
+        """Close the step: its KV events, and the queues and free blocks at its end."""
+        ending = Ending(
+            self.kv.take_events().freeze(),
+            self.kv.num_free_blocks,
+            list(self.running),
+            list(self.waiting),
+        )
         self.step_index += 1
+        return ending

@@ -1,32 +1,34 @@
-"""Records to msgpack bodies and back, validating everything that comes in.
-
-Encoding rules (docs/trace-format.md has the tables):
-- a record body is a msgpack map from small integer keys to values; fields equal to their
-  default are left out, and readers ignore keys they do not know;
-- an item (one KV event, one arrival) is a msgpack array of its fields in order; trailing
-  fields equal to their default are left out, and readers ignore extra trailing elements;
-- a list of items is a bin holding the items' msgpack encodings back to back, so that no
-  msgpack array is ever longer than a record type's field count;
-- a list of non-negative integers is a bin: one width byte (1, 2, 4 or 8), then the values
-  little-endian at that width;
-- a list of hashes is a bin: one length byte, then the hashes back to back.
-
-Decoding never trusts its input: every container and string is size-limited before it is
-built, every value is type-checked, and every failure is a TraceError naming the offset.
+"""The trace format's tables: which record field has which key and codec, and records to
+msgpack bodies and back (docs/trace-format.md is the specification; the machinery that
+encodes and validates is recorder.encoding).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import struct
-import sys
-from array import array
-from collections.abc import Callable, Sequence
-from operator import attrgetter, itemgetter
-from typing import Any, Generic, TypeVar
+from typing import Any
 
-import msgpack
-
+from recorder.encoding import (
+    BOOL,
+    CONFIG,
+    FLOAT,
+    HASHES,
+    INT,
+    INTS,
+    MAX_RECORD_BYTES,
+    MAX_STR_LEN,
+    OFFSETS,
+    STR,
+    UINT,
+    Bad,
+    Body,
+    Items,
+    Opt,
+    Struct,
+    kind_of,
+    pack_ints,
+    unpack_body,
+    unpack_ints,
+)
 from recorder.errors import TraceError
 from recorder.schema import (
     Admission,
@@ -42,9 +44,9 @@ from recorder.schema import (
     QueueStop,
     Record,
     RecordType,
-    RequestSnap,
+    RequestState,
     Sample,
-    Sampling,
+    SamplingParams,
     Scheduled,
     Shortfall,
     Snapshot,
@@ -53,442 +55,12 @@ from recorder.schema import (
     Timing,
 )
 
-T = TypeVar("T")
-
-MAX_RECORD_BYTES = 64 << 20  # a frame declaring a longer body is corrupt
-MAX_STR_LEN = 1 << 20  # request ids, messages, model descriptions
-
-# Small arrays and maps only: msgpack allocates a container's declared size before reading
-# its elements, so these bound the memory a hostile body can claim (times the unpacker's
-# nesting limit of 1024) to a few MiB.
-_LIMITS: dict[str, Any] = dict(
-    raw=False,
-    use_list=False,
-    strict_map_key=False,
-    max_str_len=MAX_STR_LEN,
-    max_bin_len=MAX_RECORD_BYTES,
-    max_array_len=64,
-    max_map_len=256,
-    max_ext_len=0,
-)
-_DECODE_ERRORS = (ValueError, TypeError, OverflowError, msgpack.UnpackException)
-_packer = msgpack.Packer(use_bin_type=True, autoreset=True)
-_BIG_ENDIAN = sys.byteorder == "big"
-_TYPECODES = {w: next(tc for tc in "BHILQ" if array(tc).itemsize == w) for w in (1, 2, 4, 8)}
-_STRUCT_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
-_WIDTH_BYTE = {w: bytes((w,)) for w in (1, 2, 4, 8)}
-_PACKERS: dict[tuple[int, int], Callable[..., bytes]] = {}
-
-
-class Bad(Exception):
-    """A decoding failure deep inside a body; `path` (the field names) is added on the way
-    up, so the message names the field at fault."""
-
-    def __init__(self, what: str) -> None:
-        super().__init__(what)
-        self.what = what
-        self.path: list[str] = []
-
-    def message(self) -> str:
-        where = ".".join(reversed(self.path)).replace(".[", "[")
-        return f"{where}: {self.what}" if where else self.what
-
-
-def _kind(v: object) -> str:
-    return "nil" if v is None else type(v).__name__
-
-
-# -- scalar codecs ----------------------------------------------------------------------------
-
-
-class Codec(Generic[T]):
-    """Turns one field's value into msgpack-ready data and back (with validation)."""
-
-    __slots__ = ()
-
-    def enc(self, v: T) -> Any:
-        return v
-
-    def dec(self, v: Any) -> T:
-        raise NotImplementedError
-
-
-class _UInt(Codec[int]):
-    __slots__ = ()
-
-    def dec(self, v: Any) -> int:
-        if type(v) is int and v >= 0:
-            return v
-        raise Bad(
-            f"expected an unsigned integer, got {v!r}"
-            if type(v) is int
-            else f"expected an unsigned integer, got {_kind(v)}"
-        )
-
-
-class _Int(Codec[int]):
-    __slots__ = ()
-
-    def dec(self, v: Any) -> int:
-        if type(v) is int:
-            return v
-        raise Bad(f"expected an integer, got {_kind(v)}")
-
-
-class _Float(Codec[float]):
-    __slots__ = ()
-
-    def dec(self, v: Any) -> float:
-        if type(v) is float:
-            return v
-        if type(v) is int:
-            return float(v)
-        raise Bad(f"expected a number, got {_kind(v)}")
-
-
-class _Bool(Codec[bool]):
-    __slots__ = ()
-
-    def dec(self, v: Any) -> bool:
-        if type(v) is bool:
-            return v
-        raise Bad(f"expected a boolean, got {_kind(v)}")
-
-
-class _Str(Codec[str]):
-    __slots__ = ()
-
-    def dec(self, v: Any) -> str:
-        if type(v) is str:
-            return v
-        raise Bad(f"expected a string, got {_kind(v)}")
-
-
-class Opt(Codec[T | None]):
-    """nil or the inner codec's value."""
-
-    __slots__ = ("inner",)
-
-    def __init__(self, inner: Codec[T]) -> None:
-        self.inner = inner
-
-    def enc(self, v: T | None) -> Any:
-        return None if v is None else self.inner.enc(v)
-
-    def dec(self, v: Any) -> T | None:
-        return None if v is None else self.inner.dec(v)
-
-
-UINT, INT, FLOAT, BOOL, STR = _UInt(), _Int(), _Float(), _Bool(), _Str()
-
-
-# -- packed arrays ------------------------------------------------------------------------------
-
-
-def pack_ints(values: Sequence[int]) -> bytes:
-    """Non-negative ints as one width byte plus little-endian values; b"" when empty.
-
-    Short lists get the narrowest width; long ones (tokens, free queues) try 2 bytes
-    first, because finding the maximum costs as much as packing."""
-    n = len(values)
-    if not n:
-        return b""
-    if n <= 64:
-        top = max(values)
-        widths: tuple[int, ...] = (
-            1 if top < 0x100 else 2 if top < 0x10000 else 4 if top < 1 << 32 else 8,
-        )
-    else:
-        widths = (2, 4, 8)
-    for width in widths:
-        try:
-            return _WIDTH_BYTE[width] + _packer_for(n, width)(*values)
-        except struct.error:
-            continue
-    raise ValueError(f"cannot pack {min(values)}..{max(values)} as unsigned 64-bit integers")
-
-
-def _packer_for(n: int, width: int) -> Callable[..., bytes]:
-    pack = _PACKERS.get((n, width))
-    if pack is None:
-        pack = struct.Struct(f"<{n}{_STRUCT_CODES[width]}").pack
-        if n <= 1024:  # the common lengths; longer ones are rare and would fill the cache
-            _PACKERS[(n, width)] = pack
-    return pack
-
-
-def unpack_ints(data: bytes) -> tuple[int, ...]:
-    if not data:
-        return ()
-    width = data[0]
-    typecode = _TYPECODES.get(width)
-    if typecode is None:
-        raise Bad(f"integer array width {width}: must be 1, 2, 4 or 8")
-    if (len(data) - 1) % width:
-        raise Bad(f"integer array of {len(data) - 1} bytes is not a multiple of width {width}")
-    values = array(typecode)
-    values.frombytes(memoryview(data)[1:])
-    if _BIG_ENDIAN:
-        values.byteswap()
-    return tuple(values)
-
-
-class _Ints(Codec[tuple[int, ...]]):
-    __slots__ = ()
-
-    def enc(self, v: tuple[int, ...]) -> bytes:
-        return pack_ints(v)
-
-    def dec(self, v: Any) -> tuple[int, ...]:
-        if type(v) is not bytes:
-            raise Bad(f"expected an integer array (bin), got {_kind(v)}")
-        return unpack_ints(v)
-
-
-class _Offsets(Codec[tuple[int, ...]]):
-    """Ascending offsets, stored as the first one and then the gaps."""
-
-    __slots__ = ()
-
-    def enc(self, v: tuple[int, ...]) -> bytes:
-        return pack_ints([b - a for a, b in zip((0, *v), v)])
-
-    def dec(self, v: Any) -> tuple[int, ...]:
-        gaps = INTS.dec(v)
-        out: list[int] = []
-        total = 0
-        for gap in gaps:
-            total += gap
-            out.append(total)
-        return tuple(out)
-
-
-class _Hashes(Codec[tuple[bytes, ...]]):
-    __slots__ = ()
-
-    def enc(self, v: tuple[bytes, ...]) -> bytes:
-        if not v:
-            return b""
-        size = len(v[0])
-        joined = b"".join(v)
-        if not 0 < size < 256 or set(map(len, v)) != {size}:
-            raise ValueError("hashes must all have the same length, 1 to 255 bytes")
-        return bytes((size,)) + joined
-
-    def dec(self, v: Any) -> tuple[bytes, ...]:
-        if type(v) is not bytes:
-            raise Bad(f"expected a hash list (bin), got {_kind(v)}")
-        if not v:
-            return ()
-        size = v[0]
-        if size == 0 or (len(v) - 1) % size:
-            raise Bad(f"hash list of {len(v) - 1} bytes does not divide into {size}-byte hashes")
-        # One C-level pass: the hashes are fixed-size fields of a struct.
-        return tuple(map(_FIRST, struct.iter_unpack(f"{size}s", memoryview(v)[1:])))
-
-
-_FIRST = itemgetter(0)
-INTS, OFFSETS, HASHES = _Ints(), _Offsets(), _Hashes()
-
-
-class _Config(Codec[dict[str, Any]]):
-    """A map from names to scalars (the engine config)."""
-
-    __slots__ = ()
-
-    def dec(self, v: Any) -> dict[str, Any]:
-        if type(v) is not dict:
-            raise Bad(f"expected a map, got {_kind(v)}")
-        for key, value in v.items():
-            if type(key) is not str:
-                raise Bad(f"config key {key!r} is not a string")
-            if value is not None and type(value) not in (str, int, float, bool):
-                raise Bad(f"config {key}: expected a scalar, got {_kind(value)}")
-        return dict(v)
-
-
-CONFIG = _Config()
-
-
-# -- structures ---------------------------------------------------------------------------------
-
-_MISSING: Any = object()
-
-
-def _defaults(cls: type) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-    return out
-
-
-class Struct(Codec[T]):
-    """A dataclass as a msgpack array of its fields in declaration order."""
-
-    __slots__ = ("cls", "names", "codecs", "defaults", "required", "_values", "_encoders")
-
-    def __init__(self, cls: Callable[..., T], fields: Sequence[tuple[str, Codec[Any]]]) -> None:
-        declared = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-        assert declared == [name for name, _ in fields], f"{cls}: fields out of order"
-        assert len(fields) > 1, "attrgetter of one name would not return a tuple"
-        self.cls = cls
-        self.names = tuple(name for name, _ in fields)
-        self.codecs = tuple(codec for _, codec in fields)
-        defaults = _defaults(cls)  # type: ignore[arg-type]
-        self.defaults = tuple(defaults.get(name, _MISSING) for name in self.names)
-        self.required = sum(1 for d in self.defaults if d is _MISSING)
-        self._values = attrgetter(*self.names)
-        # Scalars encode as themselves: skip the call for them (snapshots have thousands).
-        self._encoders = tuple(None if type(c).enc is Codec.enc else c.enc for c in self.codecs)
-
-    def enc(self, v: T) -> list[Any]:
-        values = self._values(v)
-        end = len(values)
-        while end > self.required and values[end - 1] == self.defaults[end - 1]:
-            end -= 1
-        return [x if enc is None else enc(x) for enc, x in zip(self._encoders, values[:end])]
-
-    def dec(self, v: Any) -> T:
-        if type(v) is not tuple:
-            raise Bad(f"expected an array, got {_kind(v)}")
-        if len(v) < self.required:
-            raise Bad(f"{len(v)} fields, at least {self.required} needed")
-        args = []
-        for i, codec in enumerate(self.codecs):
-            try:
-                args.append(codec.dec(v[i]) if i < len(v) else self.defaults[i])
-            except Bad as e:
-                e.path.append(self.names[i])
-                raise
-        return self.cls(*args)
-
-
-class Items(Codec[tuple[T, ...]]):
-    """A list of structures as a bin of their msgpack encodings back to back."""
-
-    __slots__ = ("item",)
-
-    def __init__(self, item: Struct[T]) -> None:
-        self.item = item
-
-    def enc(self, v: tuple[T, ...]) -> bytes:
-        pack, enc = _packer.pack, self.item.enc
-        return b"".join([pack(enc(x)) for x in v])
-
-    def dec(self, v: Any) -> tuple[T, ...]:
-        if type(v) is not bytes:
-            raise Bad(f"expected an item list (bin), got {_kind(v)}")
-        if not v:
-            return ()
-        unpacker = msgpack.Unpacker(max_buffer_size=len(v), **_LIMITS)
-        unpacker.feed(v)
-        out: list[T] = []
-        dec = self.item.dec
-        end = 0  # where the last whole item ends
-        try:
-            for obj in unpacker:
-                out.append(dec(obj))
-                end = unpacker.tell()
-        except Bad as e:
-            e.path.append(f"[{len(out)}]")
-            raise
-        except _DECODE_ERRORS as e:
-            raise Bad(f"item {len(out)}: malformed msgpack ({e})") from None
-        if end != len(v):
-            raise Bad(f"item {len(out)} is cut short")
-        return tuple(out)
-
-
-class Body(Generic[T]):
-    """A record as a msgpack map from integer keys to fields; unknown keys are skipped."""
-
-    __slots__ = (
-        "cls",
-        "fields",
-        "defaults",
-        "_values",
-        "_plan",
-        "_by_key",
-        "_required",
-        "_by_name",
-    )
-
-    def __init__(
-        self, cls: Callable[..., T], fields: Sequence[tuple[int, str, Codec[Any]]]
-    ) -> None:
-        declared = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        assert declared == {name for _, name, _ in fields}, f"{cls}: fields do not match"
-        self.cls = cls
-        self.fields = tuple(fields)
-        defaults = _defaults(cls)  # type: ignore[arg-type]
-        self.defaults = tuple(defaults.get(name, _MISSING) for _, name, _ in fields)
-        self._values = attrgetter(*(name for _, name, _ in fields))  # all fields, one call
-        self._by_key = {key: (name, codec) for key, name, codec in fields}
-        self._required = frozenset(
-            name for (_, name, _), default in zip(fields, self.defaults) if default is _MISSING
-        )
-        self._plan = tuple(
-            (key, codec, default) for (key, _, codec), default in zip(fields, self.defaults)
-        )
-        self._by_name = {name: plan for (_, name, _), plan in zip(fields, self._plan)}
-
-    def encode_fields(self, values: dict[str, Any]) -> bytes:
-        """The body of a record given by some of its fields (the others at their defaults),
-        without building the record: byte for byte what `encode` makes of the whole record,
-        provided `values` lists its fields in declaration order."""
-        by_name = self._by_name
-        out = {}
-        for name, value in values.items():
-            key, codec, default = by_name[name]
-            if value is not default and value != default:
-                out[key] = codec.enc(value)
-        return _packer.pack(out)  # type: ignore[no-any-return]
-
-    def encode(self, record: T) -> bytes:
-        # `is not` first: most defaults are shared singletons ((), None, small ints).
-        out = {
-            key: codec.enc(value)
-            for (key, codec, default), value in zip(self._plan, self._values(record))
-            if value is not default and value != default
-        }
-        return _packer.pack(out)  # type: ignore[no-any-return]
-
-    def decode(self, body: bytes) -> T:
-        obj = unpack_body(body)
-        if type(obj) is not dict:
-            raise Bad(f"expected a map, got {_kind(obj)}")
-        kwargs: dict[str, Any] = {}
-        by_key = self._by_key
-        for key, value in obj.items():  # only what is there: most fields are defaults
-            spec = by_key.get(key) if type(key) is int else None
-            if spec is None:
-                continue  # a field from a newer minor version
-            name, codec = spec
-            try:
-                kwargs[name] = codec.dec(value)
-            except Bad as e:
-                e.path.append(name)
-                raise
-        if not self._required.issubset(kwargs):
-            key, name = next(
-                (k, n) for k, n, _ in self.fields if n in self._required and n not in kwargs
-            )
-            raise Bad(f"required field {name} (key {key}) is missing")
-        return self.cls(**kwargs)  # the dataclass fills in the defaults
-
-
-def unpack_body(body: bytes) -> Any:
-    try:
-        return msgpack.unpackb(body, **_LIMITS)
-    except _DECODE_ERRORS as e:
-        raise Bad(f"malformed msgpack ({e})") from None
-
+__all__ = ["MAX_RECORD_BYTES", "MAX_STR_LEN", "decode", "encode", "pack_ints", "unpack_ints"]
 
 # -- the format's tables --------------------------------------------------------------------------
 
 SAMPLING = Struct(
-    Sampling,
+    SamplingParams,
     [
         ("max_tokens", UINT),
         ("temperature", FLOAT),
@@ -498,6 +70,7 @@ SAMPLING = Struct(
         ("stop_token_ids", INTS),
         ("ignore_eos", BOOL),
     ],
+    required=1,  # max_tokens: SamplingParams defaults it, the format does not
 )
 ARRIVAL = Struct(
     Arrival,
@@ -585,7 +158,7 @@ TIMING = Struct(
     ],
 )
 REQUEST_SNAP = Struct(
-    RequestSnap,
+    RequestState,
     [
         ("ref", UINT),
         ("request_id", STR),
@@ -720,5 +293,5 @@ def decode(rtype: int, body: bytes, offset: int) -> Record | None:
 def _decode_end(body: bytes) -> End:
     obj = unpack_body(body)
     if type(obj) is not dict:
-        raise Bad(f"expected a map, got {_kind(obj)}")
+        raise Bad(f"expected a map, got {kind_of(obj)}")
     return End(UINT.dec(obj.get(0)))

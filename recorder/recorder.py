@@ -20,12 +20,12 @@ from importlib import metadata
 from pathlib import Path
 
 from engine.core import EngineCore
-from engine.report import StepReport
-from recorder.codec import MAX_RECORD_BYTES, encode
-from recorder.convert import StepConverter, scalar_config
+from engine.records import Step
+from recorder.codec import MAX_RECORD_BYTES, STEP, encode
+from recorder.convert import StepCompactor, scalar_config
 from recorder.errors import RecordingError
 from recorder.paths import new_trace_path
-from recorder.schema import End, Footer, Header, Record, RecordType, Snapshot, Step
+from recorder.schema import End, Footer, Header, Record, RecordType, Snapshot
 from recorder.writer import TraceSink, TraceWriter
 
 log = logging.getLogger("schedtop.recorder")
@@ -71,15 +71,15 @@ class Recorder:
         self._t0 = clock()
         self._closed = False
         self._first_step = engine.step_index
-        self._conv = StepConverter(engine.config.policy, redact_prompts)
+        self._compactor = StepCompactor(engine.config.policy, redact_prompts)
         self._step_offsets = array("Q")
         self._step_ends = array("Q")
         self._snapshots: list[tuple[int, int]] = []
         self._counts = [0, 0, 0, 0]  # steps, arrivals, finishes, preemptions
         self._append(self._header(engine, model, redact_prompts, wall_clock()), boundary=True)
         if mid_run:
-            state = engine.snapshot()
-            snap = self._conv.adopt(list(engine.scheduler.requests.values()), state)
+            snap = engine.snapshot()
+            self._compactor.adopt(snap)
             self._write_snapshot(snap)
         self._downstream = engine.sink
         engine.sink = self
@@ -96,7 +96,7 @@ class Recorder:
 
     # -- EventSink -------------------------------------------------------------------------
 
-    def on_step(self, report: StepReport) -> None:
+    def on_step(self, report: Step) -> None:
         if self.error is None:
             try:
                 self._record(report)
@@ -126,17 +126,19 @@ class Recorder:
 
     # -- records -----------------------------------------------------------------------------
 
-    def _record(self, report: StepReport) -> None:
+    def _record(self, report: Step) -> None:
         if self.sink.error is not None:
             self.error = self.sink.error
             return
         time_ns = self._clock() - self._t0
         snapshot_due = (report.step + 1) % self.snapshot_interval == 0
-        body = None if self.on_step_record else self._conv.steady_body(report, time_ns=time_ns)
-        if body is not None:
+        compactor = self._compactor
+        steady = None if self.on_step_record else compactor.steady_fields(report, time_ns)
+        if steady is not None:  # the common step: encoded without building its record
+            body = STEP.encode_fields(steady)
             offset = self.sink.append(RecordType.STEP, body, boundary=not snapshot_due)
         else:
-            step = self._conv.convert(report, time_ns=time_ns)
+            step = compactor.compact(report, time_ns)
             if self.on_step_record is not None:
                 self.on_step_record(step)
             offset = self._append(step, boundary=not snapshot_due)
@@ -148,7 +150,7 @@ class Recorder:
         counts[2] += len(report.finishes)
         counts[3] += len(report.preemptions)
         if snapshot_due:
-            self._write_snapshot(self._conv.snapshot(self.engine.snapshot(ref_cnts=False)))
+            self._write_snapshot(self.engine.snapshot())
 
     def _write_snapshot(self, snap: Snapshot) -> None:
         self._snapshots.append((snap.step, self._append(snap, boundary=True)))

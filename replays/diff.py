@@ -4,13 +4,12 @@ are identical, 1 when they differ, 2 on bad input, so it serves as a regression 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from itertools import zip_longest
 from pathlib import Path
 
 from recorder.reader import TraceReader
-from recorder.schema import Kind, Reason, Status, Step
+from recorder.schema import KIND_LABELS, REASON_LABELS, STATUS_LABELS, Step, label
 from replays.reducer import StepView
 from replays.stats import TraceStats, trace_stats
 from replays.timeline import Timeline
@@ -67,7 +66,7 @@ def diff_traces(a: str | Path, b: str | Path) -> TraceDiff:
     what: tuple[str, ...] = ()
     differing = 0
     with TraceReader(a) as ra, TraceReader(b) as rb:
-        for rec_a, rec_b in zip_longest(_steps(ra), _steps(rb)):
+        for rec_a, rec_b in zip_longest(ra.steps(), rb.steps()):
             fields_: tuple[str, ...]
             if rec_a is None or rec_b is None:
                 fields_ = ("steps",)
@@ -89,12 +88,6 @@ def diff_traces(a: str | Path, b: str | Path) -> TraceDiff:
     )
 
 
-def _steps(reader: TraceReader) -> Iterator[Step]:
-    for entry in reader.entries():
-        if isinstance(entry.record, Step):
-            yield entry.record
-
-
 def _side(path: Path, step: int) -> StepSide | None:
     with TraceReader(path) as reader:
         timeline = Timeline(reader)
@@ -108,7 +101,7 @@ def describe(view: StepView) -> StepSide:
     """A step's decisions with request ids instead of refs."""
     names = view.names
     rec = view.record
-    kinds = {names[e.ref]: Kind(e.kind).name.lower() for e in view.scheduled}
+    kinds = {names[e.ref]: label(KIND_LABELS, e.kind) for e in view.scheduled}
     return StepSide(
         scheduled={names[e.ref]: e.num_tokens for e in view.scheduled},
         kinds=kinds,
@@ -120,17 +113,14 @@ def describe(view: StepView) -> StepSide:
             f"{names[p.victim]} for {names[p.for_request]} (lost {p.tokens_lost} tokens)"
             for p in rec.preemptions
         ],
-        finished=[
-            f"{names[f.ref]} ({Status(f.status).name.removeprefix('FINISHED_').lower()})"
-            for f in rec.finishes
-        ],
+        finished=[f"{names[f.ref]} ({label(STATUS_LABELS, f.status)})" for f in rec.finishes],
         reasons=[
-            f"{names[s.ref]}: {s.got} of {s.wanted} tokens, {Reason(s.reason).name.lower()}"
+            f"{names[s.ref]}: {s.got} of {s.wanted} tokens, {label(REASON_LABELS, s.reason)}"
             for s in rec.shortfalls
         ]
         + [
-            f"{which} pass stopped: {Reason(q.head).name.lower()}, then "
-            f"{Reason(q.rest).name.lower()}"
+            f"{which} pass stopped: {label(REASON_LABELS, q.head)}, then "
+            f"{label(REASON_LABELS, q.rest)}"
             for which, q in (("running", rec.running_stop), ("waiting", rec.waiting_stop))
             if q is not None
         ],
@@ -200,10 +190,10 @@ def format_diff(d: TraceDiff, max_entries: int = 12) -> str:
     lines.append("")
     unit = d.stats_a.unit
     lines.append(f"{'metric':<16} {'A':>12} {'B':>12} {'B - A':>12}")
-    for label, attr in _METRICS:
+    for name, attr in _METRICS:
         va, vb = getattr(d.stats_a, attr), getattr(d.stats_b, attr)
         lines.append(
-            f"{label:<16} {_fmt(va, attr, unit):>12} {_fmt(vb, attr, unit):>12} "
+            f"{name:<16} {_fmt(va, attr, unit):>12} {_fmt(vb, attr, unit):>12} "
             f"{_delta(va, vb, attr, unit):>12}"
         )
     return "\n".join(lines)
@@ -216,14 +206,14 @@ def _format_side(name: str, side: StepSide | None, max_entries: int) -> list[str
     shown = ", ".join(f"{rid} {n} {side.kinds[rid]}" for rid, n in items[:max_entries])
     more = f", ... {len(items) - max_entries} more" if len(items) > max_entries else ""
     out = [f"  {name} scheduled {sum(side.scheduled.values())} tokens: {shown}{more}"]
-    for label, values in (
+    for what, values in (
         ("admitted", side.admitted),
         ("preempted", side.preempted),
         ("finished", side.finished),
         ("why", side.reasons),
     ):
         if values:
-            out.append(f"  {name} {label}: " + "; ".join(values))
+            out.append(f"  {name} {what}: " + "; ".join(values))
     return out
 
 

@@ -24,8 +24,20 @@ from typing import cast
 from recorder.derive import running_after, waiting_after_fcfs, waiting_after_priority
 from recorder.errors import TraceError
 from recorder.reader import Entry, TraceReader
-from recorder.schema import Header, Kind, KVEvent, KVKind, Sample, Scheduled, Snapshot, Status, Step
-from replays.state import Inconsistent, ReqState, State
+from recorder.schema import (
+    Arrival,
+    Header,
+    Kind,
+    KVEvent,
+    KVKind,
+    RequestState,
+    Sample,
+    Scheduled,
+    Snapshot,
+    Status,
+    Step,
+)
+from replays.state import Inconsistent, State
 
 _ERRORS = (KeyError, IndexError, ValueError, TypeError, OverflowError)
 # Enum members looked up once: a class attribute lookup on an enum costs ~200 ns, and the
@@ -159,21 +171,7 @@ class _Apply:
             if a.ref != s.next_ref:
                 raise Inconsistent(f"arrival with ref {a.ref}, expected {s.next_ref}")
             s.next_ref += 1
-            s.requests[a.ref] = ReqState(
-                a.ref,
-                a.request_id,
-                Status.WAITING,
-                a.num_prompt_tokens,
-                0,
-                0,
-                [],
-                0,
-                a.priority,
-                a.arrival_time,
-                -1,
-                a.sampling.max_tokens,
-                step,
-            )
+            s.requests[a.ref] = arrived(a, step)
 
     def _name_all(self, decoders: list[int]) -> None:
         rec, reqs, names = self.rec, self.s.requests, self.names
@@ -329,7 +327,7 @@ class _Apply:
                             "at the head of the free queue"
                         )
                     ref_cnts[b] = 1
-                    r.block_ids.append(b)
+                    r.block_ids += (b,)
                 elif kind == _CACHED:
                     if b in block_hashes or not 0 < b < s.num_blocks:
                         raise Inconsistent(
@@ -367,7 +365,7 @@ class _Apply:
             if view:
                 self.kv_view.append(KVEvent(kind, ref, blocks, hashes, num_tokens))
 
-    def _allocate(self, r: ReqState, blocks: tuple[int, ...]) -> None:
+    def _allocate(self, r: RequestState, blocks: tuple[int, ...]) -> None:
         s = self.s
         if s.free.popleft_n(len(blocks)) != list(blocks):
             raise Inconsistent(
@@ -376,13 +374,13 @@ class _Apply:
             )
         for b in blocks:
             s.ref_cnts[b] = 1
-        r.block_ids.extend(blocks)
+        r.block_ids += blocks
 
-    def _free(self, r: ReqState, blocks: tuple[int, ...]) -> None:
+    def _free(self, r: RequestState, blocks: tuple[int, ...]) -> None:
         s = self.s
-        if list(blocks) != r.block_ids[::-1]:
+        if blocks != r.block_ids[::-1]:
             raise Inconsistent(f"request {r.ref} freed blocks that are not its table, tail first")
-        r.block_ids = []
+        r.block_ids = ()
         head: list[int] = []
         tail: list[int] = []
         ref_cnts, hashes = s.ref_cnts, s.block_hashes
@@ -393,7 +391,7 @@ class _Apply:
         s.free.prepend_n(head)
         s.free.append_n(tail)
 
-    def _hit(self, r: ReqState, blocks: tuple[int, ...]) -> None:
+    def _hit(self, r: RequestState, blocks: tuple[int, ...]) -> None:
         s = self.s
         for b in blocks:
             if b not in s.block_hashes:
@@ -401,7 +399,7 @@ class _Apply:
             if s.ref_cnts[b] == 0:
                 s.free.remove(b)
             s.ref_cnts[b] += 1
-        r.block_ids.extend(blocks)
+        r.block_ids += blocks
 
     def _cache(self, blocks: tuple[int, ...], hashes: tuple[bytes, ...]) -> None:
         s = self.s
@@ -413,7 +411,26 @@ class _Apply:
             s.block_hashes[b] = h
 
 
-def _sampled(r: ReqState, count: int, step: int) -> None:
+def arrived(a: Arrival, step: int) -> RequestState:
+    """A request as it arrives in `step`: waiting, nothing computed yet."""
+    return RequestState(
+        a.ref,
+        a.request_id,
+        Status.WAITING,
+        a.num_prompt_tokens,
+        0,
+        0,
+        (),
+        0,
+        a.priority,
+        a.arrival_time,
+        -1,
+        a.sampling.max_tokens,
+        step,
+    )
+
+
+def _sampled(r: RequestState, count: int, step: int) -> None:
     if count and not r.num_output_tokens:
         r.first_token_step = step
     r.num_output_tokens += count

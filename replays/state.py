@@ -3,8 +3,8 @@
 `State` is what the reducer (replays.reducer) updates one step record at a time. It
 starts from the header (`State.initial`) or from any snapshot record
 (`State.from_snapshot`), turns back into one (`to_snapshot`), copies cheaply (`copy`, for
-keyframes), and converts to `Picture`, field for field the engine's own EngineState.
-Only the trace schema is imported here, never the engine.
+keyframes); `to_snapshot` is field for field what the engine's own snapshot says. Its
+requests are the same RequestState records that snapshots hold.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from recorder.errors import TraceError
-from recorder.schema import Header, RequestSnap, Snapshot, Status
+from recorder.schema import Header, RequestState, Snapshot, Status
 from replays.freequeue import FreeQueue
 
 MAX_BLOCKS = 1 << 22  # a header asking for more is refused: the block map would not fit
@@ -22,81 +22,6 @@ POLICIES = ("fcfs", "priority")
 
 class Inconsistent(TraceError):
     """A record that does not fit the state it is applied to."""
-
-
-@dataclass(slots=True)
-class ReqState:
-    """One unfinished request."""
-
-    ref: int  # its ref in the trace
-    request_id: str  # the engine's id
-    status: int  # a Status: WAITING, RUNNING or PREEMPTED
-    num_prompt_tokens: int  # prompt length
-    num_output_tokens: int  # tokens sampled so far
-    num_computed_tokens: int  # tokens in the KV cache
-    block_ids: list[int]  # its block table
-    num_preemptions: int  # times preempted
-    priority: int  # lower runs first under the priority policy
-    arrival_time: float  # the policies' tie-break order
-    num_cached_tokens: int  # prefix-hit tokens at first admission (-1: not yet admitted)
-    max_tokens: int  # output tokens, at most
-    arrival_step: int = -1  # step it arrived in (-1: before the trace)
-    first_scheduled_step: int = -1  # step of its first admission (-1: not yet or unknown)
-    first_token_step: int = -1  # step of its first sampled token (-1: not yet or unknown)
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_prompt_tokens + self.num_output_tokens
-
-    def priority_order(self) -> tuple[int, float, str]:
-        return (self.priority, self.arrival_time, self.request_id)
-
-    def copy(self) -> ReqState:
-        return ReqState(
-            self.ref,
-            self.request_id,
-            self.status,
-            self.num_prompt_tokens,
-            self.num_output_tokens,
-            self.num_computed_tokens,
-            list(self.block_ids),
-            self.num_preemptions,
-            self.priority,
-            self.arrival_time,
-            self.num_cached_tokens,
-            self.max_tokens,
-            self.arrival_step,
-            self.first_scheduled_step,
-            self.first_token_step,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class RequestPicture:
-    """engine.state.RequestState, field for field."""
-
-    request_id: str
-    status: int
-    num_prompt_tokens: int
-    num_output_tokens: int
-    num_computed_tokens: int
-    block_ids: tuple[int, ...]
-    num_preemptions: int
-    priority: int
-    num_cached_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class Picture:
-    """engine.state.EngineState, field for field: what tests compare with the engine."""
-
-    step: int
-    requests: tuple[RequestPicture, ...]  # sorted by request id
-    running: tuple[str, ...]
-    waiting: tuple[str, ...]
-    free_queue: tuple[int, ...]
-    ref_cnts: tuple[int, ...]
-    block_hashes: tuple[tuple[int, bytes], ...]
 
 
 @dataclass(slots=True)
@@ -111,7 +36,7 @@ class State:
     block_size: int  # tokens per block
     step: int  # the last step applied
     next_ref: int  # the ref the next arrival gets
-    requests: dict[int, ReqState]  # unfinished requests by ref
+    requests: dict[int, RequestState]  # unfinished requests by ref
     running: list[int]  # running queue (refs), in order
     waiting: list[int]  # waiting queue (refs), in admission order
     free: FreeQueue  # free blocks, head first
@@ -146,7 +71,7 @@ class State:
         """The state a snapshot record describes (validated: it may come from anywhere)."""
         _check_header(header)
         n = header.num_blocks
-        requests: dict[int, ReqState] = {}
+        requests: dict[int, RequestState] = {}
         ref_cnts = [0] * n
         for r in snap.requests:
             if r.ref in requests or r.ref >= snap.next_ref:
@@ -211,7 +136,7 @@ class State:
         return Snapshot(
             step=self.step,
             next_ref=self.next_ref,
-            requests=tuple(_snap(self.requests[ref]) for ref in sorted(self.requests)),
+            requests=tuple(self.requests[ref].copy() for ref in sorted(self.requests)),
             running=tuple(self.running),
             waiting=tuple(self.waiting),
             free_queue=tuple(self.free),
@@ -219,37 +144,8 @@ class State:
             cached_hashes=tuple(h for _, h in cached),
         )
 
-    def picture(self) -> Picture:
-        ids = self.request_id
-        requests = sorted(
-            (
-                RequestPicture(
-                    r.request_id,
-                    r.status,
-                    r.num_prompt_tokens,
-                    r.num_output_tokens,
-                    r.num_computed_tokens,
-                    tuple(r.block_ids),
-                    r.num_preemptions,
-                    r.priority,
-                    r.num_cached_tokens,
-                )
-                for r in self.requests.values()
-            ),
-            key=lambda r: r.request_id,
-        )
-        return Picture(
-            self.step,
-            tuple(requests),
-            tuple(map(ids, self.running)),
-            tuple(map(ids, self.waiting)),
-            tuple(self.free),
-            tuple(self.ref_cnts),
-            tuple(sorted(self.block_hashes.items())),
-        )
-
     def check_invariants(self, free: Sequence[int] | None = None) -> None:
-        """Raise Inconsistent unless the block map holds together (DESIGN.md K8). `free`:
+        """Raise Inconsistent unless the block map holds together (docs/contracts.md K8). `free`:
         the free queue's blocks when the caller has them as a list already."""
         held = [0] * self.num_blocks
         for r in self.requests.values():
@@ -300,48 +196,12 @@ def _check_block(block: int, num_blocks: int) -> None:
         raise Inconsistent(f"block {block} is outside the pool 1..{num_blocks - 1}")
 
 
-def _check_refs(refs: tuple[int, ...], requests: dict[int, ReqState], what: str) -> None:
+def _check_refs(refs: tuple[int, ...], requests: dict[int, RequestState], what: str) -> None:
     if len(set(refs)) != len(refs) or any(r not in requests for r in refs):
         raise Inconsistent(f"{what} queue names unknown or repeated requests")
 
 
-def _request(r: RequestSnap) -> ReqState:
+def _request(r: RequestState) -> RequestState:
     if r.status > Status.PREEMPTED:
         raise Inconsistent(f"request {r.ref} has finished status {r.status}")
-    return ReqState(
-        r.ref,
-        r.request_id,
-        r.status,
-        r.num_prompt_tokens,
-        r.num_output_tokens,
-        r.num_computed_tokens,
-        list(r.block_ids),
-        r.num_preemptions,
-        r.priority,
-        r.arrival_time,
-        r.num_cached_tokens,
-        r.max_tokens,
-        r.arrival_step,
-        r.first_scheduled_step,
-        r.first_token_step,
-    )
-
-
-def _snap(r: ReqState) -> RequestSnap:
-    return RequestSnap(
-        r.ref,
-        r.request_id,
-        r.status,
-        r.num_prompt_tokens,
-        r.num_output_tokens,
-        r.num_computed_tokens,
-        tuple(r.block_ids),
-        r.num_preemptions,
-        r.priority,
-        r.arrival_time,
-        r.num_cached_tokens,
-        r.max_tokens,
-        r.arrival_step,
-        r.first_scheduled_step,
-        r.first_token_step,
-    )
+    return r.copy()

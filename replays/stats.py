@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from recorder.reader import TraceReader
-from recorder.schema import Snapshot, Status, Step
-from replays.reducer import apply
-from replays.state import ReqState, State
+from recorder.schema import STATUS_LABELS, RequestState, Snapshot, Step, label, percentile
+from replays.reducer import apply, arrived
+from replays.state import State
 
 
 @dataclass
@@ -62,17 +62,6 @@ class TraceStats:
         return asdict(self)
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default); None for none."""
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 def trace_stats(path: str | Path) -> TraceStats:
     """Compute the metrics of the trace at `path` (its readable part, if it was cut)."""
     with TraceReader(path) as reader:
@@ -87,7 +76,7 @@ class _Collector:
         self.usable = header.num_blocks - 1
         self.ends = array("q")  # each step's end, ns since recording started
         self.first_step = header.first_step
-        self.reqs: dict[int, ReqState] = {}
+        self.reqs: dict[int, RequestState] = {}
         self.finish: dict[int, tuple[int, int]] = {}  # ref -> (step, status)
         self.min_free = self.usable
         self.preemptions = 0
@@ -114,21 +103,7 @@ class _Collector:
         for a in rec.arrivals:
             r = state.requests.get(a.ref)
             if r is None:  # it finished in the same step (an error at arrival)
-                r = ReqState(
-                    a.ref,
-                    a.request_id,
-                    0,
-                    a.num_prompt_tokens,
-                    0,
-                    0,
-                    [],
-                    0,
-                    a.priority,
-                    a.arrival_time,
-                    -1,
-                    a.sampling.max_tokens,
-                    rec.step,
-                )
+                r = arrived(a, rec.step)
             self.reqs[a.ref] = r
         for f in rec.finishes:
             self.finish[f.ref] = (rec.step, f.status)
@@ -148,7 +123,7 @@ class _Collector:
         # A request arrives before its step starts: when the step before it ended.
         return self._time(step - 1) if self.timed else float(step - 1)
 
-    def _request(self, ref: int, r: ReqState) -> RequestStats:
+    def _request(self, ref: int, r: RequestState) -> RequestStats:
         finish_step, status = self.finish.get(ref, (-1, 0))
         first = r.first_token_step
         if first < 0 and r.num_output_tokens > 0:
@@ -157,7 +132,7 @@ class _Collector:
         tpot = None
         if first >= 0 and finish_step >= 0 and r.num_output_tokens > 1:
             tpot = (self._time(finish_step) - self._time(first)) / (r.num_output_tokens - 1)
-        name = Status(status).name.removeprefix("FINISHED_").lower() if status else ""
+        name = label(STATUS_LABELS, status) if status else ""
         return RequestStats(
             r.request_id,
             r.arrival_step,

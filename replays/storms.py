@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
-from recorder.codec import STEP, Bad, decode, unpack_body
+from recorder.codec import STEP, decode
+from recorder.encoding import Bad, unpack_body
 from recorder.errors import TraceError
 from recorder.framing import FRAME_SIZE
 from recorder.reader import TraceReader

@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.core import EngineCore, StepResult
-from engine.report import StepReport
+from engine.records import Snapshot, Step
 from engine.sim.driver import make_engine, run_steps
 from engine.sim.workload import SimWorkload, parse_workload
-from engine.state import EngineState
 
 
 def workload(requests: list[dict[str, Any]], **config: Any) -> SimWorkload:
@@ -58,8 +57,14 @@ def run(w: SimWorkload, check: bool = True) -> tuple[list[StepResult], EngineCor
     return results, engine
 
 
+def waiting(result: StepResult) -> list[str]:
+    """The waiting queue at the end of the step, by request id."""
+    return [result.names[r] for r in result.report.waiting or ()]
+
+
 def scheduled(result: StepResult) -> dict[str, int]:
-    return {s.request_id: s.num_tokens for s in result.report.scheduled}
+    names = result.names
+    return {names[s.ref]: s.num_tokens for s in result.report.scheduled}
 
 
 @dataclass
@@ -68,8 +73,9 @@ class Recorded:
 
     recorder: Any  # the Recorder
     engine: EngineCore
-    states: list[EngineState] = field(default_factory=list)  # the engine's, after each step
-    reports: list[StepReport] = field(default_factory=list)  # every step's report
+    states: list[Snapshot] = field(default_factory=list)  # the engine's, after each step
+    reports: list[Step] = field(default_factory=list)  # every step's report
+    results: list[StepResult] = field(default_factory=list)  # every step's result
 
     @property
     def data(self) -> bytes:
@@ -89,6 +95,7 @@ def record(w: SimWorkload, sink: Any = None, **options: Any) -> Recorded:
     for result in run_steps(w, engine):
         out.states.append(engine.snapshot())
         out.reports.append(result.report)
+        out.results.append(result)
     engine.close()
     return out
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine.report import Reason
-from tests.helpers import req, run, scheduled, workload
+from tests.helpers import req, run, scheduled, waiting, workload
 
 
 def test_mixed_batch_leftover_budget_admits_a_chunk() -> None:
@@ -29,7 +29,7 @@ def test_four_1000_token_prompts_with_budget_2048() -> None:
     )
     results, _ = run(w)
     assert scheduled(results[0]) == {"R0": 1000, "R1": 1000, "R2": 48}
-    assert results[0].report.waiting == ["R3"]
+    assert waiting(results[0]) == ["R3"]
     assert results[0].report.waiting_stop is not None
     assert results[0].report.waiting_stop.head == Reason.TOKEN_BUDGET
 
@@ -41,7 +41,7 @@ def test_max_num_seqs_keeps_the_257th_waiting_with_budget_left() -> None:
     step1 = results[1].report
     assert step1.num_scheduled_tokens == 256  # 256 decodes, budget 8192
     assert "late" not in scheduled(results[1])
-    assert step1.waiting == ["late"]
+    assert waiting(results[1]) == ["late"]
     assert step1.waiting_stop is not None and step1.waiting_stop.head == Reason.MAX_NUM_SEQS
 
 
@@ -54,7 +54,7 @@ def test_long_prefill_threshold_chunks_a_2050_token_prompt() -> None:
     results, _ = run(w)
     chunks = [scheduled(r).get("L") for r in results[1:6]]
     assert chunks == [512, 512, 512, 512, 2]
-    capped = [s for s in results[1].report.shortfalls if s.request_id == "L"]
+    capped = [s for s in results[1].report.shortfalls if results[1].names[s.ref] == "L"]
     assert capped and capped[0].reason == Reason.LONG_PREFILL_THRESHOLD
 
 

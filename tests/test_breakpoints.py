@@ -32,31 +32,34 @@ def brute(run: Recorded, tl: Timeline, p: Predicate) -> list[int]:
     tokened: set[str] = set()
     prev_t = 0
     held = False  # a watchpoint's condition at the step before
-    for i, (rep, state) in enumerate(zip(run.reports, run.states)):
+    for i, (result, state) in enumerate(zip(run.results, run.states)):
+        rep, names = result.report, result.names
+        sampled = result.sampled()
         for a in rep.arrivals:
             arrived[a.request_id] = i
-        admitted |= {a.request_id for a in rep.admissions}
+        admitted |= {names[a.ref] for a in rep.admissions}
         t = tl.record(i).time_ns
         k, req, v = p.kind, p.request, p.value
         if k == "preempt":
             hit = bool(rep.preemptions) and (
-                req is None or any(x.victim == req for x in rep.preemptions)
+                req is None or any(names[x.victim] == req for x in rep.preemptions)
             )
         elif k == "admit":
-            hit = any(a.request_id == req for a in rep.admissions)
+            hit = any(names[a.ref] == req for a in rep.admissions)
         elif k == "finish":
-            hit = any(f.request_id == req for f in rep.finishes)
+            hit = any(names[f.ref] == req for f in rep.finishes)
         elif k == "first-token":
-            hit = req in rep.sampled and req not in tokened
-            tokened |= set(rep.sampled)
+            hit = req in sampled and req not in tokened
+            tokened |= set(sampled)
         elif k == "free":
-            hit = rep.num_free_blocks < v
+            hit = rep.free_blocks < v
         elif k == "slow":
             hit = (t - prev_t) / 1e6 > v
         elif k == "util":
             hit = 100 * rep.num_scheduled_tokens / rep.token_budget < v
         else:
-            hit = any(r not in admitted and i - arrived[r] > v for r in state.waiting)
+            ids = [names[r] for r in state.waiting]
+            hit = any(r not in admitted and i - arrived[r] > v for r in ids)
         prev_t = t
         if p.edge:
             hit, held = hit and not held, hit

@@ -30,8 +30,8 @@ def test_every_step_reports_its_timings() -> None:
         assert len(report.timings) == 1
         t = report.timings[0]
         assert t.step == report.step
-        assert min(t.prepare_s, t.forward_s, t.sample_s) >= 0
-        assert t.attention_s is not None and 0 < t.attention_s <= t.forward_s
+        assert min(t.prepare_ns, t.forward_ns, t.sample_ns) >= 0
+        assert t.attention_ns is not None and 0 < t.attention_ns <= t.forward_ns
         assert t.kernels == ()
         steps += 1
     assert steps == 12
@@ -49,7 +49,7 @@ def test_profile_every_n_steps_adds_a_per_operator_breakdown() -> None:
             profiled.append(t.step)
             names = {k.name for k in t.kernels}
             assert "aten::mm" in names or "aten::addmm" in names
-            assert all(k.calls > 0 and k.total_s > 0 for k in t.kernels)
+            assert all(k.calls > 0 and k.total_ns > 0 for k in t.kernels)
     assert profiled == [0, 3, 6]
 
 
@@ -158,7 +158,7 @@ def test_cuda_engine_gives_the_cpu_engines_tokens() -> None:
     outs = cuda.generate(prompts, GREEDY)
     assert [o.output_token_ids for o in outs] == cpu
     timings = cuda.runner.flush_timings()
-    assert all(t.forward_s >= 0 for t in timings)
+    assert all(t.forward_ns >= 0 for t in timings)
 
 
 def test_thread_tuner_keeps_the_faster_thread_count(monkeypatch: pytest.MonkeyPatch) -> None:

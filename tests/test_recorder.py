@@ -12,16 +12,15 @@ from typing import Any
 import pytest
 
 from engine.config import EngineConfig
-from engine.core import EngineCore
+from engine.core import EngineCore, StepResult
 from engine.events import EventSink
 from engine.kv.hashing import BlockHasher
-from engine.outputs import KernelStat, ModelRunnerOutput, RunnerTimings, SchedulerOutput
-from engine.report import StepReport
+from engine.outputs import ModelRunnerOutput, SchedulerOutput
+from engine.records import Kernel, KVEvents, KVKind, Timing, ns
 from engine.request import Request, SamplingParams
 from engine.sim.api import demo_workload_path
 from engine.sim.runner import SimRunner
 from engine.sim.workload import load_workload
-from engine.state import EngineState
 from recorder.reader import TraceReader
 from recorder.recorder import Recorder, open_recording
 from recorder.schema import Snapshot, Step
@@ -56,41 +55,59 @@ def replay_all(path: Path) -> tuple[list[State], list[StepView]]:
     return states, views
 
 
-def same_picture(state: State, engine_state: EngineState) -> bool:
-    return dataclasses.astuple(state.picture()) == dataclasses.astuple(engine_state)
+def same_picture(state: State, engine_state: Snapshot) -> bool:
+    return state.to_snapshot() == engine_state
 
 
-def report_facts(rep: StepReport) -> dict[str, Any]:
+def kv_facts(
+    events: KVEvents, names: dict[int, str], before: Snapshot | None
+) -> list[tuple[Any, ...]]:
+    """The engine's KV events with request ids, EVICTED ones with the hashes they dropped
+    (from the engine's block map before the step, and the step's own CACHED events)."""
+    cached = {} if before is None else dict(zip(before.cached_block_ids, before.cached_hashes))
+    out = []
+    for kind, ref, blocks, hashes, tokens in events.rows():
+        if kind == KVKind.EVICTED:
+            hashes = tuple(cached.pop(b) for b in blocks)
+        elif kind == KVKind.CACHED:
+            cached.update(zip(blocks, hashes))
+        out.append((kind, None if ref is None else names[ref], blocks, hashes, tokens))
+    return out
+
+
+def report_facts(result: StepResult, before: Snapshot | None) -> dict[str, Any]:
     """A report's decisions as plain data, with request ids."""
+    rep, names = result.report, result.names
     return dict(
         scheduled=[
-            (s.request_id, s.num_tokens, s.kind, s.num_computed_before, s.num_spec_tokens)
+            (names[s.ref], s.num_tokens, s.kind, s.num_computed_before, s.num_spec_tokens)
             for s in rep.scheduled
         ],
-        sampled={rid: list(toks) for rid, toks in rep.sampled.items()},
-        kv=[(e.kind, e.request_id, e.block_ids, e.hashes, e.num_tokens) for e in rep.kv_events],
-        admissions=[(a.request_id, a.cached_tokens, a.resumed) for a in rep.admissions],
+        sampled=result.sampled(),
+        kv=kv_facts(rep.kv_events, names, before),
+        admissions=[(names[a.ref], a.cached_tokens, a.resumed) for a in rep.admissions],
         preemptions=[
-            (p.victim, p.for_request, p.tokens_lost, p.unscheduled_tokens) for p in rep.preemptions
+            (names[p.victim], names[p.for_request], p.tokens_lost, p.unscheduled_tokens)
+            for p in rep.preemptions
         ],
-        shortfalls=[(s.request_id, s.wanted, s.got, s.reason) for s in rep.shortfalls],
+        shortfalls=[(names[s.ref], s.wanted, s.got, s.reason) for s in rep.shortfalls],
         stops=[
             None if q is None else (q.head, q.rest) for q in (rep.running_stop, rep.waiting_stop)
         ],
-        finishes=[(f.request_id, f.status, f.message) for f in rep.finishes],
-        spec=dict(rep.num_spec_accepted),
+        finishes=[(names[f.ref], f.status, f.message) for f in rep.finishes],
+        spec={names[a.ref]: a.accepted for a in rep.spec_accepted},
         arrivals=[
             (
                 a.request_id,
-                list(a.prompt_token_ids),
+                list(a.prompt_token_ids or ()),
                 a.priority,
                 a.arrival_time,
                 a.eos_token_id,
-                a.sampling_params.max_tokens,
+                a.sampling.max_tokens,
             )
             for a in rep.arrivals
         ],
-        counts=(rep.token_budget, rep.num_free_blocks_after_schedule, rep.num_free_blocks),
+        counts=(rep.token_budget, rep.free_blocks_after_schedule, rep.free_blocks),
     )
 
 
@@ -136,9 +153,13 @@ def view_facts(view: StepView) -> dict[str, Any]:
 def check_recording(run: Recorded, tmp_path: Path) -> list[State]:
     states, views = replay_all(write_trace(tmp_path, run.data))
     assert len(states) == len(run.states)
-    for state, engine_state, view, report in zip(states, run.states, views, run.reports):
-        assert same_picture(state, engine_state), f"step {report.step}"
-        assert view_facts(view) == report_facts(report), f"step {report.step}"
+    for i, (state, engine_state, view, result) in enumerate(
+        zip(states, run.states, views, run.results)
+    ):
+        step = result.report.step
+        assert same_picture(state, engine_state), f"step {step}"
+        before = run.states[i - 1] if i else None
+        assert view_facts(view) == report_facts(result, before), f"step {step}"
     return states
 
 
@@ -172,7 +193,7 @@ def test_spec_decode_and_priorities_replay_exactly(policy: str, tmp_path: Path) 
     )
     run = record(w, snapshot_interval=4)
     assert any(r.preemptions for r in run.reports)
-    assert any(r.num_spec_accepted for r in run.reports)
+    assert any(r.spec_accepted for r in run.reports)
     assert any(a.cached_tokens for r in run.reports for a in r.admissions)
     check_recording(run, tmp_path)
 
@@ -190,8 +211,9 @@ class ScriptedEngine:
             self.engine, sink or MemoryWriter(), strict=True, snapshot_interval=3
         )
         self.hasher = BlockHasher(config.block_size)
-        self.states: list[EngineState] = []
-        self.reports: list[StepReport] = []
+        self.states: list[Snapshot] = []
+        self.reports: list[Step] = []
+        self.results: list[StepResult] = []
 
     def add(self, rid: str, n: int, max_tokens: int = 6, **kw: Any) -> None:
         self.runner.add_script(rid, [5, 6, 7, 8, 9, 10, 11, 12])
@@ -206,14 +228,16 @@ class ScriptedEngine:
 
     def step(self, n: int = 1) -> None:
         for _ in range(n):
-            self.reports.append(self.engine.step().report)
+            result = self.engine.step()
+            self.results.append(result)
+            self.reports.append(result.report)
             self.states.append(self.engine.snapshot())
 
     def finish(self) -> Recorded:
         while self.engine.has_unfinished():
             self.step()
         self.engine.close()
-        return Recorded(self.recorder, self.engine, self.states, self.reports)
+        return Recorded(self.recorder, self.engine, self.states, self.reports, self.results)
 
 
 def test_aborts_errors_stop_tokens_and_reused_ids(tmp_path: Path) -> None:
@@ -231,7 +255,7 @@ def test_aborts_errors_stop_tokens_and_reused_ids(tmp_path: Path) -> None:
     e.engine.abort("c")  # a reused id aborted again before it ever ran
     e.add("c", 5)
     run = e.finish()
-    statuses = [(f.request_id, int(f.status)) for r in run.reports for f in r.finishes]
+    statuses = [(r.names[f.ref], int(f.status)) for r in run.results for f in r.report.finishes]
     assert ("huge", 6) in statuses and ("b", 3) in statuses
     assert statuses.count(("a", 5)) == 1 and statuses.count(("c", 5)) == 2
     check_recording(run, tmp_path)
@@ -291,7 +315,7 @@ def test_redacted_traces_hold_no_token_ids_but_replay_the_prefix_cache(tmp_path:
     for state, engine_state in zip(states, run.states):
         assert same_picture(state, engine_state)
     counts = [sum(s.count for s in v.samples) for v in views]
-    assert counts == [sum(map(len, r.sampled.values())) for r in run.reports]
+    assert counts == [sum(map(len, r.sampled().values())) for r in run.results]
 
 
 def token_bytes(tokens: list[int]) -> bytes:
@@ -342,6 +366,7 @@ def test_attached_mid_run_the_trace_starts_with_a_snapshot(tmp_path: Path) -> No
     e.engine.abort("b")
     e.states.clear()
     e.reports.clear()
+    e.results.clear()
     run = e.finish()
     path = write_trace(tmp_path, sink.data)
     with TraceReader(path) as reader:
@@ -367,19 +392,19 @@ class TimedRunner(SimRunner):
 
     def __init__(self) -> None:
         super().__init__({})
-        self.pending: RunnerTimings | None = None
+        self.pending: Timing | None = None
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         result = super().execute(out)
         late, self.pending = (
             self.pending,
-            RunnerTimings(
+            Timing(
                 out.step,
-                0.001,
-                0.02 + out.step * 1e-6,
-                None if out.step % 2 else 0.005,
-                0.0003,
-                (KernelStat("attention", 12, 0.004), KernelStat("matmul", 40, 0.012)),
+                ns(0.001),
+                ns(0.02 + out.step * 1e-6),
+                None if out.step % 2 else ns(0.005),
+                ns(0.0003),
+                (Kernel("attention", 12, ns(0.004)), Kernel("matmul", 40, ns(0.012))),
             ),
         )
         result.timings = [late] if late is not None else []
@@ -395,21 +420,19 @@ def test_timings_are_recorded_and_read_back(tmp_path: Path) -> None:
     sent = []
     while engine.has_unfinished():
         rep = engine.step().report
-        sent.append((rep.schedule_s, rep.update_s, list(rep.timings)))
+        sent.append((rep.schedule_ns, rep.update_ns, list(rep.timings)))
     engine.close()
     with TraceReader(write_trace(tmp_path, recorder.sink.data)) as reader:
         steps = list(reader.steps())
-    assert [round(s.schedule_ns) for s in steps] == [round(x[0] * 1e9) for x in sent]
+    assert [s.schedule_ns for s in steps] == [x[0] for x in sent]
     assert all(s.update_ns > 0 and s.time_ns > 0 for s in steps)
     for step, (_, _, timings) in zip(steps, sent):
         assert [t.step for t in step.timings] == [t.step for t in timings]
         for got, want in zip(step.timings, timings):
-            assert got.forward_ns == round(want.forward_s * 1e9)
-            assert got.attention_ns == (
-                None if want.attention_s is None else round(want.attention_s * 1e9)
-            )
+            assert got.forward_ns == want.forward_ns
+            assert got.attention_ns == want.attention_ns
             assert [(k.name, k.calls, k.total_ns) for k in got.kernels] == [
-                (k.name, k.calls, round(k.total_s * 1e9)) for k in want.kernels
+                (k.name, k.calls, k.total_ns) for k in want.kernels
             ]
     assert steps[1].timings[0].step == 0  # measured in step 0, arrived with step 1
 
@@ -419,7 +442,7 @@ class Collecting(EventSink):
         self.steps: list[int] = []
         self.closed = False
 
-    def on_step(self, report: StepReport) -> None:
+    def on_step(self, report: Step) -> None:
         self.steps.append(report.step)
 
     def close(self) -> None:
@@ -447,14 +470,16 @@ def test_a_recorder_bug_stops_recording_not_the_engine(
 
     engine = make_engine(w)
     recorder = Recorder(engine, MemoryWriter())
-    real = recorder._conv.convert
+    compactor = recorder._compactor
+    real = compactor.compact
 
-    def flaky(rep: StepReport, **kw: Any) -> Step:
+    def flaky(rep: Step, *args: Any) -> Step:
         if rep.step == 30:
             raise RuntimeError("boom")
-        return real(rep, **kw)
+        return real(rep, *args)
 
-    recorder._conv.convert = flaky  # type: ignore[method-assign]
+    compactor.compact = flaky  # type: ignore[method-assign]
+    compactor.steady_fields = lambda rep, *args: None  # type: ignore[method-assign]
     with caplog.at_level(logging.ERROR, logger="schedtop.recorder"):
         n = len(list(run_steps(w, engine)))
     engine.close()
@@ -535,28 +560,26 @@ def test_reducer_copies_are_independent_and_reduce_is_pure(tmp_path: Path) -> No
 def test_replay_yields_every_state_and_checks_snapshots(tmp_path: Path) -> None:
     run = record(load_workload(demo_workload_path()), snapshot_interval=10)
     with TraceReader(write_trace(tmp_path, run.data)) as reader:
-        pictures = [s.picture() for s in replay(reader.header, reader.entries())]
-    assert [dataclasses.astuple(p) for p in pictures] == [
-        dataclasses.astuple(s) for s in run.states
-    ]
+        pictures = [s.to_snapshot() for s in replay(reader.header, reader.entries())]
+    assert pictures == run.states
 
 
 @pytest.mark.parametrize("redact", [False, True])
 def test_steady_decode_fast_path_writes_the_same_bytes(redact: bool) -> None:
     from engine.sim.driver import make_engine, run_steps
-    from recorder.codec import encode
-    from recorder.convert import StepConverter
+    from recorder.codec import STEP, encode
+    from recorder.convert import StepCompactor
 
     w = load_workload(demo_workload_path())
-    fast, slow = StepConverter(w.config.policy, redact), StepConverter(w.config.policy, redact)
+    fast, slow = StepCompactor(w.config.policy, redact), StepCompactor(w.config.policy, redact)
     taken = 0
     for result in run_steps(w, make_engine(w)):
         rep = result.report
-        body = fast.steady_body(rep, time_ns=rep.step)
-        if body is None:
-            fast.convert(rep, time_ns=rep.step)
-        step = slow.convert(rep, time_ns=rep.step)
-        if body is not None:
+        fields = fast.steady_fields(rep, rep.step)
+        if fields is None:
+            fast.compact(rep, rep.step)
+        step = slow.compact(rep, rep.step)
+        if fields is not None:
             taken += 1
-            assert body == encode(step)[1], rep.step
+            assert STEP.encode_fields(fields) == encode(step)[1], rep.step
     assert taken > 20  # the demo has long runs of pure decoding

@@ -10,7 +10,7 @@ from engine.kv.hashing import BlockHasher
 from engine.report import Kind, Reason
 from engine.request import Request, RequestStatus, SamplingParams
 from engine.sim.runner import SimRunner
-from tests.helpers import req, run, scheduled, workload
+from tests.helpers import req, run, scheduled, waiting, workload
 
 
 def engine(**cfg: object) -> EngineCore:
@@ -34,7 +34,7 @@ def test_prompt_too_long_for_the_pool_finishes_with_error_and_others_go_on() -> 
     e.add_request(request("ok", 10))
     assert e.scheduler.requests.keys() == {"ok"}
     result = e.step()
-    assert [f.request_id for f in result.report.finishes] == ["huge"]
+    assert [result.names[f.ref] for f in result.report.finishes] == ["huge"]
     assert result.report.finishes[0].status == RequestStatus.FINISHED_ERROR
     assert "KV blocks" in result.report.finishes[0].message
     while e.has_unfinished():
@@ -66,8 +66,8 @@ def test_abort_from_waiting_and_from_running_frees_blocks() -> None:
     assert e.abort("wait") and e.abort("run")
     assert not e.abort("nobody")
     assert e.scheduler.kv.num_free_blocks == free_before + 3
-    report = e.step().report
-    assert {f.request_id: f.status for f in report.finishes} == {
+    result = e.step()
+    assert {result.names[f.ref]: f.status for f in result.report.finishes} == {
         "wait": RequestStatus.FINISHED_ABORTED,
         "run": RequestStatus.FINISHED_ABORTED,
     }
@@ -79,9 +79,9 @@ def test_running_request_that_outgrows_the_pool_ends_with_error() -> None:
     # 4 usable blocks of 16 = 64 tokens; the request wants 40 + 100 tokens.
     w = workload([req("grow", 40, 100)], num_blocks=5, max_model_len=1000)
     results, _ = run(w)
-    finishes = [f for r in results for f in r.report.finishes]
-    assert [(f.request_id, f.status) for f in finishes] == [("grow", RequestStatus.FINISHED_ERROR)]
-    assert any(p.victim == "grow" for r in results for p in r.report.preemptions)
+    finishes = [(r.names[f.ref], f.status) for r in results for f in r.report.finishes]
+    assert finishes == [("grow", RequestStatus.FINISHED_ERROR)]
+    assert any(r.names[p.victim] == "grow" for r in results for p in r.report.preemptions)
 
 
 def test_kinds_prefill_chunk_decode() -> None:
@@ -102,7 +102,7 @@ def test_waiting_head_fails_the_full_prompt_check_and_the_rest_wait_behind_it() 
     stop = results[1].report.waiting_stop
     assert stop is not None
     assert (stop.head, stop.rest) == (Reason.FULL_PROMPT, Reason.HEAD_OF_LINE)
-    assert results[1].report.waiting == ["b", "c"]
+    assert waiting(results[1]) == ["b", "c"]
 
 
 def test_watermark_reason() -> None:
@@ -132,8 +132,8 @@ def test_preemption_skips_the_waiting_pass_with_a_reason() -> None:
     )
     results, _ = run(w)
     step = next(r for r in results if r.report.preemptions)
-    assert step.report.preemptions[0].victim == "c"
-    assert step.report.preemptions[0].for_request == "b"
+    assert step.names[step.report.preemptions[0].victim] == "c"
+    assert step.names[step.report.preemptions[0].for_request] == "b"
     assert step.report.preemptions[0].tokens_lost > 0
     assert not step.report.admissions
     assert step.report.waiting_stop is not None
@@ -151,7 +151,8 @@ def test_priority_unschedules_a_victim_already_scheduled_this_step() -> None:
     results, _ = run(w)
     step = next(r for r in results if r.report.preemptions)
     p = step.report.preemptions[0]
-    assert (p.victim, p.for_request, p.unscheduled_tokens) == ("B", "A", 1)
+    names = step.names
+    assert (names[p.victim], names[p.for_request], p.unscheduled_tokens) == ("B", "A", 1)
     assert "B" not in scheduled(step)
 
 
@@ -164,11 +165,11 @@ def test_spec_decode_outputs_match_the_script_and_drafts_are_verified() -> None:
     results, engine_ = run(w)
     kinds = {s.kind for r in results for s in r.report.scheduled}
     assert Kind.SPEC in kinds
-    accepted = sum(n for r in results for n in r.report.num_spec_accepted.values())
+    accepted = sum(a.accepted for r in results for a in r.report.spec_accepted)
     assert accepted > 0
     outputs: dict[str, list[int]] = {}
     for r in results:
-        for rid, toks in r.report.sampled.items():
+        for rid, toks in r.sampled().items():
             outputs.setdefault(rid, []).extend(toks)
     assert outputs["a"] == list(range(7, 37)) and outputs["b"] == list(range(7, 32))
     # Fewer steps than one token per step: drafts were accepted.

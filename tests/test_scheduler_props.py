@@ -64,8 +64,8 @@ def run_checked(w: SimWorkload) -> list[dict[str, Any]]:
         assert not (rep.preemptions and rep.admissions), "admitted in a step that preempted"
         for s in rep.scheduled:
             assert s.num_tokens > 0
-        assert rep.num_free_blocks == engine.scheduler.kv.num_free_blocks
-        finished |= {f.request_id for f in rep.finishes}
+        assert rep.free_blocks == engine.scheduler.kv.num_free_blocks
+        finished |= {result.names[f.ref] for f in rep.finishes}
         decisions.append(decision_record(result, engine))
     assert finished == {r.id for r in w.requests}, "every request finishes"
     assert not engine.scheduler.kv.req_to_blocks, "no blocks held at the end"

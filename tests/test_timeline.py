@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from pathlib import Path
 
 import pytest
 
+from engine.records import Snapshot
 from engine.sim.api import demo_workload_path
 from engine.sim.workload import load_workload
-from engine.state import EngineState
 from recorder.reader import TraceReader
 from replays.state import State
 from replays.timeline import Timeline
 from tests.helpers import Recorded, record, req, workload, write_trace
 
 
-def same(state: State, engine_state: EngineState) -> bool:
-    return dataclasses.astuple(state.picture()) == dataclasses.astuple(engine_state)
+def same(state: State, engine_state: Snapshot) -> bool:
+    return state.to_snapshot() == engine_state
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +43,7 @@ def test_stepping_from_zero_matches_jumping(demo: tuple[Recorded, Path]) -> None
     for step in range(walker.num_steps):
         walked = walker.state(step)
         if step in targets:
-            assert walked.picture() == jumper.state(step).picture()
+            assert walked.to_snapshot() == jumper.state(step).to_snapshot()
             assert same(walked, run.states[step])
 
 
@@ -52,12 +51,12 @@ def test_back_n_after_forward_n_is_the_identical_state(demo: tuple[Recorded, Pat
     _, path = demo
     tl = Timeline(TraceReader(path), keyframe_interval=8, max_keyframes=4)
     start = 40
-    before = tl.state(start).picture()
+    before = tl.state(start).to_snapshot()
     for step in range(start + 1, start + 30):
         tl.state(step)
     for step in range(start + 29, start - 1, -1):
         tl.state(step)
-    assert tl.state(start).picture() == before
+    assert tl.state(start).to_snapshot() == before
 
 
 def test_view_spells_out_the_step(demo: tuple[Recorded, Path]) -> None:
@@ -65,9 +64,9 @@ def test_view_spells_out_the_step(demo: tuple[Recorded, Path]) -> None:
     tl = Timeline(TraceReader(path))
     for step in (0, 5, 60, tl.last_step):
         view = tl.view(step)
-        report = run.reports[step]
+        result = run.results[step]
         assert [(view.names[s.ref], s.num_tokens) for s in view.scheduled] == [
-            (s.request_id, s.num_tokens) for s in report.scheduled
+            (result.names[s.ref], s.num_tokens) for s in result.report.scheduled
         ]
         assert same(tl.state(step), run.states[step])
 

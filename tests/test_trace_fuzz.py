@@ -89,7 +89,7 @@ def read_everything(data: bytes) -> None:
                     apply(state, rec, entry.offset)
             if state is not None:
                 state.check_invariants()
-                state.picture()
+                state.to_snapshot()
         except TraceError:
             pass
         try:
@@ -291,6 +291,6 @@ def test_nonsense_records_raise_trace_errors_in_the_reducer(data: st.DataObject)
         for i, step in enumerate(steps):
             apply(state, nonsense(data.draw, step) if i == victim else step)
         state.check_invariants()
-        state.picture()
+        state.to_snapshot()
     except TraceError:
         pass

@@ -120,9 +120,9 @@ def test_the_reducer_is_pure(trace: Path) -> None:
     s = session(trace)
     s.handle(Goto(40))
     first = s.frame()
-    before = tl.state(40).picture()
+    before = tl.state(40).to_snapshot()
     again = build_frame(tl.state(40), None, (), (), (), _ctx(first))
-    assert tl.state(40).picture() == before  # the state is read, never changed
+    assert tl.state(40).to_snapshot() == before  # the state is read, never changed
     assert again == build_frame(tl.state(40), None, (), (), (), _ctx(first))
     with pytest.raises(AttributeError):
         first.header.step = 3  # type: ignore[misc]

@@ -14,17 +14,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from recorder.schema import Status, Step
+from recorder.schema import STATUS_LABELS, Status, Step
 from replays.state import State
 from replays.timeline import Timeline
 from tui.waits import decoders, unscheduled
 
-_FINISH_WORDS: dict[int, str] = {
-    Status.FINISHED_STOPPED: "stopped",
-    Status.FINISHED_LENGTH_CAPPED: "length",
-    Status.FINISHED_ABORTED: "aborted",
-    Status.FINISHED_ERROR: "error",
-}
+_FINISH_WORDS = STATUS_LABELS
 _LISTED = 4  # events of one kind in one step listed one by one; more are summarised
 
 

@@ -15,9 +15,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from recorder.schema import Kind, Reason, Status
+from recorder.schema import (
+    KIND_LABELS,
+    REASON_LABELS,
+    STATUS_LABELS,
+    Reason,
+    RequestState,
+    Status,
+)
 from replays.reducer import StepView
-from replays.state import ReqState, State
+from replays.state import State
 from tui.history import Digest, Event
 from tui.incidents import IncidentsVM
 from tui.waits import Wait, breakdown
@@ -25,38 +32,11 @@ from tui.waits import Wait, breakdown
 # Block classes in BlockMapVM.cls; the held ones (USED, SHARED) are those >= USED.
 NULL, FREE, CACHED, USED, SHARED = range(5)
 
-KIND_NAMES: dict[int, str] = {
-    Kind.PREFILL: "prefill",
-    Kind.CHUNK: "chunk",
-    Kind.DECODE: "decode",
-    Kind.SPEC: "spec",
-}
-BATCH_KINDS = ("prefill", "chunk", "decode", "spec")
-
-REASONS: dict[int, str] = {
-    Reason.TOKEN_BUDGET: "token budget",
-    Reason.LONG_PREFILL_THRESHOLD: "long-prefill cap",
-    Reason.MAX_NUM_SEQS: "max_num_seqs",
-    Reason.KV_BLOCKS: "no free KV blocks",
-    Reason.WATERMARK: "KV watermark",
-    Reason.FULL_PROMPT: "whole prompt won't fit",
-    Reason.PREEMPTION: "a preemption this step",
-    Reason.HEAD_OF_LINE: "behind the queue head",
-    Reason.MAX_MODEL_LEN: "max_model_len",
-    Reason.PREEMPTED: "preempted",
-    Reason.NO_CHUNKING: "needs chunking (off)",
-}
-
-STATES: dict[int, str] = {
-    Status.WAITING: "waiting",
-    Status.RUNNING: "running",
-    Status.PREEMPTED: "preempted",
-    Status.FINISHED_STOPPED: "stopped",
-    Status.FINISHED_LENGTH_CAPPED: "length",
-    Status.FINISHED_ABORTED: "aborted",
-    Status.FINISHED_ERROR: "error",
-}
-FINISHED_STATES = frozenset(("stopped", "length", "aborted", "error"))
+KIND_NAMES = KIND_LABELS
+BATCH_KINDS = tuple(KIND_LABELS.values())
+REASONS = REASON_LABELS
+STATES = STATUS_LABELS
+FINISHED_STATES = frozenset(v for k, v in STATUS_LABELS.items() if k > Status.PREEMPTED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +170,7 @@ class StepInput:
     """The shown step spelled out, plus what the state after it no longer has."""
 
     view: StepView  # the step record with its implicit parts made explicit
-    gone: tuple[ReqState, ...]  # requests that finished in the step, as they were before it
+    gone: tuple[RequestState, ...]  # requests that finished in the step, as they were before it
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,7 +322,7 @@ def _rows(
 
 
 def _finished_row(
-    r: ReqState, step: int, view: StepView, sched: tuple[int, str] | None
+    r: RequestState, step: int, view: StepView, sched: tuple[int, str] | None
 ) -> RequestRow:
     """A request that finished in `step`; `r` is how it was before the step."""
     f = next(f for f in view.record.finishes if f.ref == r.ref)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from recorder.schema import Reason, Status, Step
+from recorder.schema import REASON_LABELS, Reason, Status, Step
 from replays.state import State
 
 if TYPE_CHECKING:
@@ -25,20 +25,8 @@ if TYPE_CHECKING:
 NOT_REACHED = -1  # a request left unscheduled with no reason recorded (its pass never got to it)
 MAX_WALK = 4096  # digests a rebuilt book goes back over at most
 
-WORDS: dict[int, str] = {
-    Reason.TOKEN_BUDGET: "token budget",
-    Reason.LONG_PREFILL_THRESHOLD: "long-prefill cap",
-    Reason.MAX_NUM_SEQS: "max_num_seqs",
-    Reason.KV_BLOCKS: "no free KV",
-    Reason.WATERMARK: "KV watermark",
-    Reason.FULL_PROMPT: "prompt won't fit",
-    Reason.PREEMPTION: "a preemption",
-    Reason.HEAD_OF_LINE: "behind the queue head",
-    Reason.MAX_MODEL_LEN: "max_model_len",
-    Reason.PREEMPTED: "preempted",
-    Reason.NO_CHUNKING: "needs chunking",
-    NOT_REACHED: "not reached",
-}
+# The record's own labels (one table per enum), and one for a request no pass reached.
+WORDS: dict[int, str] = {**REASON_LABELS, NOT_REACHED: "not reached"}
 
 
 def decoders(rec: Step, before: State) -> tuple[int, ...]:

@@ -143,14 +143,12 @@ class BlockPool:
                 self.free_queue.remove(block)
             block.ref_cnt += 1
 
-    def cache_full_blocks(
-        self, request_id: str, blocks: list[KVBlock], hashes: list[bytes]
-    ) -> None:
+    def cache_full_blocks(self, ref: int, blocks: list[KVBlock], hashes: list[bytes]) -> None:
         for block, h in zip(blocks, hashes):
             assert block.block_hash is None, f"block {block.block_id} is already cached"
             block.block_hash = h
             self.cached.setdefault(h, {})[block.block_id] = block
-        self.events.add(KVEventKind.CACHED, request_id, [b.block_id for b in blocks], hashes)
+        self.events.add(KVEventKind.CACHED, ref, [b.block_id for b in blocks], hashes)
 
     def free_blocks(self, ordered: Iterable[KVBlock]) -> None:
         """Drop one reference from each block. Blocks reaching 0 go back to the queue:

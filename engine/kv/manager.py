@@ -125,7 +125,7 @@ class KVCacheManager:
             self.num_cached_block[rid] = len(table)
             self.pool.events.add(
                 KVEventKind.PREFIX_HIT,
-                rid,
+                request.ref,
                 [b.block_id for b in new_computed],
                 num_tokens=num_new_computed_tokens,
             )
@@ -134,7 +134,9 @@ class KVCacheManager:
         if num_new_blocks > 0:
             new_blocks = self.pool.get_new_blocks(num_new_blocks)
             table.extend(new_blocks)
-            self.pool.events.add(KVEventKind.ALLOCATED, rid, [b.block_id for b in new_blocks])
+            self.pool.events.add(
+                KVEventKind.ALLOCATED, request.ref, [b.block_id for b in new_blocks]
+            )
         if self.enable_caching:
             # Draft tokens may be rejected, so cache only up to the known tokens.
             self.cache_blocks(request, min(num_computed + num_new_tokens, request.num_tokens))
@@ -161,7 +163,7 @@ class KVCacheManager:
                 return None
             new_blocks = pool.get_new_blocks(need)
             table.extend(new_blocks)
-            pool.events.add(KVEventKind.ALLOCATED, rid, [b.block_id for b in new_blocks])
+            pool.events.add(KVEventKind.ALLOCATED, request.ref, [b.block_id for b in new_blocks])
         if self.enable_caching:
             upto = computed + num_new_tokens
             known = len(request.all_token_ids)
@@ -179,7 +181,7 @@ class KVCacheManager:
         if done >= full:
             return
         table = self.req_to_blocks[rid]
-        self.pool.cache_full_blocks(rid, table[done:full], request.block_hashes[done:full])
+        self.pool.cache_full_blocks(request.ref, table[done:full], request.block_hashes[done:full])
         self.num_cached_block[rid] = full
 
     def free(self, request: Request) -> None:
@@ -191,7 +193,7 @@ class KVCacheManager:
             return
         ordered = table[::-1]
         self.pool.free_blocks(ordered)
-        self.pool.events.add(KVEventKind.FREED, rid, [b.block_id for b in ordered])
+        self.pool.events.add(KVEventKind.FREED, request.ref, [b.block_id for b in ordered])
 
     def can_ever_fit(self, num_tokens: int) -> bool:
         """Whether `num_tokens` tokens fit in the pool with nothing else in it."""

@@ -27,6 +27,7 @@ from engine.model.workload import (
     check_option_names,
     load_run_workload,
 )
+from engine.records import percentile
 from engine.request import SamplingParams
 from engine.sim.workload import WorkloadError, atomic_output
 
@@ -74,17 +75,6 @@ class RunSummary:
     @property
     def prefix_hit_rate(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default), None for no values."""
-    if not values:
-        return None
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def merge_options(workload: RunWorkload, overrides: dict[str, Any] | None) -> dict[str, Any]:

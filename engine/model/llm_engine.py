@@ -178,17 +178,10 @@ class LLMEngine:
         now = self.clock()
         self.last_step = result
         touched: dict[str, Request] = {r.request_id: r for r in result.updated}
-        for r in self.core.take_finished():
+        for r in self.core.take_finished():  # every finish, however it came about
             touched[r.request_id] = r
-        # schedule() can also finish a request (one that grew too big for the KV pool);
-        # StepResult.updated does not list those, the report's finishes do.
-        for f in result.report.finishes:
-            if f.request_id in self._live:
-                touched[f.request_id] = self._live[f.request_id]
-        for rid, r in touched.items():
-            if r.is_finished:
-                self.runner.drop(rid)
-                self._live.pop(rid, None)
+            self.runner.drop(r.request_id)
+            self._live.pop(r.request_id, None)
         return [_snapshot(self._update(r, now)) for r in touched.values()]
 
     def _update(self, req: Request, now: float) -> RequestOutput:

@@ -30,7 +30,8 @@ from engine.model.sampler import Sampler, SamplingBatch
 from engine.model.spec import ModelSpec
 from engine.model.threads import ThreadTuner
 from engine.model.timing import StepTimer, TimedAttention, kernel_stats
-from engine.outputs import ModelRunnerOutput, RunnerTimings, SchedulerOutput
+from engine.outputs import ModelRunnerOutput, SchedulerOutput
+from engine.records import Timing
 
 
 class ModelRunner:
@@ -102,7 +103,7 @@ class ModelRunner:
         would never reach execute(); the engine tells the runner directly."""
         self.batch.remove(req_id)
 
-    def flush_timings(self) -> list[RunnerTimings]:
+    def flush_timings(self) -> list[Timing]:
         """Timings not yet reported (CUDA reads them one step late)."""
         return self.timer.flush()
 

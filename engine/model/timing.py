@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from engine.model.attention.metadata import AttentionMetadata
-from engine.outputs import KernelStat, RunnerTimings
+from engine.records import Kernel, Timing, ns
 
 MAX_KERNELS = 30  # kernels kept per profiled step, by total time
 
@@ -26,12 +26,12 @@ class _Pending:
     step: int  # the step they measure
     marks: dict[str, Any]  # phase name -> torch.cuda.Event
     attention: list[tuple[Any, Any]]  # (start, end) event pairs
-    kernels: tuple[KernelStat, ...] = ()  # the profile, if this step was profiled
+    kernels: tuple[Kernel, ...] = ()  # the profile, if this step was profiled
 
 
 @dataclass
 class StepTimer:
-    """Marks phase boundaries of one step at a time and yields RunnerTimings."""
+    """Marks phase boundaries of one step at a time and yields Timing."""
 
     device: torch.device  # CUDA: events; anything else: host clock
     clock: Callable[[], float] = time.perf_counter  # the host clock
@@ -77,18 +77,18 @@ class StepTimer:
         else:
             self._attention_s += self.clock() - self._attention_start
 
-    def end(self, step: int, kernels: tuple[KernelStat, ...] = ()) -> list[RunnerTimings]:
+    def end(self, step: int, kernels: tuple[Kernel, ...] = ()) -> list[Timing]:
         """Close the step. Returns the timings resolved now: this step's on the host
         clock; on CUDA, those of earlier steps whose events have completed."""
         if self._current is None:
             m = self._marks
             return [
-                RunnerTimings(
+                Timing(
                     step,
-                    m["prepared"] - m["start"],
-                    m["forwarded"] - m["prepared"],
-                    self._attention_s,
-                    m["sampled"] - m["forwarded"],
+                    ns(m["prepared"] - m["start"]),
+                    ns(m["forwarded"] - m["prepared"]),
+                    ns(self._attention_s),
+                    ns(m["sampled"] - m["forwarded"]),
                     kernels,
                 )
             ]
@@ -98,7 +98,7 @@ class StepTimer:
         self._current = None
         return [_resolve(p) for p in ready]
 
-    def flush(self) -> list[RunnerTimings]:
+    def flush(self) -> list[Timing]:
         """Every timing still pending (at the end of a run); waits for the device."""
         if self.cuda:
             torch.cuda.synchronize(self.device)
@@ -106,19 +106,19 @@ class StepTimer:
         return [_resolve(p) for p in ready]
 
 
-def _resolve(p: _Pending) -> RunnerTimings:
+def _resolve(p: _Pending) -> Timing:
     m = p.marks
 
-    def secs(a: str, b: str) -> float:
-        return float(m[a].elapsed_time(m[b])) / 1000.0
+    def span(a: str, b: str) -> int:
+        return ns(float(m[a].elapsed_time(m[b])) / 1000.0)
 
     attention = sum(float(s.elapsed_time(e)) for s, e in p.attention if e is not None) / 1000.0
-    return RunnerTimings(
+    return Timing(
         p.step,
-        secs("start", "prepared"),
-        secs("prepared", "forwarded"),
-        attention,
-        secs("forwarded", "sampled"),
+        span("start", "prepared"),
+        span("prepared", "forwarded"),
+        ns(attention),
+        span("forwarded", "sampled"),
         p.kernels,
     )
 
@@ -146,7 +146,7 @@ class TimedAttention:
         return out  # type: ignore[no-any-return]
 
 
-def kernel_stats(prof: Any, cuda: bool) -> tuple[KernelStat, ...]:
+def kernel_stats(prof: Any, cuda: bool) -> tuple[Kernel, ...]:
     """Per-operator (CPU) or per-kernel (CUDA) totals from a finished torch.profiler run,
     largest first. Self time, so nested operators are not counted twice."""
     from torch.profiler import DeviceType
@@ -160,6 +160,6 @@ def kernel_stats(prof: Any, cuda: bool) -> tuple[KernelStat, ...]:
         else:
             total_us = float(evt.self_cpu_time_total)
         if total_us > 0 and evt.count > 0:
-            stats.append(KernelStat(str(evt.key), int(evt.count), total_us / 1e6))
-    stats.sort(key=lambda s: s.total_s, reverse=True)
+            stats.append(Kernel(str(evt.key), int(evt.count), ns(total_us / 1e6)))
+    stats.sort(key=lambda s: s.total_ns, reverse=True)
     return tuple(stats[:MAX_KERNELS])

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from engine.core import EngineCore, StepResult
 from engine.events import NULL_SINK, EventSink
 from engine.kv.hashing import BlockHasher
-from engine.request import Request, SamplingParams
+from engine.records import Status
+from engine.request import FINISH_REASONS, Request, SamplingParams
 from engine.sim.runner import SimRunner
 from engine.sim.workload import SimWorkload, WorkloadError
 
@@ -34,23 +35,22 @@ class SimSummary:
     preemptions: dict[str, int] = field(default_factory=dict)
 
     def observe(self, result: StepResult) -> None:
-        rep = result.report
+        rep, names = result.report, result.names
         self.num_steps = rep.step + 1
         self.num_preemptions += len(rep.preemptions)
         for a in rep.admissions:
             self.prefix_hit_tokens += a.cached_tokens
         for s in rep.scheduled:
             self.scheduled_tokens += s.num_tokens
-            self.first_scheduled.setdefault(s.request_id, rep.step)
-        for rid in rep.sampled:
+            self.first_scheduled.setdefault(names[s.ref], rep.step)
+        for rid in result.sampled():
             self.first_token.setdefault(rid, rep.step)
         for p in rep.preemptions:
-            self.preemptions[p.victim] = self.preemptions.get(p.victim, 0) + 1
+            victim = names[p.victim]
+            self.preemptions[victim] = self.preemptions.get(victim, 0) + 1
         for f in rep.finishes:
-            self.finish_step[f.request_id] = rep.step
-            self.finish_reason[f.request_id] = {3: "stop", 4: "length", 5: "abort", 6: "error"}[
-                int(f.status)
-            ]
+            self.finish_step[names[f.ref]] = rep.step
+            self.finish_reason[names[f.ref]] = FINISH_REASONS[Status(f.status)]
 
 
 def make_engine(workload: SimWorkload, sink: EventSink = NULL_SINK) -> EngineCore:

@@ -1,0 +1,425 @@
+"""The vocabulary of a step, defined once: the engine fills these records in, the recorder
+encodes them, the trace reader decodes them, and replays and the TUI read them.
+
+Requests are named by their *ref*: the ordinal the engine gives each request it is handed
+(0, 1, 2, ... per run). Request ids may be reused once a request has finished; refs never
+are, and they are small integers. Enum-valued fields hold plain ints where they come from
+a trace (the enums below name them), so that a reader can carry a value it does not know.
+
+Pure Python, no torch: the trace reader imports this module without the model stack.
+`docs/trace-format.md` says how each record is encoded.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from operator import attrgetter
+
+
+class Status(enum.IntEnum):
+    """A request's lifecycle state; every value above PREEMPTED is a finished state."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3  # EOS or a stop token
+    FINISHED_LENGTH_CAPPED = 4  # max_tokens or max_model_len
+    FINISHED_ABORTED = 5  # aborted by the caller, from waiting or running
+    FINISHED_ERROR = 6  # can never run (e.g. more blocks than the pool has)
+
+
+class Kind(enum.IntEnum):
+    """What a scheduled request's tokens are."""
+
+    PREFILL = 0  # the rest of the prompt (or of a recompute), ending with a sample
+    CHUNK = 1  # part of a prefill; no sample this step
+    DECODE = 2  # exactly one token after the last sampled one
+    SPEC = 3  # one token plus draft tokens to verify
+
+
+class Reason(enum.IntEnum):
+    """Why a request was not scheduled, or got fewer tokens than it wanted."""
+
+    TOKEN_BUDGET = 0  # the step's token budget ran out
+    LONG_PREFILL_THRESHOLD = 1  # capped by long_prefill_token_threshold
+    MAX_NUM_SEQS = 2  # running is full
+    KV_BLOCKS = 3  # not enough free KV blocks
+    WATERMARK = 4  # would fit, but not with the watermark kept free
+    FULL_PROMPT = 5  # the chunk fits, the whole sequence does not (scheduler_reserve_full_isl)
+    PREEMPTION = 6  # the waiting pass was skipped: this step preempted someone
+    HEAD_OF_LINE = 7  # behind a waiting request that could not be admitted
+    MAX_MODEL_LEN = 8  # at max_model_len
+    PREEMPTED = 9  # preempted this step
+    NO_CHUNKING = 10  # the prompt exceeds the budget and chunked prefill is off
+
+
+class KVKind(enum.IntEnum):
+    """A KV event's kind."""
+
+    ALLOCATED = 0  # fresh blocks from the free-queue head appended to a request's table
+    FREED = 1  # a request's whole table released, tail-first; shared blocks just lose a ref
+    PREFIX_HIT = 2  # cached blocks appended to a request's table (ref_cnt += 1)
+    CACHED = 3  # full blocks of a request got their hash and became findable
+    EVICTED = 4  # free blocks handed out again lost their hash
+
+
+# One label per enum value, for every screen and command line (the TUI, diff, stats,
+# export); the API's finish_reason words are engine.request.FINISH_REASONS.
+STATUS_LABELS: dict[int, str] = {
+    Status.WAITING: "waiting",
+    Status.RUNNING: "running",
+    Status.PREEMPTED: "preempted",
+    Status.FINISHED_STOPPED: "stopped",
+    Status.FINISHED_LENGTH_CAPPED: "length",
+    Status.FINISHED_ABORTED: "aborted",
+    Status.FINISHED_ERROR: "error",
+}
+KIND_LABELS: dict[int, str] = {
+    Kind.PREFILL: "prefill",
+    Kind.CHUNK: "chunk",
+    Kind.DECODE: "decode",
+    Kind.SPEC: "spec",
+}
+REASON_LABELS: dict[int, str] = {
+    Reason.TOKEN_BUDGET: "token budget",
+    Reason.LONG_PREFILL_THRESHOLD: "long-prefill cap",
+    Reason.MAX_NUM_SEQS: "max_num_seqs",
+    Reason.KV_BLOCKS: "no free KV blocks",
+    Reason.WATERMARK: "KV watermark",
+    Reason.FULL_PROMPT: "whole prompt won't fit",
+    Reason.PREEMPTION: "a preemption this step",
+    Reason.HEAD_OF_LINE: "behind the queue head",
+    Reason.MAX_MODEL_LEN: "max_model_len",
+    Reason.PREEMPTED: "preempted",
+    Reason.NO_CHUNKING: "needs chunking (off)",
+}
+
+
+def label(table: dict[int, str], value: int) -> str:
+    """A value's label; one this version does not know (a newer trace's) as its number."""
+    return table.get(value, f"#{value}")
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default); None for none. The
+    one percentile of every summary: the engine's run summaries and a trace's stats."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How a request samples and when it stops."""
+
+    max_tokens: int = 16  # output tokens, at most
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus mass kept (1 = off)
+    top_k: int = 0  # most likely tokens kept (0 = off)
+    seed: int | None = None  # per-request generator: same tokens in any batch
+    stop_token_ids: tuple[int, ...] = ()  # tokens that end the request (kept in the output)
+    ignore_eos: bool = False  # keep going past the model's EOS token
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens={self.max_tokens}: must be >= 1")
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature}: must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p}: must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k}: must be >= 0 (0 = off)")
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """A request added before the step's schedule(); it gets the next ref."""
+
+    ref: int  # the request's ref: the number of requests the engine was handed before it
+    request_id: str  # the engine's request id
+    num_prompt_tokens: int  # prompt length
+    priority: int  # lower runs first under the priority policy
+    arrival_time: float  # the policies' tie-break order
+    eos_token_id: int | None  # the model's EOS for this request (None: ignored)
+    sampling: SamplingParams  # max_tokens, stop ids, ...
+    prompt_token_ids: tuple[int, ...] | None = None  # the prompt (a trace: None when redacted)
+    prompt_block_hashes: tuple[bytes, ...] | None = None  # full blocks' (a trace: if redacted)
+
+
+@dataclass(slots=True)  # not frozen: the engine builds one per request per step (4x cheaper)
+class Scheduled:
+    """One request's share of the step, in scheduling order (in a trace: one beyond the
+    step's leading decodes)."""
+
+    ref: int  # request
+    num_tokens: int  # tokens computed this step
+    kind: int  # a Kind
+    num_computed_before: int  # tokens in the KV cache before this step
+    num_spec_tokens: int = 0  # draft tokens among num_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A waiting request that entered running."""
+
+    ref: int  # request
+    cached_tokens: int  # prefix-cache hit tokens
+    resumed: bool  # it had been preempted before
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """A request preempted (recompute) so that another could get KV blocks."""
+
+    victim: int  # the preempted request
+    for_request: int  # the request whose allocation failed (may be the victim)
+    tokens_lost: int  # computed tokens thrown away
+    unscheduled_tokens: int = 0  # tokens it had been scheduled this step and gave back
+
+
+@dataclass(frozen=True, slots=True)
+class Shortfall:
+    """A request that got fewer tokens than it wanted (0 = not scheduled)."""
+
+    ref: int  # request
+    wanted: int  # tokens it could have computed
+    got: int  # tokens it was scheduled
+    reason: int  # a Reason
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStop:
+    """Why a pass left requests unscheduled: the first one's reason, then the others'."""
+
+    head: int  # a Reason: the first request left behind
+    rest: int  # a Reason: every request after it
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """A request that finished this step (aborts and errors included)."""
+
+    ref: int  # request
+    status: int  # a finished Status
+    message: str = ""  # for FINISHED_ERROR: what was wrong
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """Tokens sampled by a request that has no scheduled entry this step."""
+
+    ref: int  # request
+    count: int  # tokens appended
+    token_ids: tuple[int, ...] | None = None  # the tokens; None when redacted
+
+
+@dataclass(frozen=True, slots=True)
+class SpecAccepted:
+    """Draft tokens accepted for a speculative request; the rest were rolled back."""
+
+    ref: int  # request
+    accepted: int  # accepted drafts
+
+
+@dataclass(frozen=True, slots=True)
+class KVEvent:
+    """One KV movement; a step's events are in the order they happened."""
+
+    kind: int  # a KVKind
+    ref: int | None  # whose table changed; None for EVICTED
+    block_ids: tuple[int, ...]  # in table order (FREED: in freeing order, tail first)
+    hashes: tuple[bytes, ...] = ()  # CACHED: each block's new hash (EVICTED: the old ones)
+    num_tokens: int = 0  # PREFIX_HIT only: tokens covered by the hit
+
+
+@dataclass(frozen=True, slots=True)
+class KVEvents:
+    """A step's KV events, column by column: compact, and cheap to build and to apply.
+
+    Event i has kind kinds[i] and sizes[i] blocks, the next ones in block_ids; every
+    event but EVICTED takes the next ref in refs; CACHED events take their hashes from
+    hashes, PREFIX_HIT events their token count from hit_tokens."""
+
+    kinds: tuple[int, ...] = ()  # a KVKind per event, in the order they happened
+    refs: tuple[int, ...] = ()  # the request of each event that is not EVICTED
+    sizes: tuple[int, ...] = ()  # blocks per event
+    block_ids: tuple[int, ...] = ()  # every event's blocks, back to back
+    hashes: tuple[bytes, ...] = ()  # the new hash of every CACHED block, back to back
+    hit_tokens: tuple[int, ...] = ()  # tokens covered by each PREFIX_HIT event
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def rows(self) -> Iterator[tuple[int, int | None, tuple[int, ...], tuple[bytes, ...], int]]:
+        """(kind, ref, block_ids, hashes, num_tokens) per event, in order."""
+        refs, hashes, hits = iter(self.refs), self.hashes, iter(self.hit_tokens)
+        at = hashed = 0
+        for kind, size in zip(self.kinds, self.sizes):
+            blocks = self.block_ids[at : at + size]
+            at += size
+            if kind == KVKind.EVICTED:
+                yield kind, None, blocks, (), 0
+            elif kind == KVKind.CACHED:
+                yield kind, next(refs), blocks, hashes[hashed : hashed + size], 0
+                hashed += size
+            elif kind == KVKind.PREFIX_HIT:
+                yield kind, next(refs), blocks, (), next(hits)
+            else:
+                yield kind, next(refs), blocks, (), 0
+
+    def events(self) -> tuple[KVEvent, ...]:
+        """The events spelled out (EVICTED hashes are left empty: the state knows them)."""
+        return tuple(KVEvent(*row) for row in self.rows())
+
+    @classmethod
+    def of(cls, events: Iterable[KVEvent]) -> KVEvents:
+        kinds: list[int] = []
+        refs: list[int] = []
+        sizes: list[int] = []
+        blocks: list[int] = []
+        hashes: list[bytes] = []
+        hits: list[int] = []
+        for e in events:
+            kinds.append(e.kind)
+            sizes.append(len(e.block_ids))
+            blocks += e.block_ids
+            if e.kind != KVKind.EVICTED:
+                assert e.ref is not None, "only EVICTED events have no request"
+                refs.append(e.ref)
+            if e.kind == KVKind.CACHED:
+                hashes += e.hashes
+            elif e.kind == KVKind.PREFIX_HIT:
+                hits.append(e.num_tokens)
+        return cls(
+            tuple(kinds), tuple(refs), tuple(sizes), tuple(blocks), tuple(hashes), tuple(hits)
+        )
+
+
+NO_KV_EVENTS = KVEvents()
+
+
+def ns(seconds: float) -> int:
+    """Seconds as whole nanoseconds (never negative): how every record holds a duration."""
+    return max(0, round(seconds * 1e9))
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """One kernel or operator of a profiled step."""
+
+    name: str  # kernel or operator name
+    calls: int  # launches in the step
+    total_ns: int  # summed time
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Where the runner's time went in one step (it may arrive a step late)."""
+
+    step: int  # the step these timings measure
+    prepare_ns: int  # building the input batch
+    forward_ns: int  # the forward pass, attention included
+    attention_ns: int | None  # attention alone, where measured
+    sample_ns: int  # sampling
+    kernels: tuple[Kernel, ...] = ()  # per-kernel breakdown on profiled steps
+
+
+@dataclass(slots=True)  # not frozen: one per engine step, and frozen init costs 4x more
+class Step:
+    """Everything one step decided and did, as changes to the previous state.
+
+    The engine reports each step explicitly: every scheduled entry in `scheduled`, both
+    queues, `num_decodes` 0. A trace keeps it compact: the scheduled entries are
+    `num_decodes` implicit ones (the first running requests at the start of the step, in
+    order, one DECODE token each), then `scheduled`; `running` and `waiting` are None when
+    the reducer derives them exactly (the recorder checks that before leaving them out).
+    Not frozen (one per step, and frozen construction costs 4x), but never changed once
+    built."""
+
+    step: int  # step index
+    time_ns: int = 0  # end of the step, monotonic ns since recording started (timing)
+    schedule_ns: int = 0  # time in schedule() (timing)
+    update_ns: int = 0  # time in update_from_output() (timing)
+    token_budget: int = 0  # the step's token budget
+    arrivals: tuple[Arrival, ...] = ()  # requests added before this step's schedule()
+    num_decodes: int = 0  # leading implicit DECODE entries
+    scheduled: tuple[Scheduled, ...] = ()  # the explicit scheduled entries, in order
+    admissions: tuple[Admission, ...] = ()  # in order
+    preemptions: tuple[Preemption, ...] = ()  # in the order they happened
+    shortfalls: tuple[Shortfall, ...] = ()  # requests cut short, with reasons
+    running_stop: QueueStop | None = None  # why the running pass stopped early
+    waiting_stop: QueueStop | None = None  # why the waiting pass stopped early
+    finishes: tuple[Finish, ...] = ()  # in order
+    sample_counts: tuple[int, ...] | None = None  # per scheduled entry; None: one each
+    sampled_tokens: tuple[int, ...] | None = None  # all sampled ids, entry order; None: redacted
+    other_samples: tuple[Sample, ...] = ()  # samples without a scheduled entry
+    spec_accepted: tuple[SpecAccepted, ...] = ()  # drafts accepted per speculative request
+    kv_events: KVEvents = NO_KV_EVENTS  # every block movement, in order
+    free_blocks_after_schedule: int = 0  # free blocks right after schedule()
+    free_blocks: int = 0  # free blocks at the end of the step
+    running: tuple[int, ...] | None = None  # running queue at the end; None: derived
+    waiting: tuple[int, ...] | None = None  # waiting queue at the end; None: derived
+    timings: tuple[Timing, ...] = ()  # runner timings resolved this step
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        """The budget used: every scheduled entry's tokens, the leading decodes' included."""
+        return self.num_decodes + sum(e.num_tokens for e in self.scheduled)
+
+
+# -- snapshot -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)  # not frozen: the reducer updates it in place, step by step
+class RequestState:
+    """One unfinished request: in a snapshot record, in the engine's snapshot, and in the
+    state the reducer rebuilds from a trace."""
+
+    ref: int  # request
+    request_id: str  # the engine's request id
+    status: int  # a Status: WAITING, RUNNING or PREEMPTED
+    num_prompt_tokens: int  # prompt length
+    num_output_tokens: int  # tokens sampled so far
+    num_computed_tokens: int  # tokens in the KV cache
+    block_ids: tuple[int, ...]  # its block table
+    num_preemptions: int  # times preempted
+    priority: int  # lower runs first under the priority policy
+    arrival_time: float  # the policies' tie-break order
+    num_cached_tokens: int  # prefix-hit tokens at first admission (-1: not admitted yet)
+    max_tokens: int  # output tokens, at most
+    arrival_step: int = -1  # step it arrived in (-1: before the recording)
+    first_scheduled_step: int = -1  # step it was first admitted in (-1: not yet or unknown)
+    first_token_step: int = -1  # step of its first sampled token (-1: not yet or unknown)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    def priority_order(self) -> tuple[int, float, str]:
+        return (self.priority, self.arrival_time, self.request_id)
+
+    def copy(self) -> RequestState:
+        return RequestState(*_REQUEST_FIELDS(self))
+
+
+_REQUEST_FIELDS = attrgetter(*RequestState.__match_args__)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The full state after step `step`: a reader can start here."""
+
+    step: int  # the last step applied (first_step - 1: before any)
+    next_ref: int  # the ref the next arrival gets
+    requests: tuple[RequestState, ...]  # unfinished requests, by ref
+    running: tuple[int, ...]  # running queue, in order
+    waiting: tuple[int, ...]  # waiting queue, in admission order
+    free_queue: tuple[int, ...]  # free block ids, head (reused first) to tail
+    cached_block_ids: tuple[int, ...]  # blocks holding a hash, ascending
+    cached_hashes: tuple[bytes, ...]  # their hashes, in the same order

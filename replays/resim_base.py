@@ -1,0 +1,129 @@
+"""What both re-simulation runners share: the result types, the checker that compares
+each re-simulated step with the trace's, the recorder it feeds, and requests rebuilt from
+arrival records."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.request import Request
+from recorder.reader import TraceReader
+from recorder.recorder import Recorder
+from recorder.schema import Arrival, Step
+from recorder.writer import NullWriter, TraceWriter
+from replays.diff import differing_fields
+
+_DRIVER_KEYS = ("max_steps", "async_scheduling")
+
+
+class ResimError(ValueError):
+    """A trace that cannot be re-simulated, or overrides that do not make a valid config."""
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first step where the re-simulation decided differently from the trace."""
+
+    step: int  # the step
+    fields: tuple[str, ...]  # which parts of the step record differ
+    recorded: Step | None  # the trace's record (None: the trace had no such step)
+    resimulated: Step | None  # the re-simulation's (None: it ended before this step)
+
+
+@dataclass
+class ResimResult:
+    """What a re-simulation did."""
+
+    config: EngineConfig  # the config it ran with
+    changed: dict[str, Any]  # the overrides applied to the recorded config
+    num_recorded_steps: int  # steps in the trace
+    num_steps: int  # steps the re-simulation ran
+    divergence: Divergence | None  # the first differing step; None: identical decisions
+    trace: Path | None  # where the new trace went, if anywhere
+    mode: str  # "faithful" or "scripted"
+
+    @property
+    def reproduced(self) -> bool:
+        return self.divergence is None
+
+
+def config_for(recorded: dict[str, Any], overrides: dict[str, Any]) -> EngineConfig:
+    try:
+        base = EngineConfig.from_dict(recorded, ignore=_DRIVER_KEYS)
+    except (ValueError, TypeError) as e:
+        raise ResimError(f"the trace's config is not valid here: {e}") from None
+    try:
+        return base.replace(**overrides)
+    except (ValueError, TypeError) as e:
+        raise ResimError(f"--set: {e}") from None
+
+
+# -- checking steps as they come ----------------------------------------------------------------
+
+
+class Checker:
+    """Compares each re-simulated step record with the trace's (timings masked). The
+    trace's records come from `source`, or are queued with `expect` just before the step
+    that should reproduce them."""
+
+    def __init__(self, source: Iterator[Step] | None = None) -> None:
+        self.source = source
+        self.pending: deque[Step] = deque()
+        self.steps = 0
+        self.divergence: Divergence | None = None
+
+    def expect(self, rec: Step) -> None:
+        self.pending.append(rec)
+
+    def __call__(self, step: Step) -> None:
+        self.steps += 1
+        if self.divergence is not None:
+            return
+        if self.pending:
+            rec: Step | None = self.pending.popleft()
+        else:
+            rec = next(self.source, None) if self.source is not None else None
+        if rec is None:
+            self.divergence = Divergence(step.step, ("steps",), None, step)
+            return
+        fields = differing_fields(rec, step)
+        if fields:
+            self.divergence = Divergence(step.step, fields, rec, step)
+
+
+def recorder_for(
+    engine: EngineCore, reader: TraceReader, out: str | Path | None, checker: Checker
+) -> Recorder:
+    sink = TraceWriter(out, live=False) if out is not None else NullWriter()
+    header = reader.header
+    return Recorder(
+        engine,
+        sink,
+        redact_prompts=header.redacted,
+        snapshot_interval=header.snapshot_interval,
+        model=header.model,
+        on_step_record=checker,
+    )
+
+
+def request_of(a: Arrival, hasher: Any) -> Request:
+    """The request an arrival record describes (its sampling parameters were validated
+    when the record was read)."""
+    prompt = (
+        list(a.prompt_token_ids) if a.prompt_token_ids is not None else [0] * a.num_prompt_tokens
+    )
+    return Request(
+        a.request_id,
+        prompt,
+        a.sampling,
+        arrival_time=a.arrival_time,
+        priority=a.priority,
+        eos_token_id=a.eos_token_id,
+        block_hasher=hasher,
+    )
