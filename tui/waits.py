@@ -65,6 +65,8 @@ class Wait:
 
 
 class _Entry:
+    """One waiting request's run so far (mutable while the book walks digests)."""
+
     __slots__ = ("since", "since_ns", "exact", "counts")
 
     def __init__(self, since: int, since_ns: int | None, exact: bool) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rich.segment import Segment
+from textual import events
 from textual.binding import Binding
 from textual.geometry import Region, Size
 from textual.message import Message
@@ -116,8 +117,8 @@ class IncidentTable(ScrollView, can_focus=True, inherit_bindings=False):
         if 0 <= self.cursor < len(self.rows):
             self.post_message(self.Chosen(self.rows[self.cursor]))
 
-    def on_click(self, event: object) -> None:
-        at = event.get_content_offset(self)  # type: ignore[attr-defined]
+    def on_click(self, event: events.Click) -> None:
+        at = event.get_content_offset(self)
         if at is None or at.y == 0:
             return
         i = self.scroll_offset.y + at.y - 1
