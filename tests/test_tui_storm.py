@@ -161,6 +161,11 @@ def test_a_breakpoint_on_an_unknown_request_is_refused() -> None:
     frame = source.run_once()
     assert frame is not None and frame.header.breakpoints == ("admit:s03",)
     assert any("no request 'nobody'" in text for _, text in notices)
+    # Given on the command line (replay --break): refused once the scan has read the trace.
+    s = Session(Timeline(TraceReader(STORM)), name="storm", breakpoints=(parse("admit:x"),))
+    while s.incidents.busy:
+        s.tick()
+    assert s.breakpoints == [] and any("no request 'x'" in t for _, t in s.notices)
     out = subprocess.run(
         [sys.executable, "-m", "tui.cli", "find", str(STORM), "finish:nobody"],
         capture_output=True,

@@ -214,7 +214,8 @@ def replay(trace: str, breaks: tuple[str, ...]) -> None:
         predicates = tuple(parse(b) for b in breaks)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--break") from None
-    _refuse_unknown_requests(trace, predicates)
+    # A breakpoint on a request the trace does not have is refused by the app once its
+    # incident scan has read the trace (checking here would read it all before opening).
     run_app(open_session(trace, live=False, breakpoints=predicates))
 
 
@@ -417,7 +418,6 @@ def find(
     except ValueError as e:
         click.echo(f"schedtop: error: {e}", err=True)
         sys.exit(2)
-    _refuse_unknown_requests(trace, preds)
     with TraceReader(trace) as reader:
         tl = Timeline(reader)
         if every:
@@ -433,6 +433,9 @@ def find(
     for step in hits:
         click.echo(str(step))
     if not hits:
+        # Nothing matched: a predicate on a request the trace does not have is a mistake
+        # to name (checked only now: it reads the whole trace).
+        _refuse_unknown_requests(trace, preds)
         click.echo("no step matches", err=True)
         sys.exit(1)
 
