@@ -131,6 +131,7 @@ def test_failed_run_leaves_no_half_written_decisions(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == [w]
 
 
+@pytest.mark.slow  # the tokenizer's module imports torch, in two processes
 def test_sim_runs_a_workload_in_runs_format(tmp_path: Path) -> None:
     """One workload file serves `run` and `sim`: text and chat prompts are tokenized with
     the default tokenizer, arrival times become steps, `sampling.max_tokens` the length."""
