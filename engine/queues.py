@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 from engine.request import Request
 
@@ -96,15 +96,10 @@ class PriorityQueue(RequestQueue):
         return iter(sorted(self._heap))
 
 
-def make_queue(policy: str, requests: Iterable[Request] = ()) -> RequestQueue:
+def make_queue(policy: str) -> RequestQueue:
     """The waiting queue for a scheduling policy ("fcfs" or "priority")."""
-    queue: RequestQueue
     if policy == "fcfs":
-        queue = FCFSQueue()
-    elif policy == "priority":
-        queue = PriorityQueue()
-    else:
-        raise ValueError(f"policy={policy!r}: must be 'fcfs' or 'priority'")
-    for r in requests:
-        queue.add(r)
-    return queue
+        return FCFSQueue()
+    if policy == "priority":
+        return PriorityQueue()
+    raise ValueError(f"policy={policy!r}: must be 'fcfs' or 'priority'")

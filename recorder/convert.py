@@ -13,7 +13,7 @@ tokens, not as 256 entries.
 from __future__ import annotations
 
 from dataclasses import replace
-from operator import attrgetter
+from operator import attrgetter, countOf
 from typing import Any
 
 from engine.records import (
@@ -48,6 +48,13 @@ class StepCompactor:
 
     def compact(self, rep: Step, time_ns: int = 0) -> Step:
         """The step as a trace records it."""
+        steady = self._steady(rep, time_ns)
+        if steady is not None:
+            return steady
+        return self.general(rep, time_ns)
+
+    def general(self, rep: Step, time_ns: int = 0) -> Step:
+        """`compact` for any step, without the steady-decode shortcut."""
         arrivals = tuple(map(self._arrival, rep.arrivals)) if rep.arrivals else ()
         num_decodes = self._decode_prefix(rep)
         running, waiting = self._queues(rep)
@@ -64,11 +71,13 @@ class StepCompactor:
         self._advance(rep)
         return step
 
-    def steady_fields(self, rep: Step, time_ns: int = 0) -> dict[str, Any] | None:
-        """The fields of a steady decode step (the running requests each decode and sample
-        one token and nothing else happens) as the trace has them, in declaration order:
-        what `compact` makes of it, without building a record. None for any other step."""
+    def _steady(self, rep: Step, time_ns: int) -> Step | None:
+        """A steady decode step (the running requests each decode and sample one token and
+        nothing else happens) made compact straight away: a count and the sampled tokens,
+        and nothing to remember for the next step. None for any other step."""
         n = len(rep.scheduled)
+        # With nothing preempted, admitted, cut short or stopped, every running request was
+        # scheduled, in running order: the entries' refs need no comparison, their kinds do.
         if (
             rep.sample_counts is not None
             or rep.arrivals
@@ -80,24 +89,24 @@ class StepCompactor:
             or rep.waiting_stop
             or rep.spec_accepted
             or rep.timings
+            or n != len(self.running)
             or rep.running != self.running
             or rep.waiting != self.waiting
-            or n > len(self.running)
-            or self._decode_prefix(rep) != n
+            or countOf(map(_KIND, rep.scheduled), _DECODE) != n
         ):
             return None
-        return {
-            "step": rep.step,
-            "time_ns": time_ns,
-            "schedule_ns": rep.schedule_ns,
-            "update_ns": rep.update_ns,
-            "token_budget": rep.token_budget,
-            "num_decodes": n,
-            "sampled_tokens": None if self.redact else rep.sampled_tokens,
-            "kv_events": rep.kv_events,
-            "free_blocks_after_schedule": rep.free_blocks_after_schedule,
-            "free_blocks": rep.free_blocks,
-        }
+        return Step(
+            step=rep.step,
+            time_ns=time_ns,
+            schedule_ns=rep.schedule_ns,
+            update_ns=rep.update_ns,
+            token_budget=rep.token_budget,
+            num_decodes=n,
+            sampled_tokens=None if self.redact else rep.sampled_tokens,
+            kv_events=rep.kv_events,
+            free_blocks_after_schedule=rep.free_blocks_after_schedule,
+            free_blocks=rep.free_blocks,
+        )
 
     def _arrival(self, a: Arrival) -> Arrival:
         if self.policy == "priority":

@@ -1,5 +1,5 @@
 """The queue orders a step record may leave out, derived from the previous step's queues
-and the step's changes (DESIGN.md S4-S7, S10).
+and the step's changes (docs/contracts.md S4-S7, S10).
 
 The recorder writes a queue only when this derivation disagrees with the engine, and the
 reducer applies the same functions, so the two cannot drift apart. Elements are whatever

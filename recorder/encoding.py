@@ -398,7 +398,6 @@ class Body(Generic[T]):
         "_plan",
         "_by_key",
         "_required",
-        "_by_name",
     )
 
     def __init__(
@@ -418,19 +417,6 @@ class Body(Generic[T]):
         self._plan = tuple(
             (key, codec, default) for (key, _, codec), default in zip(fields, self.defaults)
         )
-        self._by_name = {name: plan for (_, name, _), plan in zip(fields, self._plan)}
-
-    def encode_fields(self, values: dict[str, Any]) -> bytes:
-        """The body of a record given by some of its fields (the others at their defaults),
-        without building the record: byte for byte what `encode` makes of the whole record,
-        provided `values` lists its fields in declaration order."""
-        by_name = self._by_name
-        out = {}
-        for name, value in values.items():
-            key, codec, default = by_name[name]
-            if value is not default and value != default:
-                out[key] = codec.enc(value)
-        return _packer.pack(out)  # type: ignore[no-any-return]
 
     def encode(self, record: T) -> bytes:
         # `is not` first: most defaults are shared singletons ((), None, small ints).

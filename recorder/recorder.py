@@ -21,11 +21,11 @@ from pathlib import Path
 
 from engine.core import EngineCore
 from engine.records import Step
-from recorder.codec import MAX_RECORD_BYTES, STEP, encode
+from recorder.codec import MAX_RECORD_BYTES, encode
 from recorder.convert import StepCompactor, scalar_config
 from recorder.errors import RecordingError
 from recorder.paths import new_trace_path
-from recorder.schema import End, Footer, Header, Record, RecordType, Snapshot
+from recorder.schema import End, Footer, Header, Record, Snapshot
 from recorder.writer import TraceSink, TraceWriter
 
 log = logging.getLogger("schedtop.recorder")
@@ -132,16 +132,10 @@ class Recorder:
             return
         time_ns = self._clock() - self._t0
         snapshot_due = (report.step + 1) % self.snapshot_interval == 0
-        compactor = self._compactor
-        steady = None if self.on_step_record else compactor.steady_fields(report, time_ns)
-        if steady is not None:  # the common step: encoded without building its record
-            body = STEP.encode_fields(steady)
-            offset = self.sink.append(RecordType.STEP, body, boundary=not snapshot_due)
-        else:
-            step = compactor.compact(report, time_ns)
-            if self.on_step_record is not None:
-                self.on_step_record(step)
-            offset = self._append(step, boundary=not snapshot_due)
+        step = self._compactor.compact(report, time_ns)
+        if self.on_step_record is not None:
+            self.on_step_record(step)
+        offset = self._append(step, boundary=not snapshot_due)
         self._step_offsets.append(offset)
         self._step_ends.append(self.sink.offset)
         counts = self._counts

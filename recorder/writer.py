@@ -75,10 +75,6 @@ class TraceWriter:
         self._thread = threading.Thread(target=self._run, name="trace-flusher", daemon=True)
         self._thread.start()
 
-    @property
-    def failed(self) -> bool:
-        return self.error is not None
-
     def append(self, rtype: int, body: bytes, *, boundary: bool = False) -> int:
         """Buffer one record; returns its offset. `boundary` marks the end of a step, where
         live mode flushes."""

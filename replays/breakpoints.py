@@ -1,5 +1,5 @@
 """Breakpoints: predicates over steps, and the search for the next or previous step where
-any of them holds (DESIGN.md R2). The TUI's n/N and `schedtop find` use this one module.
+any of them holds (docs/contracts.md R2). The TUI's n/N and `schedtop find` use this one module.
 
 Event predicates (preempt, admit, first-token, finish) hit at every step where their event
 happens. Condition predicates (free, slow, wait, util) are watchpoints: they hit where the

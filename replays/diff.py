@@ -1,5 +1,5 @@
 """Comparing traces: the first step where two traces decide differently, and what the
-difference did to the metrics (DESIGN.md R4). `schedtop diff` exits 0 when the decisions
+difference did to the metrics (docs/contracts.md R4). `schedtop diff` exits 0 when the decisions
 are identical, 1 when they differ, 2 on bad input, so it serves as a regression test."""
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The reducer: the state after step i is the state after step i-1 with step record i
-applied (DESIGN.md R1). Pure data in, pure data out: no engine, no file.
+applied (docs/contracts.md R1). Pure data in, pure data out: no engine, no file.
 
     state = State.initial(header)            # or State.from_snapshot(header, snapshot)
     for step in steps:
         apply(state, step)                    # in place; reduce(state, step) copies first
         view = apply_with_view(state, step)   # the same, plus the step spelled out
 
-Applying a step replays its KV events with the block pool's exact rules (DESIGN.md K5):
+Applying a step replays its KV events with the block pool's exact rules (docs/contracts.md K5):
 allocation takes blocks from the free-queue head; freeing walks the table tail-first,
 putting unhashed blocks at the head (in that order) and hashed ones at the tail; a prefix
 hit on a free block takes it out of the queue; eviction drops the hash. Every record is

@@ -1,4 +1,4 @@
-"""Re-simulation: drive today's Scheduler with a trace's inputs (DESIGN.md R3).
+"""Re-simulation: drive today's Scheduler with a trace's inputs (docs/contracts.md R3).
 
 The trace's arrivals (with their sampling parameters and priorities), its sampled tokens,
 its aborts and its speculative-decoding acceptances go through the real scheduler and KV

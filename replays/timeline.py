@@ -1,4 +1,4 @@
-"""The engine's state at any step of a trace, forwards and backwards (DESIGN.md R1).
+"""The engine's state at any step of a trace, forwards and backwards (docs/contracts.md R1).
 
 State at step i is the reducer applied to the step records up to i. To reach any step fast
 the Timeline starts from the nearest keyframe: the trace's own snapshots (on disk), and
@@ -92,6 +92,16 @@ class Timeline:
         self._cur: State | None = None
         self._cur_step = self.first_step - 2  # nothing built yet
         self._view: tuple[int, StepView] | None = None
+
+    def close(self) -> None:
+        """Close the trace file (the Timeline owns the reader it was given)."""
+        self.reader.close()
+
+    def __enter__(self) -> Timeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- the trace's extent --------------------------------------------------------------------
 

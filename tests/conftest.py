@@ -1,10 +1,14 @@
-"""Suite-wide isolation: no test writes a default trace into the user's ~/.cache."""
+"""Suite-wide isolation: no test writes a default trace into the user's ~/.cache, and
+the trace readers a test opens with helpers.open_reader are closed after it."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import close_readers
 
 
 @pytest.fixture(autouse=True)
@@ -14,3 +18,9 @@ def trace_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
     directory = tmp_path_factory.mktemp("trace-dir") / "traces"
     monkeypatch.setenv("SCHEDTOP_TRACE_DIR", str(directory))
     return directory
+
+
+@pytest.fixture(autouse=True)
+def _close_opened_readers() -> Iterator[None]:
+    yield
+    close_readers()

@@ -10,6 +10,7 @@ from engine.core import EngineCore, StepResult
 from engine.records import Snapshot, Step
 from engine.sim.driver import make_engine, run_steps
 from engine.sim.workload import SimWorkload, parse_workload
+from recorder.reader import TraceReader
 
 
 def workload(requests: list[dict[str, Any]], **config: Any) -> SimWorkload:
@@ -98,6 +99,26 @@ def record(w: SimWorkload, sink: Any = None, **options: Any) -> Recorded:
         out.results.append(result)
     engine.close()
     return out
+
+
+_OPENED: list[TraceReader] = []  # readers opened by open_reader, closed after each test
+
+
+def open_reader(path: Path) -> TraceReader:
+    """A TraceReader that conftest closes when the test ends (for tests that hand a reader
+    to a Timeline or Session and never see it again)."""
+    return close_later(TraceReader(path))
+
+
+def close_later(reader: TraceReader) -> TraceReader:
+    """`reader`, to be closed by conftest when the test ends."""
+    _OPENED.append(reader)
+    return reader
+
+
+def close_readers() -> None:
+    while _OPENED:
+        _OPENED.pop().close()
 
 
 def write_trace(tmp_path: Path, data: bytes | bytearray, name: str = "t.trace") -> Path:

@@ -1,4 +1,6 @@
-"""The article's worked numbers (reference/000_*.txt), one test each."""
+"""The worked numbers of the article the scheduler follows, one test each: arganzheng's
+article on vLLM's scheduler, part 4 of 《大模型推理系统揭秘：从 vLLM 看 LLM Serving Infra
+核心技术》 (https://arganzheng.life/scheduler-batch-and-fairness.html; docs/contracts.md)."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ brute-force scan of the engine's own reports."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,14 +15,15 @@ from engine.sim.workload import load_workload
 from recorder.reader import TraceReader
 from replays.breakpoints import Predicate, find, find_all, parse
 from replays.timeline import Timeline
-from tests.helpers import Recorded, record, write_trace
+from tests.helpers import Recorded, open_reader, record, write_trace
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Recorded, Timeline]:
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Recorded, Timeline]]:
     run = record(load_workload(demo_workload_path()), snapshot_interval=40)
     path = write_trace(tmp_path_factory.mktemp("bp"), run.data)
-    return run, Timeline(TraceReader(path), keyframe_interval=8, max_keyframes=8)
+    with Timeline(TraceReader(path), keyframe_interval=8, max_keyframes=8) as tl:
+        yield run, tl
 
 
 def brute(run: Recorded, tl: Timeline, p: Predicate) -> list[int]:
@@ -150,7 +152,7 @@ def test_first_token_that_also_finishes(tmp_path: Path) -> None:
     from tests.helpers import req, workload
 
     run = record(workload([req("one", 20, 1), req("two", 20, 5)]))
-    tl = Timeline(TraceReader(write_trace(tmp_path, run.data)))
+    tl = Timeline(open_reader(write_trace(tmp_path, run.data)))
     assert list(find_all(tl, [parse("first-token:one")])) == [0]
     assert run.reports[0].finishes[0].status == RequestStatus.FINISHED_LENGTH_CAPPED
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from recorder.reader import TraceReader
 from replays.breakpoints import find, find_all, parse
 from replays.diff import diff_traces
 from replays.resim import resimulate
 from replays.stats import trace_stats
 from replays.timeline import Timeline
+from tests.helpers import open_reader
 
 HERE = Path(__file__).resolve().parent.parent / "replays" / "incidents"
 TRACES = sorted(HERE.glob("*.trace"))
@@ -34,7 +34,7 @@ def test_resimulation_reproduces_the_incident(trace: Path, tmp_path: Path) -> No
 
 
 def timeline(name: str) -> Timeline:
-    return Timeline(TraceReader(HERE / f"{name}.trace"))
+    return Timeline(open_reader(HERE / f"{name}.trace"))
 
 
 def test_preemption_storm() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from engine.core import EngineCore, StepResult
 from engine.events import EventSink
 from engine.kv.hashing import BlockHasher
 from engine.outputs import ModelRunnerOutput, SchedulerOutput
-from engine.records import Kernel, KVEvents, KVKind, Timing, ns
+from engine.records import Kernel, KVEvents, KVKind, Scheduled, Timing, ns
 from engine.request import Request, SamplingParams
 from engine.sim.api import demo_workload_path
 from engine.sim.runner import SimRunner
@@ -75,55 +76,22 @@ def kv_facts(
     return out
 
 
-def report_facts(result: StepResult, before: Snapshot | None) -> dict[str, Any]:
-    """A report's decisions as plain data, with request ids."""
-    rep, names = result.report, result.names
+def facts(
+    rec: Step,
+    scheduled: Sequence[Scheduled],
+    sampled: dict[str, list[int]],
+    kv: list[tuple[Any, ...]],
+    names: dict[int, str],
+) -> dict[str, Any]:
+    """A step's decisions as plain data, with request ids; the engine's record and the
+    trace's (spelled out by the reducer) are the same type, so one function reads both."""
     return dict(
         scheduled=[
             (names[s.ref], s.num_tokens, s.kind, s.num_computed_before, s.num_spec_tokens)
-            for s in rep.scheduled
+            for s in scheduled
         ],
-        sampled=result.sampled(),
-        kv=kv_facts(rep.kv_events, names, before),
-        admissions=[(names[a.ref], a.cached_tokens, a.resumed) for a in rep.admissions],
-        preemptions=[
-            (names[p.victim], names[p.for_request], p.tokens_lost, p.unscheduled_tokens)
-            for p in rep.preemptions
-        ],
-        shortfalls=[(names[s.ref], s.wanted, s.got, s.reason) for s in rep.shortfalls],
-        stops=[
-            None if q is None else (q.head, q.rest) for q in (rep.running_stop, rep.waiting_stop)
-        ],
-        finishes=[(names[f.ref], f.status, f.message) for f in rep.finishes],
-        spec={names[a.ref]: a.accepted for a in rep.spec_accepted},
-        arrivals=[
-            (
-                a.request_id,
-                list(a.prompt_token_ids or ()),
-                a.priority,
-                a.arrival_time,
-                a.eos_token_id,
-                a.sampling.max_tokens,
-            )
-            for a in rep.arrivals
-        ],
-        counts=(rep.token_budget, rep.free_blocks_after_schedule, rep.free_blocks),
-    )
-
-
-def view_facts(view: StepView) -> dict[str, Any]:
-    rec, names = view.record, dict(view.names)
-    names.update((a.ref, a.request_id) for a in rec.arrivals)
-    return dict(
-        scheduled=[
-            (names[s.ref], s.num_tokens, s.kind, s.num_computed_before, s.num_spec_tokens)
-            for s in view.scheduled
-        ],
-        sampled={names[s.ref]: list(s.token_ids or ()) for s in view.samples},
-        kv=[
-            (e.kind, None if e.ref is None else names[e.ref], e.block_ids, e.hashes, e.num_tokens)
-            for e in view.kv_events
-        ],
+        sampled=sampled,
+        kv=kv,
         admissions=[(names[a.ref], a.cached_tokens, a.resumed) for a in rec.admissions],
         preemptions=[
             (names[p.victim], names[p.for_request], p.tokens_lost, p.unscheduled_tokens)
@@ -148,6 +116,25 @@ def view_facts(view: StepView) -> dict[str, Any]:
         ],
         counts=(rec.token_budget, rec.free_blocks_after_schedule, rec.free_blocks),
     )
+
+
+def report_facts(result: StepResult, before: Snapshot | None) -> dict[str, Any]:
+    """The engine's report of a step."""
+    rep, names = result.report, result.names
+    kv = kv_facts(rep.kv_events, names, before)
+    return facts(rep, rep.scheduled, result.sampled(), kv, names)
+
+
+def view_facts(view: StepView) -> dict[str, Any]:
+    """The trace's record of a step, spelled out by the reducer."""
+    rec, names = view.record, dict(view.names)
+    names.update((a.ref, a.request_id) for a in rec.arrivals)
+    sampled = {names[s.ref]: list(s.token_ids or ()) for s in view.samples}
+    kv = [
+        (e.kind, None if e.ref is None else names[e.ref], e.block_ids, e.hashes, e.num_tokens)
+        for e in view.kv_events
+    ]
+    return facts(rec, view.scheduled, sampled, kv, names)
 
 
 def check_recording(run: Recorded, tmp_path: Path) -> list[State]:
@@ -479,7 +466,6 @@ def test_a_recorder_bug_stops_recording_not_the_engine(
         return real(rep, *args)
 
     compactor.compact = flaky  # type: ignore[method-assign]
-    compactor.steady_fields = lambda rep, *args: None  # type: ignore[method-assign]
     with caplog.at_level(logging.ERROR, logger="schedtop.recorder"):
         n = len(list(run_steps(w, engine)))
     engine.close()
@@ -565,9 +551,9 @@ def test_replay_yields_every_state_and_checks_snapshots(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("redact", [False, True])
-def test_steady_decode_fast_path_writes_the_same_bytes(redact: bool) -> None:
+def test_steady_decode_shortcut_makes_the_same_record(redact: bool) -> None:
     from engine.sim.driver import make_engine, run_steps
-    from recorder.codec import STEP, encode
+    from recorder.codec import encode
     from recorder.convert import StepCompactor
 
     w = load_workload(demo_workload_path())
@@ -575,11 +561,11 @@ def test_steady_decode_fast_path_writes_the_same_bytes(redact: bool) -> None:
     taken = 0
     for result in run_steps(w, make_engine(w)):
         rep = result.report
-        fields = fast.steady_fields(rep, rep.step)
-        if fields is None:
-            fast.compact(rep, rep.step)
-        step = slow.compact(rep, rep.step)
-        if fields is not None:
+        steady = fast._steady(rep, rep.step)
+        if steady is None:
+            fast.general(rep, rep.step)
+        step = slow.general(rep, rep.step)
+        if steady is not None:
             taken += 1
-            assert STEP.encode_fields(fields) == encode(step)[1], rep.step
+            assert steady == step and encode(steady) == encode(step), rep.step
     assert taken > 20  # the demo has long runs of pure decoding

@@ -70,13 +70,14 @@ def test_a_changed_budget_names_the_first_divergent_step(demo_trace: Path, tmp_p
     from recorder.reader import TraceReader
     from replays.timeline import Timeline
 
-    ta, tb = Timeline(TraceReader(demo_trace)), Timeline(TraceReader(out))
-    first = next(
-        s
-        for s in range(ta.num_steps)
-        if [(e.ref, e.num_tokens) for e in ta.view(s).scheduled]
-        != [(e.ref, e.num_tokens) for e in tb.view(s).scheduled]
-    )
+    with TraceReader(demo_trace) as ra, TraceReader(out) as rb:
+        ta, tb = Timeline(ra), Timeline(rb)
+        first = next(
+            s
+            for s in range(ta.num_steps)
+            if [(e.ref, e.num_tokens) for e in ta.view(s).scheduled]
+            != [(e.ref, e.num_tokens) for e in tb.view(s).scheduled]
+        )
     assert d.first_step == first
     assert d.side_a is not None and d.side_b is not None
     assert d.side_a.scheduled != d.side_b.scheduled

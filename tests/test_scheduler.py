@@ -9,6 +9,7 @@ from engine.core import EngineCore
 from engine.kv.hashing import BlockHasher
 from engine.report import Kind, Reason
 from engine.request import Request, RequestStatus, SamplingParams
+from engine.sim.driver import make_engine, run_steps
 from engine.sim.runner import SimRunner
 from tests.helpers import req, run, scheduled, waiting, workload
 
@@ -198,3 +199,14 @@ def test_scheduler_does_not_import_torch() -> None:
     code = "import sys, engine.scheduler, engine.sim.driver; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_take_finished_returns_what_schedule_itself_ends() -> None:
+    # The request outgrows the 4-block pool, is preempted, and schedule() ends it with an
+    # error when it would come back: take_finished() must return it like any other finish.
+    w = workload([req("grow", 40, 100)], num_blocks=5, max_model_len=1000)
+    engine = make_engine(w)
+    taken = []
+    for _ in run_steps(w, engine):
+        taken += engine.take_finished()
+    assert [(r.request_id, r.status) for r in taken] == [("grow", RequestStatus.FINISHED_ERROR)]

@@ -13,6 +13,7 @@ from recorder.reader import TraceReader
 from recorder.schema import Status
 from replays.storms import THRASH_STEPS, IncidentScan, scan, select
 from replays.timeline import Timeline
+from tests.helpers import open_reader
 from tests.tui_support import demo_workload, fixed_trace
 
 INCIDENTS = Path(__file__).resolve().parent.parent / "replays" / "incidents"
@@ -21,7 +22,7 @@ STORM = INCIDENTS / "preemption_storm.trace"
 
 def test_every_preemption_with_victim_cause_and_pool() -> None:
     s = scan(str(STORM))
-    tl = Timeline(TraceReader(STORM))
+    tl = Timeline(open_reader(STORM))
     expected = []
     for step in range(tl.first_step, tl.last_step + 1):
         rec = tl.record(step)
@@ -63,7 +64,7 @@ def test_select_sorts_and_filters() -> None:
 
 def test_summary_counts_recompute_against_all_computed_tokens() -> None:
     s = scan(str(STORM)).summary()
-    tl = Timeline(TraceReader(STORM))
+    tl = Timeline(open_reader(STORM))
     steps = range(tl.first_step, tl.last_step + 1)
     computed = sum(tl.record(i).num_scheduled_tokens for i in steps)
     lost = sum(p.tokens_lost for i in steps for p in tl.record(i).preemptions)
@@ -76,7 +77,7 @@ def test_aborts_and_errors_are_listed(tmp_path: Path) -> None:
     w = demo_workload()
     too_long = SimRequest("too-long", 3, [7] * 3000, [], 4, 0)  # > max_model_len 2048
     trace = fixed_trace(tmp_path, dataclasses.replace(w, requests=[*w.requests, too_long]))
-    tl = Timeline(TraceReader(trace))
+    tl = Timeline(open_reader(trace))
     ended = [
         (step, f.status)
         for step in range(tl.first_step, tl.last_step + 1)

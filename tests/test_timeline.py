@@ -10,10 +10,9 @@ import pytest
 from engine.records import Snapshot
 from engine.sim.api import demo_workload_path
 from engine.sim.workload import load_workload
-from recorder.reader import TraceReader
 from replays.state import State
 from replays.timeline import Timeline
-from tests.helpers import Recorded, record, req, workload, write_trace
+from tests.helpers import Recorded, open_reader, record, req, workload, write_trace
 
 
 def same(state: State, engine_state: Snapshot) -> bool:
@@ -28,7 +27,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Recorded, Path]:
 
 def test_jumping_to_random_steps_matches_the_engine(demo: tuple[Recorded, Path]) -> None:
     run, path = demo
-    tl = Timeline(TraceReader(path), keyframe_interval=8, max_keyframes=6)
+    tl = Timeline(open_reader(path), keyframe_interval=8, max_keyframes=6)
     rng = random.Random(1)
     for step in [rng.randrange(tl.num_steps) for _ in range(60)] + [0, tl.last_step]:
         assert same(tl.state(step), run.states[step]), step
@@ -36,8 +35,8 @@ def test_jumping_to_random_steps_matches_the_engine(demo: tuple[Recorded, Path])
 
 def test_stepping_from_zero_matches_jumping(demo: tuple[Recorded, Path]) -> None:
     run, path = demo
-    walker = Timeline(TraceReader(path))
-    jumper = Timeline(TraceReader(path), keyframe_interval=1000, max_keyframes=1)
+    walker = Timeline(open_reader(path))
+    jumper = Timeline(open_reader(path), keyframe_interval=1000, max_keyframes=1)
     rng = random.Random(2)
     targets = set(rng.sample(range(walker.num_steps), 15))
     for step in range(walker.num_steps):
@@ -49,7 +48,7 @@ def test_stepping_from_zero_matches_jumping(demo: tuple[Recorded, Path]) -> None
 
 def test_back_n_after_forward_n_is_the_identical_state(demo: tuple[Recorded, Path]) -> None:
     _, path = demo
-    tl = Timeline(TraceReader(path), keyframe_interval=8, max_keyframes=4)
+    tl = Timeline(open_reader(path), keyframe_interval=8, max_keyframes=4)
     start = 40
     before = tl.state(start).to_snapshot()
     for step in range(start + 1, start + 30):
@@ -61,7 +60,7 @@ def test_back_n_after_forward_n_is_the_identical_state(demo: tuple[Recorded, Pat
 
 def test_view_spells_out_the_step(demo: tuple[Recorded, Path]) -> None:
     run, path = demo
-    tl = Timeline(TraceReader(path))
+    tl = Timeline(open_reader(path))
     for step in (0, 5, 60, tl.last_step):
         view = tl.view(step)
         result = run.results[step]
@@ -73,7 +72,7 @@ def test_view_spells_out_the_step(demo: tuple[Recorded, Path]) -> None:
 
 def test_step_at_time_and_bounds(demo: tuple[Recorded, Path]) -> None:
     _, path = demo
-    tl = Timeline(TraceReader(path))
+    tl = Timeline(open_reader(path))
     for step in (0, 17, tl.last_step):
         assert tl.step_at_time(tl.time_ns(step)) == step
     with pytest.raises(IndexError):
@@ -82,7 +81,7 @@ def test_step_at_time_and_bounds(demo: tuple[Recorded, Path]) -> None:
 
 def test_memory_is_bounded_by_the_caches(demo: tuple[Recorded, Path]) -> None:
     _, path = demo
-    tl = Timeline(TraceReader(path), keyframe_interval=2, max_keyframes=5, max_cached_records=10)
+    tl = Timeline(open_reader(path), keyframe_interval=2, max_keyframes=5, max_cached_records=10)
     for step in range(tl.num_steps):
         tl.state(step)
     assert len(tl._keyframes) <= 5 and len(tl._records) <= 10
@@ -94,7 +93,7 @@ def test_live_timeline_picks_up_appended_records(tmp_path: Path) -> None:
     path = tmp_path / "live.trace"
     cut = len(data) // 2
     path.write_bytes(data[:cut])
-    tl = Timeline(TraceReader(path), live=True)
+    tl = Timeline(open_reader(path), live=True)
     seen = tl.num_steps
     assert 0 < seen < len(run.states) and tl.cut is None
     with open(path, "ab") as f:
@@ -113,7 +112,7 @@ def test_a_view_that_fails_leaves_the_timeline_usable(
     from replays.state import Inconsistent
 
     run, path = demo
-    tl = Timeline(TraceReader(path), keyframe_interval=8)
+    tl = Timeline(open_reader(path), keyframe_interval=8)
     tl.state(30)
 
     def broken(state: State, *args: object) -> None:

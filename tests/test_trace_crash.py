@@ -43,6 +43,7 @@ def kill_at_random(path: Path, mode: str, steps_before_kill: int, delay_s: float
     child.kill()
     lines += child.stdout.read().split()
     status = child.wait()
+    child.stdout.close()
     if "done" in lines:
         return -2
     assert status == -signal.SIGKILL, f"the {mode} child died by itself (status {status})"

@@ -4,6 +4,7 @@ checks what the app holds and what the screen shows, against the Timeline's own 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,8 +42,9 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def timeline(trace: Path) -> Timeline:
-    return Timeline(TraceReader(trace))
+def timeline(trace: Path) -> Iterator[Timeline]:
+    with Timeline(TraceReader(trace)) as tl:
+        yield tl
 
 
 def header(app: object) -> str:

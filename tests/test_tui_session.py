@@ -13,6 +13,7 @@ from recorder.reader import TraceReader
 from recorder.schema import Reason
 from replays.breakpoints import find, parse
 from replays.timeline import Timeline
+from tests.helpers import open_reader
 from tests.tui_support import demo_workload, fixed_trace
 from tui.commands import FindBreak, Goto, Move, Speed, ToggleBreakpoint, TogglePlay
 from tui.history import History
@@ -47,7 +48,7 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def session(path: Path, **kw: object) -> Session:
-    return Session(Timeline(TraceReader(path)), name=path.name, **kw)  # type: ignore[arg-type]
+    return Session(Timeline(open_reader(path)), name=path.name, **kw)  # type: ignore[arg-type]
 
 
 def settled(s: Session) -> Frame:
@@ -77,7 +78,7 @@ def test_a_jump_shows_the_step_first_and_its_history_a_frame_later(trace: Path) 
 
 def test_frames_agree_with_the_timeline_at_every_step(trace: Path) -> None:
     s = session(trace)
-    tl = Timeline(TraceReader(trace))
+    tl = Timeline(open_reader(trace))
     for step in range(0, tl.num_steps, 7):
         s.handle(Goto(step))
         frame = s.frame()
@@ -116,7 +117,7 @@ def test_frames_agree_with_the_timeline_at_every_step(trace: Path) -> None:
 
 
 def test_the_reducer_is_pure(trace: Path) -> None:
-    tl = Timeline(TraceReader(trace))
+    tl = Timeline(open_reader(trace))
     s = session(trace)
     s.handle(Goto(40))
     first = s.frame()
@@ -150,7 +151,7 @@ def _ctx(frame: Frame):  # type: ignore[no-untyped-def]
 
 
 def test_why_a_request_waits_comes_from_the_step_record(trace: Path) -> None:
-    tl = Timeline(TraceReader(trace))
+    tl = Timeline(open_reader(trace))
     s = session(trace)
     checked = 0
     for step in range(tl.num_steps):
@@ -169,7 +170,7 @@ def test_why_a_request_waits_comes_from_the_step_record(trace: Path) -> None:
 
 
 def test_a_preempted_request_says_for_whom(trace: Path) -> None:
-    tl = Timeline(TraceReader(trace))
+    tl = Timeline(open_reader(trace))
     step = find(tl, [PREEMPT], -1)
     assert step is not None
     p = tl.record(step).preemptions[0]
@@ -198,7 +199,7 @@ def test_filtering_and_sorting_rows(trace: Path) -> None:
 
 
 def test_block_info_names_owners_hash_and_tokens(trace: Path) -> None:
-    tl = Timeline(TraceReader(trace))
+    tl = Timeline(open_reader(trace))
     s = session(trace)
     s.handle(Goto(30))
     frame = s.frame()
@@ -219,7 +220,7 @@ def test_block_info_names_owners_hash_and_tokens(trace: Path) -> None:
 
 def test_playing_follows_the_clock_and_stops_at_a_breakpoint(trace: Path) -> None:
     clock = Clock()
-    tl = Timeline(TraceReader(trace))
+    tl = Timeline(open_reader(trace))
     s = Session(tl, name="t", clock=clock)
     s.handle(TogglePlay())
     assert s.mode == "PLAYING"
@@ -246,7 +247,7 @@ def test_playing_follows_the_clock_and_stops_at_a_breakpoint(trace: Path) -> Non
 
 def test_a_long_search_runs_in_slices(trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(session_module, "SLICE", 4)
-    tl = Timeline(TraceReader(trace))
+    tl = Timeline(open_reader(trace))
     s = Session(tl, name="t", breakpoints=(parse("finish:req-07"),))
     want = find(tl, [parse("finish:req-07")], 0)
     assert want is not None and want > 40
@@ -265,7 +266,7 @@ def test_a_long_search_runs_in_slices(trace: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_history_stays_bounded(trace: Path) -> None:
-    tl = Timeline(TraceReader(trace))
+    tl = Timeline(open_reader(trace))
     history = History(capacity=32)
     history.fill(tl, 0, tl.last_step)
     assert len(history) == 32
@@ -283,7 +284,7 @@ def test_live_frames_are_coalesced_to_the_newest_step(trace: Path, tmp_path: Pat
     growing.write_bytes(data[: offsets[10]])
     clock = Clock()
     s = Session(
-        Timeline(TraceReader(growing), live=True),
+        Timeline(open_reader(growing), live=True),
         name="g",
         live=True,
         clock=clock,
@@ -302,7 +303,7 @@ def test_live_frames_are_coalesced_to_the_newest_step(trace: Path, tmp_path: Pat
     assert len(s.history) <= 64
     fresh = History(capacity=64)
     fresh.engine_time = s.history.engine_time  # a simulated trace: the engine's own step time
-    fresh.fill(Timeline(TraceReader(trace)), 149 - 63, 149)
+    fresh.fill(Timeline(open_reader(trace)), 149 - 63, 149)
     assert fresh.window(0, 149) == s.history.window(0, 149)  # following misses no step
     assert frame.events[-1].step <= 149 and frame.events[0].step >= 149 - 64
     s.handle(Move(-5))
@@ -345,7 +346,7 @@ def test_an_unreadable_step_is_a_notice_not_a_crash(trace: Path, tmp_path: Path)
     bad = tmp_path / "bad.trace"
     bad.write_bytes(bytes(data))
     notices: list[tuple[str, str]] = []
-    s = Session(Timeline(TraceReader(bad)), name="bad", history=History(capacity=8))
+    s = Session(Timeline(open_reader(bad)), name="bad", history=History(capacity=8))
     source = FrameSource(s, lambda: None, lambda sev, text: notices.append((sev, text)))
     assert source.run_once().header.step == 0  # type: ignore[union-attr]
     s.handle(Goto(120))
@@ -363,7 +364,7 @@ def test_a_trace_with_no_steps(tmp_path: Path) -> None:
         first = reader.index().step_offsets[0]
     empty = tmp_path / "empty.trace"
     empty.write_bytes(path.read_bytes()[:first])
-    s = Session(Timeline(TraceReader(empty), live=True), name="e", live=True)
+    s = Session(Timeline(open_reader(empty), live=True), name="e", live=True)
     frame = s.frame()
     assert frame.header.step == -1 and frame.requests == () and frame.batch.entries == ()
     assert frame.blocks.cls.count(FREE) == 95
@@ -392,3 +393,4 @@ def test_live_waits_for_a_header_being_written(trace: Path, tmp_path: Path) -> N
     s = open_session(path, live=True)
     writer.join()
     assert done.is_set() and s.frame().header.step == -1 and s.live
+    s.close()

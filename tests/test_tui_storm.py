@@ -13,6 +13,7 @@ from recorder.reader import TraceReader
 from replays.breakpoints import parse
 from replays.storms import scan
 from replays.timeline import Timeline
+from tests.helpers import open_reader
 from tests.tui_support import app_test, at_step, make_app, screen_text, wait_until, widget_text
 from tui.commands import Goto, SetBreakpoints, TogglePlay
 from tui.screens.help import HelpScreen
@@ -127,7 +128,7 @@ def growing_copy(src: Path, dest: Path, steps: int) -> tuple[bytes, list[int]]:
 
 
 def live_session(path: Path, **kw: object) -> Session:
-    return Session(Timeline(TraceReader(path), live=True), name=path.name, live=True, **kw)  # type: ignore[arg-type]
+    return Session(Timeline(open_reader(path), live=True), name=path.name, live=True, **kw)  # type: ignore[arg-type]
 
 
 def test_a_live_view_pauses_at_a_breakpoint_hit(tmp_path: Path) -> None:
@@ -152,7 +153,7 @@ def test_a_live_view_pauses_at_a_breakpoint_hit(tmp_path: Path) -> None:
 
 
 def test_a_breakpoint_on_an_unknown_request_is_refused() -> None:
-    s = Session(Timeline(TraceReader(STORM)), name="storm")
+    s = Session(Timeline(open_reader(STORM)), name="storm")
     notices: list[tuple[str, str]] = []
     source = FrameSource(s, lambda: None, lambda *n: notices.append(n))
     while s.incidents.busy:
@@ -162,7 +163,7 @@ def test_a_breakpoint_on_an_unknown_request_is_refused() -> None:
     assert frame is not None and frame.header.breakpoints == ("admit:s03",)
     assert any("no request 'nobody'" in text for _, text in notices)
     # Given on the command line (replay --break): refused once the scan has read the trace.
-    s = Session(Timeline(TraceReader(STORM)), name="storm", breakpoints=(parse("admit:x"),))
+    s = Session(Timeline(open_reader(STORM)), name="storm", breakpoints=(parse("admit:x"),))
     while s.incidents.busy:
         s.tick()
     assert s.breakpoints == [] and any("no request 'x'" in t for _, t in s.notices)
@@ -176,7 +177,7 @@ def test_a_breakpoint_on_an_unknown_request_is_refused() -> None:
 
 @app_test
 async def test_watchpoint_n_stops_once_per_transition() -> None:
-    tl = Timeline(TraceReader(STORM))
+    tl = Timeline(open_reader(STORM))
     below = [s for s in range(tl.last_step + 1) if tl.record(s).free_blocks < 2]
     drops = [s for s in below if s == 0 or tl.record(s - 1).free_blocks >= 2]
     assert len(drops) >= 2 and len(below) > len(drops)
@@ -203,7 +204,7 @@ def last_scheduled(tl: Timeline, rid: str, step: int) -> int:
 
 @app_test
 async def test_wait_goes_on_across_a_preemption() -> None:
-    tl = Timeline(TraceReader(STORM))
+    tl = Timeline(open_reader(STORM))
     # s12 is preempted at step 19 (the README) and still waits at step 40.
     assert any(
         tl.state(18).requests[p.victim].request_id == "s12" for p in tl.record(19).preemptions
@@ -302,7 +303,7 @@ async def test_80x24_keeps_mode_step_free_why_and_hints() -> None:
         assert "free 3 / 63" in lines[1]
         assert "why not scheduled" in text
         await pilot.press("slash", *"preempted", "enter")  # every request ever preempted
-        tl = Timeline(TraceReader(STORM))
+        tl = Timeline(open_reader(STORM))
         ever = {r.request_id for r in tl.state(40).requests.values() if r.num_preemptions}
         table = app.query_one(RequestTable)
         await wait_until(pilot, lambda: {r.request_id for r in table.rows} == ever)
@@ -392,7 +393,7 @@ async def test_aggregate_legend_and_legend_after_deselect(tmp_path: Path) -> Non
 
 
 def test_a_sim_trace_shows_engine_time_and_no_rate() -> None:
-    s = Session(Timeline(TraceReader(STORM)), name="storm")
+    s = Session(Timeline(open_reader(STORM)), name="storm")
     source = FrameSource(s, lambda: None, lambda *_: None)
     s.handle(Goto(40))
     frame = source.run_once()
@@ -409,7 +410,7 @@ def test_a_live_trace_whose_writer_died_says_where_it_is_cut(tmp_path: Path) -> 
         f.write(data[offsets[30] : offsets[30] + 20])  # half a record: the writer died
     clock = [100.0]
     s = Session(
-        Timeline(TraceReader(growing), live=True),
+        Timeline(open_reader(growing), live=True),
         name=growing.name,
         live=True,
         clock=lambda: clock[0],

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from recorder.reader import TraceReader
 from replays.breakpoints import find, parse
 from replays.timeline import Timeline
+from tests.helpers import open_reader
 
 CASE = Path(__file__).parent / "data" / "fidelity" / "c_kv_pressure_prefix.workload.json"
 TIMEOUT_S = 20.0
@@ -62,7 +62,7 @@ def test_replay_in_a_real_terminal(tmux: Tmux, tmp_path: Path) -> None:
         check=True,
         capture_output=True,
     )
-    tl = Timeline(TraceReader(trace))
+    tl = Timeline(open_reader(trace))
     preempted = find(tl, [parse("preempt")], -1)
     assert preempted is not None
     victim = tl.state(preempted - 1).requests[tl.record(preempted).preemptions[0].victim]
@@ -105,7 +105,7 @@ def test_first_preemption_victim_and_cause_from_the_incidents_view_at_80x24(
     preemption's victim and cause, press enter to land on its step with keys only."""
     storm = Path(__file__).resolve().parent.parent / "replays" / "incidents"
     trace = storm / "preemption_storm.trace"
-    tl = Timeline(TraceReader(trace))
+    tl = Timeline(open_reader(trace))
     step = find(tl, [parse("preempt")], -1)
     assert step is not None
     p = tl.record(step).preemptions[0]

@@ -14,6 +14,7 @@ from engine.sim.workload import SimWorkload, load_workload
 from recorder.recorder import Recorder
 from recorder.writer import MemoryWriter
 from replays.breakpoints import Predicate
+from tests.helpers import close_later
 from tui.app import SchedtopApp
 from tui.launch import open_session
 
@@ -78,7 +79,9 @@ def app_test(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None
 def make_app(
     path: Path, live: bool = False, breakpoints: tuple[Predicate, ...] = ()
 ) -> SchedtopApp:
-    return SchedtopApp(open_session(path, live=live, breakpoints=breakpoints))
+    session = open_session(path, live=live, breakpoints=breakpoints)
+    close_later(session.tl.reader)  # the app shows the session; the test owns it
+    return SchedtopApp(session)
 
 
 def screen_text(app: SchedtopApp) -> str:

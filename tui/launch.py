@@ -70,14 +70,17 @@ def open_session(
 
 
 def run_app(session: Session) -> None:
-    """Show `session` in the app until the user quits."""
-    if not sys.stdout.isatty():
-        raise NoTerminal(
-            "the schedtop app needs a terminal; `schedtop info TRACE` prints a summary instead"
-        )
-    from tui.app import SchedtopApp
+    """Show `session` in the app until the user quits; the session is closed after."""
+    try:
+        if not sys.stdout.isatty():
+            raise NoTerminal(
+                "the schedtop app needs a terminal; `schedtop info TRACE` prints a summary instead"
+            )
+        from tui.app import SchedtopApp
 
-    SchedtopApp(session).run()
+        SchedtopApp(session).run()
+    finally:
+        session.close()
 
 
 @dataclass(frozen=True, slots=True)

@@ -149,6 +149,10 @@ class Session:
 
     # -- commands ----------------------------------------------------------------------------
 
+    def close(self) -> None:
+        """Close the trace the session shows."""
+        self.tl.close()
+
     def handle(self, cmd: Command) -> None:
         """Apply one command from the UI."""
         if isinstance(cmd, Move | Goto | GotoTime | GotoEdge):

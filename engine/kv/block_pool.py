@@ -94,7 +94,6 @@ class BlockPool:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.enable_caching = enable_caching
         self.free_queue = FreeBlockQueue(self.blocks[1:])
-        self.null_block = self.blocks[0]
         # hash -> blocks with that content, in caching order; the first one is served.
         self.cached: dict[bytes, dict[int, KVBlock]] = {}
         self.events = KVEventLog()

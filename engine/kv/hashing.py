@@ -22,16 +22,6 @@ def hash_block(parent: bytes, token_ids: list[int] | tuple[int, ...]) -> bytes:
     return hashlib.sha256(parent + payload).digest()
 
 
-def hash_prompt_blocks(token_ids: list[int], block_size: int) -> list[bytes]:
-    """Hashes of every full block of `token_ids`, in order."""
-    hashes: list[bytes] = []
-    parent = ROOT_HASH
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block(parent, token_ids[start : start + block_size])
-        hashes.append(parent)
-    return hashes
-
-
 class BlockHasher:
     """Extends `request.block_hashes` whenever a request's tokens fill another block."""
 

@@ -48,11 +48,6 @@ class ModelSpec:
             raise ModelError(f"{self.name}: head_dim={self.head_dim}: RoPE needs an even width")
 
     @property
-    def group_size(self) -> int:
-        """Query heads per KV head."""
-        return self.num_heads // self.num_kv_heads
-
-    @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
 

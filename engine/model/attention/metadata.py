@@ -30,10 +30,6 @@ class AttentionMetadata:
     def num_reqs(self) -> int:
         return len(self.seq_lens_cpu)
 
-    @property
-    def query_lens_cpu(self) -> np.ndarray:
-        return np.diff(self.query_start_loc_cpu)
-
 
 def build_metadata(
     query_lens: np.ndarray,
