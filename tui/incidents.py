@@ -11,7 +11,6 @@ from recorder.reader import TraceReader
 from replays.storms import Incident, IncidentScan, StormSummary
 
 SCAN_SLICE = 1024  # step records scanned per tick (tens of ms) before commands are read
-SCAN_PAUSE_S = 0.0  # the worker's wait for a command between slices
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ from tui.commands import (
     WatchIncidents,
 )
 from tui.history import Event, History, names_before
-from tui.incidents import SCAN_PAUSE_S, IncidentFeed
+from tui.incidents import IncidentFeed
 from tui.viewmodel import Context, Frame, StepInput, build_frame
 from tui.waits import WaitBook, decoders
 
@@ -256,8 +256,8 @@ class Session:
             return 0.0
         if self.playing:
             return max(1.0 / self.speed, 1.0 / MAX_FPS)
-        if self.incidents.busy and not self.playing:
-            return SCAN_PAUSE_S
+        if self.incidents.busy:
+            return 0.0  # the incident scan goes on between commands
         if self.live and not self.tl.finished and not self.writer_gone:
             return POLL_S
         return None
