@@ -231,6 +231,8 @@ def _get(body: dict[Any, Any], name: str) -> Any:
     key, codec = _CODECS[name]
     value = body.get(key)
     if value is None:
+        if name not in STEP_DEFAULTS:
+            raise Bad(f"required field {name} (key {key}) is missing")
         return STEP_DEFAULTS[name]
     try:
         return codec.dec(value)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from engine.sim.workload import SimRequest
 from recorder.reader import TraceReader
 from recorder.schema import Status
@@ -108,3 +110,34 @@ def test_stats_prints_the_storm_summary() -> None:
     ).stdout
     assert "preempt per 1k   42.7 (25 in 586 steps)" in out
     assert "recompute lost" in out and "s15 ×3" in out
+
+
+def test_a_step_record_without_its_step_is_a_trace_error(tmp_path: Path) -> None:
+    """A hostile record is an error naming its offset, and the app's scan stops on it."""
+    from recorder.encoding import unpack_body
+    from recorder.errors import TraceError
+    from tui.incidents import IncidentFeed
+
+    storm = STORM.read_bytes()
+    with TraceReader(STORM) as reader:
+        offsets = list(reader.index().step_offsets)
+        rtype, body = next((t, b) for o, t, b in reader.frames() if o == offsets[3])
+    fields = unpack_body(body)
+    del fields[0]  # the step number
+    import msgpack
+
+    from recorder.framing import FRAME, checksum
+
+    new_body = msgpack.packb(fields)
+    frame = FRAME.pack(len(new_body), rtype, checksum(rtype, new_body)) + new_body
+    bad = tmp_path / "bad.trace"
+    # Cut after a few more steps: with no footer, nothing points past the changed record.
+    bad.write_bytes(storm[: offsets[3]] + frame + storm[offsets[4] : offsets[10]])
+    with TraceReader(bad) as reader:
+        with pytest.raises(TraceError, match="required field step") as e:
+            IncidentScan(reader).advance()
+        assert e.value.offset == offsets[3]
+        feed = IncidentFeed(reader, live=False)
+        while feed.busy:
+            feed.step()
+        assert "the scan stopped" in feed.view(10).error and not feed.busy

@@ -53,7 +53,8 @@ class IncidentFeed:
         before = len(self._scan.incidents)
         try:
             n = self._scan.advance(SCAN_SLICE)
-        except TraceError as e:
+        except (TraceError, OSError) as e:
+            # Said once, in the view; the scan does not start again (the trace is bad).
             self._error = f"the scan stopped: {e}"
             return True
         if n < SCAN_SLICE:
