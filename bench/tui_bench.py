@@ -8,9 +8,14 @@
    writer is never the limit) while the app follows; the lag is the steps written but not
    yet on screen — target >= 500 steps/s;
 3. go to: a random step of a 1,000,000-step trace with 256 running requests, frame built
-   and drawn — target < 100 ms.
+   and drawn — target < 100 ms;
+4. incidents: the `i` view opened on the long trace, from the key to its list on screen
+   (the reader thread scans the trace in slices from the start, so the view opens at once
+   and fills in) — target < 200 ms; the scan's own speed; and the view with 100,000
+   preemptions listed, sorted and drawn.
 
     .venv/bin/python bench/tui_bench.py [--trace BIG.trace] [--rates 500,1000,2000,4000]
+        [--parts 1,2,3,4]
 
 For 3 it takes --trace, else /tmp/schedtop-bench/1m-256.trace when it exists (the lead's
 bench/replay_bench.py writes it), else it records a smaller trace of the same kind (256
@@ -366,7 +371,9 @@ def main() -> None:
     )
     parser.add_argument("--seconds", type=float, default=4.0, help="live: seconds per rate")
     parser.add_argument("--jumps", type=int, default=30, help="go to: random jumps")
+    parser.add_argument("--parts", default="1,2,3,4", help="which parts to run")
     args = parser.parse_args()
+    parts = {int(p) for p in args.parts.split(",")}
     print(
         f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}; terminal {SIZE[0]}x{SIZE[1]} (headless)\n"
@@ -374,7 +381,29 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        heavy = tmp / "heavy.trace"
+        if parts & {1, 2}:
+            render_and_live(args, parts, tmp)
+    if not parts & {3, 4}:
+        return
+    trace, what = long_trace(args.trace)
+    with TraceReader(trace) as reader:
+        steps = reader.index().last_step + 1
+    if 3 in parts:
+        goto_part(trace, what, steps, args.jumps)
+    if 4 in parts:
+        incidents_part(trace, what, steps)
+
+
+def render_and_live(args: argparse.Namespace, parts: set[int], tmp: Path) -> None:
+    if 1 in parts:
+        render_part()
+    if 2 in parts:
+        live_part(args, tmp)
+
+
+def render_part() -> None:
+    with tempfile.TemporaryDirectory() as tmp_name:
+        heavy = Path(tmp_name) / "heavy.trace"
         record(heavy_workload(), heavy, 120)
         probe = open_session(heavy, live=False).tl
         best = max(
@@ -396,38 +425,39 @@ def main() -> None:
         print(row("draw it, CPU", render["draw CPU"], "< 30 ms"))
         print()
 
-        rates = [int(r) for r in args.rates.split(",")]
-        live_source(int(max(rates) * (args.seconds + 4)))
-        print(
-            f"2. live: another process appends a recorded trace's steps at R steps/s, the "
-            f"app follows ({args.seconds:g} s per rate); lag = steps written but not yet "
-            "on screen"
-        )
-        print(
-            "| writer rate (steps/s) | achieved | lag median | lag p95 | lag max | "
-            "mean lag, first third -> last third | keeps up |"
-        )
-        print("| ---: | ---: | ---: | ---: | ---: | --- | --- |")
-        for rate in rates:
-            r = bench_live(rate, args.seconds, tmp)
-            # Keeping up: the lag stays under a quarter second's worth of steps and
-            # does not grow from the first third of the run to the last.
-            steady = r["median"] <= 0.25 * r["rate"] and r["last"] <= max(
-                1.5 * r["first"], 0.1 * r["rate"]
-            )
-            print(
-                f"| {rate} | {r['rate']:.0f} | {r['median']:.0f} "
-                f"({r['median'] / r['rate'] * 1e3:.0f} ms) | {r['p95']:.0f} | "
-                f"{r['max']:.0f} | {r['first']:.0f} -> {r['last']:.0f} | "
-                f"{'yes' if steady else 'NO'} |"
-            )
-        print()
 
-    trace, what = long_trace(args.trace)
-    with TraceReader(trace) as reader:
-        steps = reader.index().last_step + 1
-    print(f"3. go to a random step: {trace} ({what}), {steps:,} steps, {args.jumps} jumps")
-    goto = asyncio.run(bench_goto(trace, args.jumps))
+def live_part(args: argparse.Namespace, tmp: Path) -> None:
+    rates = [int(r) for r in args.rates.split(",")]
+    live_source(int(max(rates) * (args.seconds + 4)))
+    print(
+        f"2. live: another process appends a recorded trace's steps at R steps/s, the "
+        f"app follows ({args.seconds:g} s per rate); lag = steps written but not yet "
+        "on screen"
+    )
+    print(
+        "| writer rate (steps/s) | achieved | lag median | lag p95 | lag max | "
+        "mean lag, first third -> last third | keeps up |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: | --- | --- |")
+    for rate in rates:
+        r = bench_live(rate, args.seconds, tmp)
+        # Keeping up: the lag stays under a quarter second's worth of steps and
+        # does not grow from the first third of the run to the last.
+        steady = r["median"] <= 0.25 * r["rate"] and r["last"] <= max(
+            1.5 * r["first"], 0.1 * r["rate"]
+        )
+        print(
+            f"| {rate} | {r['rate']:.0f} | {r['median']:.0f} "
+            f"({r['median'] / r['rate'] * 1e3:.0f} ms) | {r['p95']:.0f} | "
+            f"{r['max']:.0f} | {r['first']:.0f} -> {r['last']:.0f} | "
+            f"{'yes' if steady else 'NO'} |"
+        )
+    print()
+
+
+def goto_part(trace: Path, what: str, steps: int, jumps: int) -> None:
+    print(f"3. go to a random step: {trace} ({what}), {steps:,} steps, {jumps} jumps")
+    goto = asyncio.run(bench_goto(trace, jumps))
     print("| cost | median ms | p95 ms | max ms | target |")
     print("| --- | ---: | ---: | ---: | --- |")
     print(row("for comparison: Timeline.state(step) alone, wall", goto["seek"], ""))
@@ -435,6 +465,144 @@ def main() -> None:
     print(row("draw it (UI thread), wall", goto["draw"], ""))
     print(row("go to, total, wall", goto["total"], "< 100 ms"))
     print(row("go to, total, CPU", goto["total CPU"], "< 100 ms"))
+    print()
+
+
+# -- 4. the incidents view -----------------------------------------------------------------------
+
+
+class _FirstDraw:
+    """When the incidents table first draws a line after `arm()`: the list on screen."""
+
+    def __init__(self) -> None:
+        from tui.widgets.incidents import IncidentTable
+
+        self.at: float | None = None
+        self.armed = False
+        self.rows = 0  # the list drawn must have at least this many rows
+        draw = IncidentTable.render_line
+
+        def render_line(table: IncidentTable, y: int) -> object:
+            if self.armed and self.at is None and len(table.rows) >= self.rows:
+                self.at = time.perf_counter()
+            return draw(table, y)
+
+        IncidentTable.render_line = render_line  # type: ignore[method-assign,assignment]
+
+    def arm(self, rows: int = 0) -> None:
+        self.at, self.armed, self.rows = None, True, rows
+
+
+async def bench_incidents(trace: Path, opens: int) -> dict[str, list[float]]:
+    """Key `i` to the incidents list drawn, `opens` times: once while the reader thread
+    is still scanning, then with the scan done. (Pilot's press() itself waits for the
+    app to go idle, which a running scan delays: the time is taken at the first drawn
+    line of the list, not when press() returns.)"""
+    from tui.screens.incidents import IncidentsScreen
+
+    first_draw = _FirstDraw()
+    out: dict[str, list[float]] = {"first": [], "open": [], "scan": []}
+    t_start = time.perf_counter()
+    app = SchedtopApp(open_session(trace, live=False))
+    async with app.run_test(size=SIZE) as pilot:
+        while app.frame is None:
+            await pilot.pause(0.01)
+        await pilot.pause(1.0)  # the app settled (its first frames drawn), the scan going on
+        for i in range(opens + 1):
+            vm = app.frame.incidents if app.frame is not None else None
+            first_draw.arm(0 if vm is None else sum(1 for x in vm.items if x.kind == "preempt"))
+            t0 = time.perf_counter()
+            await pilot.press("i")
+            while first_draw.at is None:
+                await pilot.pause(0.001)
+            out["first" if i == 0 else "open"].append(first_draw.at - t0)
+            if i == 0:
+                screen = app.screen
+                assert isinstance(screen, IncidentsScreen)
+                while screen.vm is None or not screen.vm.done:
+                    await pilot.pause(0.05)
+                out["scan"].append(time.perf_counter() - t_start)
+            await pilot.press("escape")
+            while isinstance(app.screen, IncidentsScreen):
+                await pilot.pause(0.001)
+    return out
+
+
+async def bench_many_incidents(trace: Path, n: int) -> dict[str, list[float]]:
+    """The view over `n` synthetic preemptions: open, sort by tokens lost, filter."""
+    from replays.storms import Incident, StormSummary
+    from tui.incidents import IncidentsVM
+    from tui.screens.incidents import IncidentsScreen
+    from tui.widgets.incidents import IncidentTable
+
+    rng = random.Random(0)
+    items = tuple(
+        Incident(
+            i, "preempt", f"r{rng.randrange(5000)}", "itself", rng.randrange(4000), 3, 3, 1, ""
+        )
+        for i in range(n)
+    )
+    vm = IncidentsVM(items, StormSummary(n, n, 0, 0, 0, 0, 0, ()), n, n, True, "")
+    out: dict[str, list[float]] = {"open": [], "sort": [], "filter": []}
+    first_draw = _FirstDraw()
+    app = SchedtopApp(open_session(trace, live=False))
+    async with app.run_test(size=SIZE) as pilot:
+        while app.frame is None:
+            await pilot.pause(0.01)
+        app.source.stop()  # no more frames: they would bring the trace's own incidents
+        await pilot.pause(0.1)
+        for _ in range(5):
+            first_draw.arm(n)
+            t0 = time.perf_counter()
+            screen = IncidentsScreen(vm)
+            app.push_screen(screen)
+            while first_draw.at is None:
+                await pilot.pause(0.001)
+            out["open"].append(first_draw.at - t0)
+            table = screen.query_one(IncidentTable)
+            assert len(table.rows) == n
+            t0 = time.perf_counter()
+            screen.sort_key = "lost"  # the next sort: numbers largest first
+            while table.sort != ("lost", False):
+                await pilot.pause(0.001)
+            out["sort"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            screen.words = "r42"
+            while len(table.rows) == n:
+                await pilot.pause(0.001)
+            out["filter"].append(time.perf_counter() - t0)
+            app.pop_screen()
+            await pilot.pause(0.01)
+    return out
+
+
+def incidents_part(trace: Path, what: str, steps: int) -> None:
+    from replays.storms import IncidentScan
+
+    with TraceReader(trace) as reader:
+        t0, c0 = time.perf_counter(), time.process_time()
+        scan = IncidentScan(reader)
+        scan.advance()
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    size = trace.stat().st_size
+    print(
+        f"4. incidents: {trace} ({what}), {steps:,} steps, {size / 2**30:.2f} GiB, "
+        f"{len(scan.incidents):,} incidents"
+    )
+    r = asyncio.run(bench_incidents(trace, 10))
+    many = asyncio.run(bench_many_incidents(trace, 100_000))
+    print("| cost | median ms | p95 ms | max ms | target |")
+    print("| --- | ---: | ---: | ---: | --- |")
+    print(row("open the view while the scan runs (1 s after start), wall", r["first"], "< 200 ms"))
+    print(row("open the view again, scan done, wall", r["open"], "< 200 ms"))
+    print(row("open the view over 100,000 preemptions, wall", many["open"], "< 200 ms"))
+    print(row("... sort them by tokens lost, wall", many["sort"], ""))
+    print(row("... filter them by a request id, wall", many["filter"], ""))
+    print(
+        f"the scan alone: {steps:,} steps in {wall:.1f} s wall, {cpu:.1f} s CPU "
+        f"({steps / wall:,.0f} steps/s, {size / 2**20 / wall:,.0f} MiB/s); in the app, "
+        f"from start to done: {r['scan'][0]:.1f} s"
+    )
 
 
 if __name__ == "__main__":

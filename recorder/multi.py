@@ -25,7 +25,7 @@ from pathlib import Path
 from recorder.errors import TraceError
 from recorder.paths import SUFFIX
 from recorder.reader import Cut, Entry, Scan, TraceIndex, TraceReader
-from recorder.schema import End, Footer, Step
+from recorder.schema import End, Footer, RecordType, Step
 from recorder.segments import SegmentFile, is_run_dir, list_segments
 
 _SHIFT = 40  # bits of a virtual offset that are the offset inside its segment
@@ -202,10 +202,16 @@ class SegmentedReader(TraceReader):
             local = seg.records_start
             self._check_first_step(seg, last_step)
 
-    def frames(self, start: int | None = None) -> Iterator[tuple[int, int, bytes]]:
+    def frames(
+        self, start: int | None = None, tail: bool = False
+    ) -> Iterator[tuple[int, int, bytes]]:
+        """As one file's: a segment's END is passed over while another segment follows it
+        (the writer starts the next segment before it ends the last one)."""
         i, seg, local = self._locate(self.records_start if start is None else start)
         while True:
-            for offset, rtype, body in seg.frames(local):
+            for offset, rtype, body in seg.frames(local, tail=tail):
+                if rtype == RecordType.END and (i < len(self._segs) - 1 or self._add_new()):
+                    break
                 yield self._virtual(i, offset), rtype, body
             if i == len(self._segs) - 1:
                 return

@@ -184,16 +184,20 @@ class TraceReader:
                     return
             offset = after
 
-    def frames(self, start: int | None = None) -> Iterator[tuple[int, int, bytes]]:
+    def frames(
+        self, start: int | None = None, tail: bool = False
+    ) -> Iterator[tuple[int, int, bytes]]:
         """Every whole record from `start` (default: the first after the header) as
-        (offset, type, body), checksummed but not decoded; stops before END, or at an
-        incomplete last record (reported in `cut`)."""
+        (offset, type, body), checksummed but not decoded: for a scan that needs a few
+        fields of each record. Ends with the END record (yielded, so that a scan knows the
+        trace is complete) or at an incomplete last record (reported in `cut` unless
+        `tail`: the file is still being written)."""
         offset = self.records_start if start is None else start
-        while (frame := self._frame_at(offset)) is not None:
+        while (frame := self._frame_at(offset, tail)) is not None:
             rtype, body, after = frame
+            yield offset, rtype, body
             if rtype == RecordType.END:
                 return
-            yield offset, rtype, body
             offset = after
 
     def steps(self, start: int | None = None) -> Iterator[Step]:

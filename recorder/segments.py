@@ -156,7 +156,7 @@ class _Joiner:
                     self._count(body)
             elif rtype == RecordType.SNAPSHOT:
                 self.snapshots.append((next_step - 1, self._frame(rtype, body)))
-            elif rtype not in (RecordType.HEADER, RecordType.FOOTER):
+            elif rtype not in (RecordType.HEADER, RecordType.FOOTER, RecordType.END):
                 self._frame(rtype, body)  # a type this version does not know: kept
         if footer is not None:
             self.counts[0] += footer.num_arrivals

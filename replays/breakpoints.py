@@ -1,9 +1,12 @@
 """Breakpoints: predicates over steps, and the search for the next or previous step where
 any of them holds (docs/contracts.md R2). The TUI's n/N and `schedtop find` use this one module.
 
-A predicate holds at a step or not (level, not edge): `free<8` holds at every step that
-ends with fewer than 8 free blocks. The spellings, as the CLI and the TUI's dialog take
-them:
+Event predicates (preempt, admit, first-token, finish) hit at every step where their event
+happens. Condition predicates (free, slow, wait, util) are watchpoints: they hit where the
+condition becomes true, not on every step while it holds (`free<8` hits at the step the
+pool drops below 8 free blocks, and again only after it has been 8 or more in between).
+Spelled with `while ` in front, a condition hits at every step where it holds. The
+spellings, as the CLI and the TUI's dialog take them:
 
     preempt            a step that preempts any request
     preempt:ID         ... that preempts request ID
@@ -14,6 +17,7 @@ them:
     slow>T             the step took more than T milliseconds (end to end)
     wait>S             some request has waited more than S steps since arrival, never admitted
     util<P             the step used less than P% of its token budget
+    while COND         COND (one of the four above) at every step where it holds
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from replays.state import State
 from replays.timeline import Timeline
 
 KINDS = ("preempt", "admit", "first-token", "finish", "free", "slow", "wait", "util")
+CONDITIONS = frozenset(("free", "slow", "wait", "util"))  # watchpoints: hit when they become true
 _NEEDS_ID = {"admit", "first-token", "finish"}
 _SEGMENT = 64  # steps replayed at a time when searching backwards
 
@@ -39,13 +44,20 @@ class Predicate:
     kind: str  # one of KINDS
     request: str | None = None  # the request it watches (preempt, admit, first-token, finish)
     value: float = 0.0  # the threshold (free, slow, wait, util)
+    level: bool = False  # a condition spelled `while ...`: hits at every step it holds
 
     def __str__(self) -> str:
+        prefix = "while " if self.level else ""
         if self.kind in ("free", "util"):
-            return f"{self.kind}<{_num(self.value)}"
+            return f"{prefix}{self.kind}<{_num(self.value)}"
         if self.kind in ("slow", "wait"):
-            return f"{self.kind}>{_num(self.value)}"
+            return f"{prefix}{self.kind}>{_num(self.value)}"
         return self.kind if self.request is None else f"{self.kind}:{self.request}"
+
+    @property
+    def edge(self) -> bool:
+        """A watchpoint: it hits where its condition becomes true."""
+        return self.kind in CONDITIONS and not self.level
 
     @property
     def needs_state(self) -> bool:
@@ -59,6 +71,14 @@ _LEVEL = re.compile(r"^(free|util)\s*<\s*([0-9.]+)$|^(slow|wait)\s*>\s*([0-9.]+)
 def parse(text: str) -> Predicate:
     """A predicate from its spelling; ValueError saying what is wrong."""
     t = text.strip()
+    if t.lower().startswith("while "):
+        inner = parse(t[6:])
+        if inner.kind not in CONDITIONS or inner.level:
+            raise ValueError(
+                f"breakpoint {text!r}: `while` takes a condition: free<N, slow>MS, "
+                "wait>STEPS or util<PERCENT"
+            )
+        return Predicate(inner.kind, value=inner.value, level=True)
     m = _LEVEL.match(t)
     if m:
         kind = m.group(1) or m.group(3)
@@ -75,7 +95,7 @@ def parse(text: str) -> Predicate:
         raise ValueError(
             f"breakpoint {text!r}: unknown; use one of preempt, preempt:ID, "
             "admit:ID, first-token:ID, finish:ID, free<N, slow>MS, wait>STEPS, "
-            "util<PERCENT"
+            "util<PERCENT, while CONDITION"
         )
     if kind in _NEEDS_ID and not request:
         raise ValueError(f"breakpoint {text!r}: {kind} needs a request id, as {kind}:ID")
@@ -103,6 +123,15 @@ class Matcher:
         self.tokened = {
             ref for ref, r in start.requests.items() if ref in self.refs and r.num_output_tokens > 0
         }
+        # Per predicate: whether its condition held at the step before (watchpoints hit
+        # on the change only). Before the trace's first step nothing held.
+        self.held = [False] * len(self.predicates)
+
+    def prime(self, rec: Step, after: State, prev_time_ns: int) -> None:
+        """Note which conditions held at the step before the first one `matches` sees
+        (`rec`, the state after it, and when the step before it ended)."""
+        self.prev_time_ns = prev_time_ns
+        self.held = [p.edge and self._holds(p, rec, after) for p in self.predicates]
 
     def observe(self, rec: Step) -> None:
         """Note the step's arrivals (call before `matches`, with every step in order)."""
@@ -114,9 +143,16 @@ class Matcher:
         """Whether any predicate holds at `rec`'s step (`after`: the state after it,
         needed when `needs_state`)."""
         # Every predicate runs (no short-circuit): some keep per-request bookkeeping.
-        hits = [self._holds(p, rec, after) for p in self.predicates]
+        hit = False
+        for i, p in enumerate(self.predicates):
+            holds = self._holds(p, rec, after)
+            if p.edge:
+                hit |= holds and not self.held[i]
+                self.held[i] = holds
+            else:
+                hit |= holds
         self.prev_time_ns = rec.time_ns
-        return any(hits)
+        return hit
 
     def _holds(self, p: Predicate, rec: Step, after: State | None) -> bool:
         kind = p.kind
@@ -203,6 +239,11 @@ def _scan(timeline: Timeline, predicates: Sequence[Predicate], lo: int, hi: int)
     state = timeline.state(lo - 1).copy()
     prev_time = timeline.time_ns(lo - 1) if lo > timeline.first_step else 0
     matcher = Matcher(predicates, state, prev_time)
+    if lo > timeline.first_step and any(p.edge for p in predicates):
+        # Whether each watchpoint's condition held at the step before: a hit is a change.
+        before = timeline.time_ns(lo - 2) if lo - 1 > timeline.first_step else 0
+        matcher.prime(timeline.record(lo - 1), state, before)
+        matcher.prev_time_ns = prev_time
     for step in range(lo, hi + 1):
         rec = timeline.record(step)
         matcher.observe(rec)

@@ -33,6 +33,7 @@ def brute(run: Recorded, tl: Timeline, p: Predicate) -> list[int]:
     admitted: set[str] = set()
     tokened: set[str] = set()
     prev_t = 0
+    held = False  # a watchpoint's condition at the step before
     for i, (result, state) in enumerate(zip(run.results, run.states)):
         rep, names = result.report, result.names
         sampled = result.sampled()
@@ -62,6 +63,8 @@ def brute(run: Recorded, tl: Timeline, p: Predicate) -> list[int]:
             ids = [names[r] for r in state.waiting]
             hit = any(r not in admitted and i - arrived[r] > v for r in ids)
         prev_t = t
+        if p.edge:
+            hit, held = hit and not held, hit
         if hit:
             hits.append(i)
     return hits
@@ -77,6 +80,9 @@ SPECS = [
     "wait>20",
     "util<50",
     "slow>0.05",
+    "while free<10",
+    "while wait>20",
+    "while util<50",
 ]
 
 
@@ -99,7 +105,7 @@ def test_find_lands_on_the_brute_force_steps(demo: tuple[Recorded, Timeline], sp
 def test_a_search_in_slices_finds_what_one_search_finds(demo: tuple[Recorded, Timeline]) -> None:
     """The TUI searches long traces in slices (`limit`) to stay responsive."""
     run, tl = demo
-    for spec in ("preempt", "first-token:req-12", "wait>20"):
+    for spec in ("preempt", "first-token:req-12", "wait>20", "free<10", "while util<50"):
         p = parse(spec)
         want = brute(run, tl, p)
         for start in (-1, 30, 80, tl.last_step):
@@ -118,6 +124,20 @@ def test_a_search_in_slices_finds_what_one_search_finds(demo: tuple[Recorded, Ti
                     else next((s for s in want if s > start), None)
                 )
                 assert found == expect
+
+
+def test_a_watchpoint_hits_once_per_transition(demo: tuple[Recorded, Timeline]) -> None:
+    """`free<10` hits where the pool drops below 10, not at every step below it; `while`
+    keeps the old meaning."""
+    _, tl = demo
+    below = [s for s in range(tl.first_step, tl.last_step + 1) if tl.record(s).free_blocks < 10]
+    drops = [s for s in below if s == tl.first_step or tl.record(s - 1).free_blocks >= 10]
+    assert len(drops) < len(below)  # the demo stays below 10 for more than one step
+    assert list(find_all(tl, [parse("free<10")])) == drops
+    assert list(find_all(tl, [parse("while free<10")])) == below
+    assert str(parse("while  free < 10")) == "while free<10"
+    with pytest.raises(ValueError, match="while"):
+        parse("while preempt")
 
 
 def test_several_breakpoints_stop_at_the_nearest(demo: tuple[Recorded, Timeline]) -> None:

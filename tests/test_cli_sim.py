@@ -129,3 +129,53 @@ def test_failed_run_leaves_no_half_written_decisions(tmp_path: Path) -> None:
     assert out.returncode == 2 and "max_steps=3" in out.stderr
     assert not dest.exists()
     assert list(tmp_path.iterdir()) == [w]
+
+
+@pytest.mark.slow  # the tokenizer's module imports torch, in two processes
+def test_sim_runs_a_workload_in_runs_format(tmp_path: Path) -> None:
+    """One workload file serves `run` and `sim`: text and chat prompts are tokenized with
+    the default tokenizer, arrival times become steps, `sampling.max_tokens` the length."""
+    from engine.model.workload import parse_run_workload
+    from engine.sim.run_format import STEPS_PER_S, default_tokenizer
+    from recorder.reader import TraceReader
+
+    data = {
+        "description": "one file for run and sim",
+        "config": {"max_num_seqs": 4, "num_gpu_blocks_override": 40, "kv_cache_memory": "1GiB"},
+        "requests": [
+            {"id": "chat", "messages": [{"role": "user", "content": "Why is the sky blue?"}]},
+            {"id": "text", "prompt": "Once upon a time", "arrival_time": 0.4,
+             "sampling": {"max_tokens": 5, "temperature": 0.8}},
+            {"id": "ids", "prompt_token_ids": [1, 9690, 198], "sampling": {"max_tokens": 3}},
+        ],
+    }  # fmt: skip
+    parse_run_workload(data)  # `run` takes it as it is
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(data))
+    trace = tmp_path / "w.trace"
+    out = schedtop("sim", str(path), "--trace", str(trace))
+    assert out.returncode == 0, out.stderr
+    tok = default_tokenizer()
+    want = {
+        "chat": (0, len(tok.apply_chat_template(data["requests"][0]["messages"]))),
+        "text": (round(0.4 * STEPS_PER_S), len(tok.encode("Once upon a time"))),
+        "ids": (0, 3),
+    }
+    with TraceReader(trace) as reader:
+        assert reader.header.num_blocks == 40
+        got = {
+            a.request_id: (step.step, a.num_prompt_tokens)
+            for step in reader.steps()
+            for a in step.arrivals
+        }
+    assert got == want
+    lines = {line.split()[0]: line.split() for line in out.stdout.splitlines() if line}
+    assert lines["text"][-1] == "length" and lines["ids"][-1] == "length"
+
+
+def test_sim_refuses_a_bad_run_format_workload(tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"requests": [{"id": "a", "prompt": "hi", "colour": "red"}]}))
+    out = schedtop("sim", str(path))
+    assert out.returncode == 2 and "unknown field 'colour'" in out.stderr
+    assert "Traceback" not in out.stderr

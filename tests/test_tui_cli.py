@@ -112,10 +112,15 @@ def test_attaching_picks_the_newest_trace_being_written(trace_dir: Path, good: P
     long_ago = time.time() - 3600
     os.utime(stale, (long_ago, long_ago))
     assert launch.choose() == launch.Choice(stale, False)  # a crashed writer's: replayed
-    os.utime(stale)  # ...unless it changed a moment ago
-    assert launch.choose() == launch.Choice(stale, True)
-    (trace_dir / "20260101-000003.000-sim-1.trace").write_text("garbage")  # skipped
-    assert launch.choose() == launch.Choice(stale, True)
+    os.utime(stale)  # ...even if it changed a moment ago: its writer is gone
+    assert launch.choose() == launch.Choice(stale, False)
+    nameless = trace_dir / "20260101-000003.000-sim.trace"  # no pid: its age decides
+    nameless.write_bytes(data[:cut])
+    assert launch.choose() == launch.Choice(nameless, True)
+    os.utime(nameless, (long_ago, long_ago))
+    assert launch.choose() == launch.Choice(nameless, False)
+    (trace_dir / "20260101-000004.000-sim-1.trace").write_text("garbage")  # skipped
+    assert launch.choose() == launch.Choice(nameless, False)
 
 
 def test_demo_headless_runs_the_simulated_engine_in_another_process(trace_dir: Path) -> None:

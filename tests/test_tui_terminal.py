@@ -96,3 +96,48 @@ def test_replay_in_a_real_terminal(tmux: Tmux, tmp_path: Path) -> None:
     assert f"breakpoint hit at step {preempted}: preempt" in screen
     tmux("send-keys", "-t", "app", "q")
     tmux.wait_for(lambda s: "PAUSED" not in s, "the app gone")
+
+
+def test_first_preemption_victim_and_cause_from_the_incidents_view_at_80x24(
+    tmux: Tmux,
+) -> None:
+    """What a newcomer does in a small terminal: open the storm, press i, read the first
+    preemption's victim and cause, press enter to land on its step with keys only."""
+    storm = Path(__file__).resolve().parent.parent / "replays" / "incidents"
+    trace = storm / "preemption_storm.trace"
+    tl = Timeline(open_reader(trace))
+    step = find(tl, [parse("preempt")], -1)
+    assert step is not None
+    p = tl.record(step).preemptions[0]
+    before = tl.state(step - 1)
+    victim = before.request_id(p.victim)
+    cause = "itself" if p.victim == p.for_request else before.request_id(p.for_request)
+    command = f"env -u COLUMNS -u LINES {sys.executable} -m tui.cli replay {trace}"
+    env = {"TERM": "xterm-256color", "COLORTERM": "truecolor"}
+    tmux(
+        "new-session",
+        "-d",
+        "-s",
+        "app",
+        "-x",
+        "80",
+        "-y",
+        "24",
+        *[arg for k, v in env.items() for arg in ("-e", f"{k}={v}")],
+        command,
+    )
+    last = tl.last_step
+    screen = tmux.wait_for(lambda s: f"step 0 / {last}" in s, "step 0")
+    assert "? help" in screen.replace("  ", " ") and "q quit" in screen.replace("  ", " ")
+    tmux("send-keys", "-t", "app", "i")
+    screen = tmux.wait_for(lambda s: "25 preemptions in 586 steps" in s, "the incidents view")
+    rows = [line.replace("▶", " ").split() for line in screen.splitlines()]
+    first = next(r for r in rows if r[:2] == [str(step), "preempt"])
+    assert first[2:4] == [victim, cause]  # the victim, and for whom
+    tmux("send-keys", "-t", "app", "Enter")
+    why = "preempted itself (no KV)" if cause == "itself" else f"preempted for {cause}"
+    # The preemption's step, the victim's row scrolled into view, saying why.
+    screen = tmux.wait_for(lambda s: f"step {step} / {last}" in s and why in s, "the victim")
+    assert any(victim in line and why in line for line in screen.splitlines())
+    tmux("send-keys", "-t", "app", "q")
+    tmux.wait_for(lambda s: "PAUSED" not in s, "the app gone")

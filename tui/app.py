@@ -22,9 +22,10 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import Footer, Input
+from textual.widgets import Input
 
 from replays.breakpoints import Predicate, parse
+from replays.storms import Incident
 from tui.commands import (
     Cancel,
     Command,
@@ -39,11 +40,14 @@ from tui.commands import (
     Speed,
     ToggleBreakpoint,
     TogglePlay,
+    WatchIncidents,
 )
+from tui.format import duration
 from tui.screens.help import HelpScreen
+from tui.screens.incidents import IncidentsScreen
 from tui.screens.prompt import breakpoints_screen, goto_screen
 from tui.session import Session
-from tui.viewmodel import SORT_KEYS, Frame, table_rows
+from tui.viewmodel import NUMERIC_SORTS, SORT_KEYS, Frame, table_rows
 from tui.widgets.batch import BatchBar
 from tui.widgets.blockmap import ZOOMS, BlockMap
 from tui.widgets.detail import BlockDetail
@@ -52,9 +56,11 @@ from tui.widgets.header import StepHeader
 from tui.widgets.lines import StepClicked
 from tui.widgets.requests import RequestTable
 from tui.widgets.sparks import Sparklines
+from tui.widgets.status import StatusLine
 from tui.worker import FrameSource
 
 PREEMPT = parse("preempt")
+SHORT = 30  # terminal lines under which the middle panes shrink for the requests
 GC_THRESHOLD = 20_000  # allocations between young-generation collections (default 700)
 W = TypeVar("W", bound=Widget)
 
@@ -101,6 +107,7 @@ class SchedtopApp(App[None]):
         Binding("s", "sort", "sort"),
         Binding("S", "sort_reverse", "reverse sort", show=False),
         Binding("z", "zoom", "zoom"),
+        Binding("i", "incidents", "incidents"),
         Binding("escape", "escape", "stop", show=False),
         Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),
@@ -120,6 +127,7 @@ class SchedtopApp(App[None]):
         self._main: Screen[object] | None = None  # the screen with the panes, once mounted
         self._trace = Path(session.name).name
         self._gc_threshold = gc.get_threshold()
+        self._reveal: int | None = None  # at this step, scroll the selected request into view
 
     # -- layout -----------------------------------------------------------------------------
 
@@ -143,12 +151,13 @@ class SchedtopApp(App[None]):
                     yield BatchBar(id="batch")
         with Vertical(id="events-pane", classes="pane"):
             yield EventLog(id="events")
-        yield Footer()
+        yield StatusLine(id="status")
 
     def on_mount(self) -> None:
         # The panes live on the main screen; dialogs go on top of it, so panes are found
         # there, never on whatever screen is current.
         self._main = self.screen
+        self._main.set_class(self.size.height < SHORT, "-short")
         self.title = f"schedtop {self._trace}"
         self._pane(Widget, "#events-pane").border_title = "events"
         self._pane(Widget, "#sparks-pane").border_title = "history"
@@ -162,6 +171,10 @@ class SchedtopApp(App[None]):
         gc.set_threshold(GC_THRESHOLD, *self._gc_threshold[1:])
         gc.freeze()
         self.run_worker(self.source.run, thread=True, name="reader", exit_on_error=False)
+
+    def on_resize(self) -> None:
+        if self._main is not None:
+            self._main.set_class(self.size.height < SHORT, "-short")
 
     def on_unmount(self) -> None:
         self._main = None
@@ -214,14 +227,21 @@ class SchedtopApp(App[None]):
         blocks = self._pane(BlockMap)
         blocks.vm = frame.blocks
         blocks.highlight = self._selected_ref()
-        self._pane(BlockDetail).frame = frame
+        detail = self._pane(BlockDetail)
+        detail.frame = frame
+        detail.per_cell = blocks.geometry.per_cell
+        detail.aggregate = blocks.geometry.zoom == "fit"
         self._pane(Sparklines).vm = frame.sparks
         self._pane(BatchBar).vm = frame.batch
         log = self._pane(EventLog)
-        log.events = frame.events
+        if log.events != frame.events:
+            log.events = frame.events
         log.step = frame.header.step
         log.followed = frame.header.followed
         self._titles()
+        self._pane(StatusLine).text = frame.header.status
+        if isinstance(self.screen, IncidentsScreen):
+            self.screen.vm = frame.incidents
 
     def _update_table(self) -> None:
         frame = self.frame
@@ -232,10 +252,13 @@ class SchedtopApp(App[None]):
         table.rows = table_rows(frame.requests, self.query_text, self.sort_key, self.sort_reverse)
         table.selected = self.selected_request
         table.followed = frame.header.followed
-        if frame.header.followed is not None and frame.header.followed == self.selected_request:
+        reveal = frame.header.followed == self.selected_request or self._reveal == frame.header.step
+        if self.selected_request is not None and reveal:
             i = table.index_of(self.selected_request)
             if i >= 0:
                 table.scroll_to_row(i)
+                # Back from the incidents view, the table is laid out again first.
+                self.call_after_refresh(table.scroll_to_row, i)
 
     def _titles(self) -> None:
         frame = self.frame
@@ -245,14 +268,17 @@ class SchedtopApp(App[None]):
         total = len(frame.requests)
         order = f"{self.sort_key}{' ▼' if self.sort_reverse else ''}"
         count = f"{shown} of {total}" if self.query_text else str(total)
-        vm, batch, sparks = frame.blocks, frame.batch, frame.sparks
+        vm, batch = frame.blocks, frame.batch
         used = sum(e.tokens for e in batch.entries)
-        n = len(sparks.series[0].values) if sparks.series else 0
+        drawn = self._pane(Sparklines).drawn()
+        log = self._pane(EventLog)
+        head = f" · {frame.header.queue_head}" if frame.header.queue_head else ""
+        below = [f"filter: {self.query_text}"] if self.query_text else []
+        waited = self._wait_line()
+        if waited:
+            below.append(waited)
         titles = {
-            "#requests-pane": (
-                f"requests {count} · sorted by {order}",
-                f"filter: {self.query_text}" if self.query_text else "",
-            ),
+            "#requests-pane": (f"requests {count}{head} · sorted by {order}", " · ".join(below)),
             "#blocks-pane": (
                 f"KV blocks {vm.num_blocks - 1} × {vm.block_size} tokens · "
                 f"{self._pane(BlockMap).title}",
@@ -262,8 +288,12 @@ class SchedtopApp(App[None]):
                 f"batch: {len(batch.entries)} requests, {used}/{batch.budget} tokens",
                 "",
             ),
+            "#events-pane": (
+                "events" + (f" · {log.kind} only" if log.kind else ""),
+                "c: kind  ↑↓: scroll" if log.has_focus else "",
+            ),
             "#sparks-pane": (
-                f"history: steps {sparks.first}–{sparks.first + n - 1}" if n else "history",
+                f"history: steps {drawn[0]}–{drawn[1]}" if drawn else "history",
                 "",
             ),
         }
@@ -275,6 +305,18 @@ class SchedtopApp(App[None]):
             if (pane.border_subtitle or "") != subtitle:
                 pane.border_subtitle = subtitle
 
+    def _wait_line(self) -> str:
+        """The selected request's wait and why, if it is waiting."""
+        frame, rid = self.frame, self.selected_request
+        if frame is None or rid is None:
+            return ""
+        row = next((r for r in frame.requests if r.request_id == rid), None)
+        if row is None or row.wait is None:
+            return ""
+        steps = f"{row.wait}{'' if row.wait_exact else '+'} step{'' if row.wait == 1 else 's'}"
+        time = f" ({duration(row.wait_ns)})" if row.wait_ns is not None else ""
+        return f"{rid} waited {steps}{time}: {row.wait_why}"
+
     def _selected_ref(self) -> int | None:
         frame, rid = self.frame, self.selected_request
         if frame is None or rid is None:
@@ -284,6 +326,7 @@ class SchedtopApp(App[None]):
     def watch_selected_request(self) -> None:
         self._pane(RequestTable).selected = self.selected_request
         self._pane(BlockMap).highlight = self._selected_ref()
+        self._titles()
 
     def watch_selected_block(self, block: int | None) -> None:
         self._pane(BlockMap).selected = block
@@ -312,7 +355,16 @@ class SchedtopApp(App[None]):
         if message.key == self.sort_key:
             self.sort_reverse = not self.sort_reverse
         else:
-            self.sort_key, self.sort_reverse = message.key, False
+            self.sort_key, self.sort_reverse = message.key, message.key in NUMERIC_SORTS
+
+    def on_event_log_kind_changed(self, _: EventLog.KindChanged) -> None:
+        self._titles()
+
+    def on_descendant_focus(self) -> None:
+        self._titles()
+
+    def on_descendant_blur(self) -> None:
+        self._titles()
 
     def on_step_clicked(self, message: StepClicked) -> None:
         self.send(Goto(message.step))
@@ -393,7 +445,8 @@ class SchedtopApp(App[None]):
 
     def action_sort(self) -> None:
         i = SORT_KEYS.index(self.sort_key)
-        self.sort_key = SORT_KEYS[(i + 1) % len(SORT_KEYS)]
+        key = SORT_KEYS[(i + 1) % len(SORT_KEYS)]
+        self.sort_key, self.sort_reverse = key, key in NUMERIC_SORTS
 
     def action_sort_reverse(self) -> None:
         self.sort_reverse = not self.sort_reverse
@@ -402,6 +455,7 @@ class SchedtopApp(App[None]):
         blocks = self._pane(BlockMap)
         blocks.zoom = ZOOMS[(ZOOMS.index(blocks.geometry.zoom) + 1) % len(ZOOMS)]
         self._pane(BlockDetail).per_cell = blocks.geometry.per_cell
+        self._pane(BlockDetail).aggregate = blocks.geometry.zoom == "fit"
         self._titles()
 
     def action_escape(self) -> None:
@@ -411,7 +465,23 @@ class SchedtopApp(App[None]):
             box.display = False
             self._pane(RequestTable).focus()
             return
+        busy = self.frame is not None and self.frame.header.mode in ("SEARCHING", "PLAYING")
+        if self.selected_block is not None and not busy:
+            self.selected_block = None  # the block map's legend comes back
+            return
         self.send(Cancel())
+
+    def action_incidents(self) -> None:
+        def chosen(incident: Incident | None) -> None:
+            self.send(WatchIncidents(False))
+            if incident is not None:
+                self._reveal = incident.step
+                self.selected_request = incident.request_id
+                self.send(Goto(incident.step))
+
+        self.send(WatchIncidents(True))
+        vm = self.frame.incidents if self.frame is not None else None
+        self.push_screen(IncidentsScreen(vm), chosen)
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())

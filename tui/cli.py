@@ -278,7 +278,8 @@ def live(trace: str, api_key: str | None) -> None:
     metavar="PRED",
     help="A breakpoint (n / N go to the next / previous hit): preempt, "
     "preempt:ID, admit:ID, first-token:ID, finish:ID, free<N, slow>MS, "
-    "wait>STEPS, util<PERCENT. Repeatable.",
+    "wait>STEPS, util<PERCENT (these four hit when they become true; "
+    "`while free<N` at every step it holds). Repeatable.",
 )
 @user_errors
 def replay(trace: str, breaks: tuple[str, ...]) -> None:
@@ -291,7 +292,23 @@ def replay(trace: str, breaks: tuple[str, ...]) -> None:
         predicates = tuple(parse(b) for b in breaks)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--break") from None
+    # A breakpoint on a request the trace does not have is refused by the app once its
+    # incident scan has read the trace (checking here would read it all before opening).
     run_app(open_session(trace, live=False, breakpoints=predicates))
+
+
+def _refuse_unknown_requests(trace: str, predicates: Any) -> None:
+    """A breakpoint naming a request the trace does not have would never hit: say so."""
+    from replays.storms import unknown_requests
+
+    unknown = unknown_requests(trace, (p.request for p in predicates if p.request))
+    if unknown:
+        click.echo(
+            f"schedtop: error: no request {unknown[0]!r} in {trace}: a breakpoint on it "
+            "would never hit",
+            err=True,
+        )
+        sys.exit(2)
 
 
 @main.command()
@@ -464,7 +481,10 @@ def whatif(
     from replays.whatif import format_result
     from replays.whatif import whatif as predict
 
-    inputs = [trace] + ([model_spec] if model_spec and Path(model_spec).exists() else [])
+    inputs: list[str | None] = [
+        trace,
+        model_spec if model_spec and Path(model_spec).exists() else None,
+    ]
     check_outputs({"--trace": out}, inputs, force, out)
     overrides = parse_settings(settings)
     model = parse_model(model_spec) if model_spec else None
@@ -625,7 +645,9 @@ def diff(a: str, b: str) -> None:
 )
 @user_errors
 def stats(trace: str, as_json: bool, cost_model: bool) -> None:
-    """Throughput, TTFT/TPOT percentiles, preemptions, prefix hits and KV use of a trace."""
+    """Throughput, TTFT/TPOT percentiles, preemptions, prefix hits and KV use of a trace,
+    and its preemption storm: preemptions per 1k steps, recompute lost, top victims."""
+    import dataclasses
     import json
 
     if cost_model:
@@ -636,9 +658,20 @@ def stats(trace: str, as_json: bool, cost_model: bool) -> None:
         click.echo(json.dumps(m.to_json(), indent=1) if as_json else format_model(m))
         return
     from replays.stats import format_stats, trace_stats
+    from replays.storms import format_summary, scan
 
     s = trace_stats(trace)
-    click.echo(json.dumps(s.to_json(), indent=1) if as_json else format_stats(s))
+    storm = scan(trace).summary()
+    if as_json:
+        out = s.to_json()
+        out["storm"] = {
+            **dataclasses.asdict(storm),
+            "per_1k_steps": storm.per_1k_steps,
+            "lost_share": storm.lost_share,
+        }
+        click.echo(json.dumps(out, indent=1))
+    else:
+        click.echo(f"{format_stats(s)}\n{format_summary(storm)}")
 
 
 @main.command()
@@ -660,7 +693,8 @@ def find(
     """Find the steps where breakpoints hold (the TUI's n/N, from the shell).
 
     Predicates: preempt, preempt:ID, admit:ID, first-token:ID, finish:ID, free<N, slow>MS,
-    wait>STEPS, util<PERCENT. Exit status 1 when nothing matches."""
+    wait>STEPS, util<PERCENT (conditions hit where they become true), `while COND` (at
+    every step it holds). Exit status 1 when nothing matches."""
     from recorder.multi import open_trace
     from replays.breakpoints import find as find_step
     from replays.breakpoints import find_all, parse
@@ -686,6 +720,9 @@ def find(
     for step in hits:
         click.echo(str(step))
     if not hits:
+        # Nothing matched: a predicate on a request the trace does not have is a mistake
+        # to name (checked only now: it reads the whole trace).
+        _refuse_unknown_requests(trace, preds)
         click.echo("no step matches", err=True)
         sys.exit(1)
 

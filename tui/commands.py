@@ -88,6 +88,14 @@ class FollowRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class WatchIncidents:
+    """The incidents view opened or closed: while it is open, each slice of the incident
+    scan makes a new frame."""
+
+    on: bool  # the view is open
+
+
+@dataclass(frozen=True, slots=True)
 class Cancel:
     """Stop a running search, or playing."""
 
@@ -114,6 +122,7 @@ Command = (
     | SetBreakpoints
     | ToggleBreakpoint
     | FollowRequest
+    | WatchIncidents
     | Cancel
     | FrameTaken
     | Stop

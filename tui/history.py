@@ -14,9 +14,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from recorder.schema import STATUS_LABELS, Step
+from recorder.schema import STATUS_LABELS, Status, Step
 from replays.state import State
 from replays.timeline import Timeline
+from tui.waits import decoders, unscheduled
 
 _FINISH_WORDS = STATUS_LABELS
 _LISTED = 4  # events of one kind in one step listed one by one; more are summarised
@@ -27,7 +28,7 @@ class Event:
     """One line of the event log."""
 
     step: int  # the step it happened in
-    kind: str  # arrive, admit, preempt, finish, break or note
+    kind: str  # arrive, admit, preempt, finish, abort (aborted or error), break or note
     text: str  # what happened, in words
     requests: tuple[str, ...] = ()  # the ids of the requests it is about
 
@@ -45,17 +46,30 @@ class Digest:
     preemptions: int  # preemptions in it
     scheduled_tokens: int  # tokens scheduled in it
     events: tuple[Event, ...]  # what happened in it
+    unscheduled: tuple[tuple[int, int], ...] = ()  # (ref, Reason) of requests it left out
 
 
-def digest(rec: Step, names: Mapping[int, str], after: State, prev_time_ns: int | None) -> Digest:
+def digest(
+    rec: Step,
+    names: Mapping[int, str],
+    after: State,
+    prev_time_ns: int | None,
+    engine_time: bool = False,
+    leading: tuple[int, ...] | None = None,
+) -> Digest:
     """The digest of step `rec`: `names` gives the ids of the requests it mentions that
-    were there before it (arrivals name themselves), `after` is the state after it."""
+    were there before it (arrivals name themselves), `after` is the state after it.
+    `engine_time`: the step's time is the engine's own (schedule + update), not the
+    time since the step before (a simulated run's clock includes its pacing sleep).
+    `leading`: the step's leading decodes (tui.waits.decoders), for wait accounting."""
     arrived = {a.ref: a.request_id for a in rec.arrivals}
 
     def name(ref: int) -> str:
         return names.get(ref) or arrived.get(ref, f"#{ref}")
 
     step_ns = 0 if prev_time_ns is None else max(0, rec.time_ns - prev_time_ns)
+    if engine_time:
+        step_ns = rec.schedule_ns + rec.update_ns
     return Digest(
         rec.step,
         rec.time_ns,
@@ -66,6 +80,7 @@ def digest(rec: Step, names: Mapping[int, str], after: State, prev_time_ns: int 
         len(rec.preemptions),
         rec.num_scheduled_tokens,
         tuple(step_events(rec, name)),
+        () if leading is None else unscheduled(rec, leading, after),
     )
 
 
@@ -105,12 +120,18 @@ def step_events(rec: Step, name: Callable[[int], str]) -> Iterable[Event]:
             f"{victim} preempted {why}: {p.tokens_lost} tokens lost",
             (victim,) if p.victim == p.for_request else (victim, cause),
         )
-    finishes = []
+    finishes: list[tuple[str, str]] = []
+    aborts: list[
+        tuple[str, str]
+    ] = []  # aborted or failed: their own kind, so that the log can show them alone
     for f in rec.finishes:
         rid = name(f.ref)
         how = _FINISH_WORDS.get(f.status, "finished")
-        finishes.append((rid, f"{rid} finished: {how}" + (f" ({f.message})" if f.message else "")))
+        text = f"{rid} finished: {how}" + (f" ({f.message})" if f.message else "")
+        bad = f.status in (Status.FINISHED_ABORTED, Status.FINISHED_ERROR)
+        (aborts if bad else finishes).append((rid, text))
     yield from _listed(s, "finish", finishes, "finished")
+    yield from _listed(s, "abort", aborts, "aborted or failed")
 
 
 def _listed(step: int, kind: str, items: list[tuple[str, str]], verb: str) -> Iterable[Event]:
@@ -134,6 +155,7 @@ class History:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self.capacity = capacity
+        self.engine_time = False  # step times are the engine's own (simulated runs)
         self._digests: OrderedDict[int, Digest] = OrderedDict()
 
     def __len__(self) -> int:
@@ -202,17 +224,25 @@ class History:
             before = timeline.state(s - 1)
             rec = timeline.record(s)
             names = names_before(rec, before)  # now: state(s) moves this object on to s
+            leading = decoders(rec, before)
             after = timeline.state(s)
-            d = digest(rec, names, after, prev_time)
+            d = digest(rec, names, after, prev_time, self.engine_time, leading)
             self._put(d)
             prev_time = d.time_ns
             made += 1
             s += 1
         return made
 
-    def add_step(self, timeline: Timeline, step: int, names: Mapping[int, str]) -> None:
+    def add_step(
+        self,
+        timeline: Timeline,
+        step: int,
+        names: Mapping[int, str],
+        leading: tuple[int, ...] | None = None,
+    ) -> None:
         """Digest `step` from the state after it (the timeline's working state there) and
-        the names taken before it (names_before), if it is not digested yet."""
+        the names and leading decodes taken before it (names_before, decoders), if it is
+        not digested yet."""
         if step in self._digests:
             return
         prev = self._digests.get(step - 1)
@@ -223,7 +253,9 @@ class History:
             if step > timeline.first_step
             else 0
         )
-        self._put(digest(timeline.record(step), names, timeline.state(step), prev_time))
+        rec = timeline.record(step)
+        after = timeline.state(step)
+        self._put(digest(rec, names, after, prev_time, self.engine_time, leading))
 
     def _put(self, d: Digest) -> None:
         self._digests[d.step] = d

@@ -6,7 +6,7 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     (
         "Moving",
         (
-            ("space", "play / pause (live: pause)"),
+            ("space", "play / pause (live: pause, follow)"),
             ("+ / -", "play faster / slower"),
             ("→ / ←", "one step forwards / back"),
             ("shift+→ / ←", "ten steps"),
@@ -22,7 +22,21 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("n / N", "next / previous hit"),
             ("b", "break on preemption (toggle)"),
             ("B", "edit: free<8, slow>50, admit:ID"),
+            ("", "free<8 hits as it becomes true;"),
+            ("", "while free<8: every step it holds"),
             ("esc", "stop a search, playing, filter"),
+        ),
+    ),
+    (
+        "Incidents (i)",
+        (
+            ("i", "every preemption: victim, cause"),
+            ("enter", "go to its step, select victim"),
+            ("e", "aborts and errors instead"),
+            ("t", "thrash only"),
+            ("s / S", "sort (numbers: largest first)"),
+            ("/", "filter: request, cause, thrash"),
+            ("esc / i", "back to the main screen"),
         ),
     ),
     (
@@ -31,7 +45,9 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("↑ / ↓, click", "select (its blocks light up)"),
             ("f", "follow it (again: stop)"),
             ("] / [", "its next / previous event"),
-            ("/", "filter: id, state, kind, reason"),
+            ("j / k", "down / up (when the table has focus)"),
+            ("/", "filter: id, state, reason, preempted"),
+            ("", "pre>0, wait>50 compare counts"),
             ("s / S", "sort by next column / reverse"),
         ),
     ),
@@ -40,15 +56,24 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         (
             ("click, jkhl", "select a block: owners, hash"),
             ("z", "zoom: 1, 2 per cell, aggregate"),
+            ("esc", "deselect: the legend again"),
+        ),
+    ),
+    (
+        "Event log (tab to it)",
+        (
+            ("↑ / ↓, pgup/dn", "scroll (end: newest again)"),
+            ("c", "kind: preempt, admit, finish, ..."),
+            ("click", "go to the event's step"),
         ),
     ),
     (
         "Anywhere",
         (
-            ("tab", "next pane"),
+            ("tab", "next pane (table, map, log)"),
             ("?", "this help"),
             ("q", "quit"),
         ),
     ),
 )
-LEFT_SECTIONS = 2  # the help screen's left column: Moving and Breakpoints
+LEFT_SECTIONS = 3  # the help screen's left column: Moving, Breakpoints, Incidents

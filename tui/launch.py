@@ -21,7 +21,7 @@ from recorder.reader import TraceReader
 from replays.breakpoints import Predicate
 from replays.timeline import Timeline
 from tui.remote import RemoteStream
-from tui.session import Session
+from tui.session import Session, Writer
 
 KEYFRAME_INTERVAL = 32
 HEADER_WAIT_S = 5.0  # live: how long a file whose header is still being written is waited for
@@ -56,7 +56,14 @@ def open_session(
     except BaseException:
         reader.close()
         raise
-    return Session(timeline, name=Path(path).name, live=live, breakpoints=breakpoints)
+    pid = writer_pid(path) if live else None
+    return Session(
+        timeline,
+        name=Path(path).name,
+        live=live,
+        breakpoints=breakpoints,
+        writer=None if pid is None else Writer(pid, lambda: _alive(pid)),
+    )
 
 
 def open_remote_session(url: str, api_key: str | None = None) -> tuple[Session, RemoteStream]:
@@ -126,17 +133,24 @@ class Choice:
 
 def being_written(path: Path, now: float | None = None) -> bool:
     """Whether a trace (file or run directory) is still being written: it has no footer,
-    and its writer (named in the file name) is alive or it changed in the last RECENT_S
-    seconds."""
+    and its writer (named in the file or directory name) is alive; a trace that names no
+    writer must have changed in the last RECENT_S seconds. A writer that died a moment ago
+    leaves a fresh file: its pid, not the file's age, says it is gone."""
     with open_trace(path) as reader:
         if reader.closed_cleanly:
             return False
         newest = reader.segments[-1] if isinstance(reader, SegmentedReader) else path
-    m = _PID.search(path.name)
-    if m is not None and _alive(int(m.group(1))):
-        return True
+    pid = writer_pid(path)
+    if pid is not None:
+        return _alive(pid)
     now = time.time() if now is None else now
     return now - newest.stat().st_mtime < RECENT_S
+
+
+def writer_pid(path: str | os.PathLike[str]) -> int | None:
+    """The pid of the process that writes the trace, from its name (new_trace_path)."""
+    m = _PID.search(Path(path).name)
+    return int(m.group(1)) if m is not None else None
 
 
 def choose(directory: Path | None = None) -> Choice | None:

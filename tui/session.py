@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from recorder.errors import TraceError
@@ -34,9 +34,12 @@ from tui.commands import (
     Speed,
     ToggleBreakpoint,
     TogglePlay,
+    WatchIncidents,
 )
 from tui.history import Event, History, names_before
+from tui.incidents import IncidentFeed
 from tui.viewmodel import Context, Frame, StepInput, build_frame
+from tui.waits import WaitBook, decoders
 
 SPEEDS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)  # steps per second
 DEFAULT_SPEED = 10
@@ -51,6 +54,7 @@ MAX_FPS = 30  # playing: frames per second at most
 INLINE_FILL = 48  # missing history steps made before a frame; more are made after it
 AHEAD = 32  # history steps made past the window's end at a time (stepping forwards)
 RATE_STEPS = 16  # tokens per second are averaged over this many steps
+SCAN_SHOW_S = 0.5  # the open incidents view gets the scan's progress this often
 
 _REQUEST_KINDS = ("admit", "preempt", "first-token", "finish")
 _KIND_WORDS = {
@@ -71,6 +75,14 @@ class _Search:
     request: str | None  # a followed request's events, rather than the breakpoints
 
 
+@dataclass(frozen=True, slots=True)
+class Writer:
+    """The process writing a live trace, so that a view can tell when it has died."""
+
+    pid: int  # its pid
+    alive: Callable[[], bool]  # whether it still runs
+
+
 class Session:
     """One trace being viewed: its Timeline, the cursor, the settings, the history."""
 
@@ -83,6 +95,7 @@ class Session:
         breakpoints: tuple[Predicate, ...] = (),
         clock: Callable[[], float] = time.monotonic,
         history: History | None = None,
+        writer: Writer | None = None,
     ) -> None:
         self.tl = timeline
         self.name = name
@@ -95,6 +108,7 @@ class Session:
         self.search: _Search | None = None
         self.history = history if history is not None else History()
         self.notes: deque[Event] = deque(maxlen=64)  # breakpoint hits and the like
+        self.status = ""  # the newest of them, for the status line (not the event log)
         self.notices: list[tuple[str, str]] = []  # (severity, text) for the UI, once each
         self.dirty = True  # the cursor or a setting changed since the last frame
         self.seq = 0
@@ -109,20 +123,35 @@ class Session:
         self._played_at = 0.0
         self._carry = 0.0
         self._ended = timeline.finished
+        self.writer = writer  # live: the process writing the trace, when its name says
+        self.writer_gone = False  # it died without closing the trace
         self._backfill: tuple[int, int] | None = None  # history to make after a jump
         self._step: tuple[int, StepInput] | None = None  # the cursor's step, spelled out
         self._followed_to: int | None = None  # live: the step of the last frame following
         self._before_names: dict[int, str] = {}  # the cursor step's requests, named
         self.clients = _client_log(timeline)  # a server's CLIENT records, if any
         self._clients_at = clock()
-        cut = timeline.cut
+        self._before_decoders: tuple[int, ...] = ()  # and its leading decodes
+        self.waits = WaitBook()
+        self.incidents = IncidentFeed(timeline.reader, live)  # scanned in slices by tick()
+        # A simulated run (no model): its clock includes any pacing sleep, and its rate is
+        # a scripted model's, so its step time is the engine's own (schedule + update)
+        # and no tokens per second are shown.
+        self.simulated = timeline.header.model == ""
+        self.history.engine_time = self.simulated
+        self.watch_incidents = False  # the incidents view is open: show the scan's progress
+        self._scan_shown = 0.0  # when a frame last showed it
+        self._say_cut()
+
+    def _say_cut(self) -> None:
+        """The notice docs/tui.md promises for a trace whose writer died mid-record."""
+        cut, tl = self.tl.cut, self.tl
         if cut is not None:
             self.notices.append(
                 (
                     "warning",
-                    f"the trace is cut at byte {cut.offset:,} "
-                    f"({cut.reason}): it ends at step "
-                    f"{timeline.last_step}",
+                    f"the trace is cut at byte {cut.offset:,} ({cut.reason}): it ends at "
+                    f"step {tl.last_step}",
                 )
             )
 
@@ -147,6 +176,7 @@ class Session:
             self._start_search(preds, cmd.backward, cmd.request_id)
         elif isinstance(cmd, SetBreakpoints):
             self.breakpoints = list(dict.fromkeys(cmd.predicates))
+            self._check_ids()
         elif isinstance(cmd, ToggleBreakpoint):
             if cmd.predicate in self.breakpoints:
                 self.breakpoints.remove(cmd.predicate)
@@ -154,6 +184,13 @@ class Session:
                 self.breakpoints.append(cmd.predicate)
         elif isinstance(cmd, FollowRequest):
             self.followed = cmd.request_id
+            self.status = (
+                f"following {cmd.request_id}: ] / [ go to its next / previous event"
+                if cmd.request_id
+                else "following no request"
+            )
+        elif isinstance(cmd, WatchIncidents):
+            self.watch_incidents = cmd.on
         elif isinstance(cmd, Cancel):
             self.search = None
             self.playing = False
@@ -161,8 +198,25 @@ class Session:
             return
         self.dirty = True
 
+    def _check_ids(self) -> None:
+        """Drop the breakpoints that name a request the trace does not have, saying so
+        (checked again when the incident scan has read the whole trace)."""
+        unknown = [
+            p
+            for p in self.breakpoints
+            if p.request is not None and self.incidents.known(p.request) is False
+        ]
+        for p in unknown:
+            self.breakpoints.remove(p)
+            self.notices.append(
+                ("warning", f"breakpoint {p} refused: no request {p.request!r} in this trace")
+            )
+        if unknown:
+            self.dirty = True
+
     def _navigate(self, cmd: Move | Goto | GotoTime | GotoEdge) -> None:
         tl = self.tl
+        self.status = ""
         self.search = None
         self.playing = False
         self.following = False
@@ -178,6 +232,11 @@ class Session:
             target = tl.last_step if cmd.end else tl.first_step
             self.following = cmd.end and self.live
         self.cursor = min(max(target, tl.first_step), tl.last_step)
+        if isinstance(cmd, Goto) and cmd.step != self.cursor:
+            where = "past the end" if cmd.step > tl.last_step else "before the start"
+            edge = "last" if cmd.step > tl.last_step else "first"
+            self.status = f"step {cmd.step:,} is {where}: went to the {edge} step, {self.cursor:,}"
+            self.notices.append(("information", self.status))
 
     def _toggle_play(self) -> None:
         self.search = None
@@ -185,7 +244,11 @@ class Session:
             self.following = False  # pause a live view where it is
         elif self.playing:
             self.playing = False
-        elif self.cursor < self.tl.last_step or self.live:
+        elif self.live:
+            # A paused live view resumes following the engine, not playing back.
+            self.following = True
+            self.cursor = self.tl.last_step
+        elif self.cursor < self.tl.last_step:
             self.playing = True
             self._played_at = self._clock()
             self._carry = 0.0
@@ -200,6 +263,10 @@ class Session:
         self.tl = timeline
         self.clients = _client_log(timeline)  # a resync starts a new spool file
         self.history = History()
+        self.history.engine_time = self.simulated
+        self.waits = WaitBook()  # waits before the skip are not in the new timeline
+        self.incidents = IncidentFeed(timeline.reader, True)
+        self._before_decoders = ()
         self.search = None
         self.playing = False
         self.following = True
@@ -228,7 +295,9 @@ class Session:
             return 0.0
         if self.playing:
             return max(1.0 / self.speed, 1.0 / MAX_FPS)
-        if self.live and not self.tl.finished:
+        if self.incidents.busy:
+            return 0.0  # the incident scan goes on between commands
+        if self.live and not self.tl.finished and not self.writer_gone:
             return POLL_S
         return None
 
@@ -246,29 +315,71 @@ class Session:
             self._search_slice()
         elif self.playing:
             self._play(now)
+        elif self.incidents.busy and self.incidents.step():
+            # The open view shows the scan's progress twice a second, not after every
+            # slice: a frame costs far more than a slice.
+            done = not self.incidents.busy
+            if self.watch_incidents and (done or now - self._scan_shown >= SCAN_SHOW_S):
+                self._scan_shown = now
+                self.dirty = True
+            if done:
+                self._check_ids()
 
     def _grow(self, now: float) -> None:
         if self.resync is not None and (fresh := self.resync()) is not None:
             self.restart(fresh)
         tl = self.tl
+        last = tl.last_step
         grew = tl.refresh()
         if self.clients is not None and (grew or now - self._clients_at >= CLIENTS_S):
             # A server writes CLIENT records between steps, also once it is idle.
             self._clients_at = now
             self.dirty = self.clients.refresh() > 0 or self.dirty
         if grew:
+            self.incidents.grew()
             self._grew_at = now
             self._idle_shown = 0
             if self.following:
                 self.cursor = tl.last_step
+                self._live_break(last)
             self.dirty = True
         if tl.finished != self._ended:
             self._ended = tl.finished
             self.dirty = True
         idle = int(now - self._grew_at)
+        if idle >= IDLE_S and not tl.finished and not self.writer_gone:
+            self._check_writer()
         if idle >= IDLE_S and idle != self._idle_shown and not tl.finished:
             self._idle_shown = idle
             self.dirty = True
+
+    def _check_writer(self) -> None:
+        """A quiet live trace whose writer has died will not grow again: read it to its
+        end as a finished file would be (which finds a record cut in half), and say so."""
+        w = self.writer
+        if w is None or w.alive():
+            return
+        self.writer_gone = True
+        tl = self.tl
+        tl.live = False
+        tl.refresh()
+        self.dirty = True
+        self.status = f"the writer (pid {w.pid}) is gone: the trace ends at step {tl.last_step}"
+        self.notices.append(("warning", self.status))
+        self._say_cut()
+
+    def _live_break(self, last: int) -> None:
+        """Following a live trace: stop at the first breakpoint hit among the new steps
+        (after `last`), and say that the view has paused there."""
+        if not self.breakpoints or last < self.tl.first_step - 1:
+            return
+        hit = find(self.tl, self.breakpoints, last, limit=self.tl.last_step)
+        if hit is None:
+            return
+        self._land(hit, tuple(self.breakpoints), None)
+        self.notices.append(
+            ("warning", f"live view paused at a breakpoint hit, step {hit}: F follows again")
+        )
 
     def _play(self, now: float) -> None:
         tl = self.tl
@@ -339,10 +450,14 @@ class Session:
         held = [p for p in preds if find(self.tl, [p], step - 1, limit=step) == step]
         if request is not None:
             words = ", ".join(_KIND_WORDS[p.kind] for p in held) or "an event"
-            self.notes.append(Event(step, "break", f"{request}: {words} (step {step})", (request,)))
+            self._note(Event(step, "break", f"{request}: {words} (step {step})", (request,)))
         else:
             names = ", ".join(str(p) for p in held or preds)
-            self.notes.append(Event(step, "break", f"breakpoint hit at step {step}: {names}"))
+            self._note(Event(step, "break", f"breakpoint hit at step {step}: {names}"))
+
+    def _note(self, event: Event) -> None:
+        self.notes.append(event)
+        self.status = event.text
 
     # -- frames ----------------------------------------------------------------------------------
 
@@ -387,7 +502,7 @@ class Session:
             first = max(min(lo, self._followed_to + 1), i - CATCHUP + 1, tl.first_step)
             skipped = first - self._followed_to - 1
             if skipped > 0:
-                self.notes.append(
+                self._note(
                     Event(
                         first,
                         "note",
@@ -398,7 +513,7 @@ class Session:
                 )
             self.history.fill(tl, first, i - 1)
             step = self._step_input(i)
-            self.history.add_step(tl, i, self._before_names)
+            self.history.add_step(tl, i, self._before_names, self._before_decoders)
         else:
             if i >= tl.first_step:
                 first = max(lo, tl.first_step)
@@ -407,6 +522,10 @@ class Session:
                 else:
                     self._backfill = (first, hi)
             step = self._step_input(i)
+            if step is not None:
+                # The step's own events and waits come with its first frame; the
+                # history around it may come a frame later.
+                self.history.add_step(tl, i, self._before_names, self._before_decoders)
         self._followed_to = i if self.following else None
         state = tl.state(i)
         self.seq += 1
@@ -424,22 +543,25 @@ class Session:
             breakpoints=tuple(str(p) for p in self.breakpoints),
             followed=self.followed,
             live=self.live,
-            ended=tl.finished,
+            ended=tl.finished or self.writer_gone,
             idle_s=self._idle_shown or None,
             search_at=None if self.search is None else self.search.at,
             step_ns=step_ns,
             tokens_per_s=rate,
             http=http,
             client=client,
+            status=self.status,
         )
-        return build_frame(
+        frame = build_frame(
             state,
             step,
             self.history.window(lo, hi),
             self.history.recent(i, LOG_STEPS),
-            tuple(self.notes),
+            (),  # the session's notes go to the status line, not the trace's events
             ctx,
+            self.waits.at(i, self.history.get) if i >= tl.first_step else None,
         )
+        return replace(frame, incidents=self.incidents.view(tl.last_step))
 
     def _client_lines(self, i: int) -> tuple[str, str]:
         """A server's HTTP summary by step i, and the followed request's client timings."""
@@ -467,6 +589,7 @@ class Session:
         reqs = before.requests
         gone = tuple(reqs[f.ref].copy() for f in rec.finishes if f.ref in reqs)
         self._before_names = names_before(rec, before)
+        self._before_decoders = decoders(rec, before)
         step = StepInput(tl.view(i), gone)
         self._step = (i, step)
         return step
@@ -477,6 +600,9 @@ class Session:
         tl = self.tl
         if i < tl.first_step:
             return 0, None
+        if self.simulated:
+            rec = tl.record(i)
+            return rec.schedule_ns + rec.update_ns, None
         end = tl.record(i).time_ns
         step_ns = end - (tl.record(i - 1).time_ns if i > tl.first_step else 0)
         lo = max(tl.first_step, i - RATE_STEPS)

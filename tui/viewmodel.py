@@ -9,15 +9,25 @@ immutable (tuples, frozen dataclasses, read-only mappings), so a frame can cross
 
 from __future__ import annotations
 
+import re
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from recorder.schema import KIND_LABELS, REASON_LABELS, STATUS_LABELS, RequestState, Status
+from recorder.schema import (
+    KIND_LABELS,
+    REASON_LABELS,
+    STATUS_LABELS,
+    Reason,
+    RequestState,
+    Status,
+)
 from replays.reducer import StepView
 from replays.state import State
 from tui.history import Digest, Event
+from tui.incidents import IncidentsVM
+from tui.waits import Wait, breakdown
 
 # Block classes in BlockMapVM.cls; the held ones (USED, SHARED) are those >= USED.
 NULL, FREE, CACHED, USED, SHARED = range(5)
@@ -57,6 +67,8 @@ class HeaderVM:
     search_at: int | None  # how far a running breakpoint search has got
     http: str = ""  # a server's trace: HTTP responses by the end of the step ("" if none)
     client: str = ""  # the followed request's client-side timings, once its response ended
+    status: str = ""  # the newest navigation message (a breakpoint hit, following)
+    queue_head: str = ""  # the waiting queue's head and what blocks it ("" when none waits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +91,12 @@ class RequestRow:
     scheduled: int  # tokens scheduled this step
     kind: str  # what those tokens are: prefill, chunk, decode, spec ("" for none)
     why: str  # why it got nothing, or less than it wanted, this step ("" when neither)
+    wait: int | None = (
+        None  # steps since it was last scheduled, preemptions included (None: not waiting)
+    )
+    wait_exact: bool = True  # False: it waited before the steps seen (at least `wait`)
+    wait_ns: int | None = None  # time since it was last scheduled (None: unknown)
+    wait_why: str = ""  # why it waited, step counts by reason ("47 steps no free KV, ...")
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +165,7 @@ class Frame:
     batch: BatchVM  # the batch composition
     sparks: SparksVM  # the sparklines
     events: tuple[Event, ...]  # the event log, oldest first
+    incidents: IncidentsVM | None = None  # every preemption, abort and error found so far
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +198,7 @@ class Context:
     max_events: int = 200  # event log lines kept
     http: str = ""  # a server's trace: HTTP responses by the end of the step
     client: str = ""  # the followed request's client-side timings
+    status: str = ""  # the newest navigation message, for the status line
 
 
 def build_frame(
@@ -188,15 +208,17 @@ def build_frame(
     log: Sequence[Digest],
     notes: Sequence[Event],
     ctx: Context,
+    waits: Mapping[int, Wait] | None = None,
 ) -> Frame:
     """The frame for the state after `step` (None: before the first step). `history` holds
     the digests of the sparklines' window of steps around it, `log` those of the steps up
     to it whose events the log shows, both in order; `notes` are the session's own events
-    (breakpoint hits), merged into the log by step."""
+    (breakpoint hits), merged into the log by step; `waits` the requests' waits (by ref,
+    from tui.waits)."""
     return Frame(
         ctx.seq,
         _header(state, step, ctx),
-        _rows(state, step),
+        _rows(state, step, waits or {}),
         _blocks(state),
         _batch(step),
         _sparks(state.step, history),
@@ -234,13 +256,32 @@ def _header(state: State, step: StepInput | None, ctx: Context) -> HeaderVM:
         search_at=ctx.search_at,
         http=ctx.http,
         client=ctx.client,
+        status=ctx.status,
+        queue_head=queue_head(state, step),
     )
+
+
+def queue_head(state: State, step: StepInput | None) -> str:
+    """The waiting queue's head and, when the waiting pass stopped at it, what blocks it:
+    "r13 needs 9 blocks, 4 free" for a pool too full, else the stop's reason."""
+    if not state.waiting:
+        return ""
+    r = state.requests[state.waiting[0]]
+    stop = None if step is None else step.view.record.waiting_stop
+    if stop is None:
+        return f"queue head {r.request_id}"
+    if stop.head in (Reason.KV_BLOCKS, Reason.WATERMARK, Reason.FULL_PROMPT):
+        need = -(-r.num_tokens // state.block_size) - len(r.block_ids)
+        return f"queue head {r.request_id} needs {need} blocks, {len(state.free)} free"
+    return f"queue head {r.request_id}: {REASONS.get(stop.head, f'reason {stop.head}')}"
 
 
 # -- requests ------------------------------------------------------------------------------------
 
 
-def _rows(state: State, step: StepInput | None) -> tuple[RequestRow, ...]:
+def _rows(
+    state: State, step: StepInput | None, waits: Mapping[int, Wait]
+) -> tuple[RequestRow, ...]:
     sched: dict[int, tuple[int, str]] = {}  # ref -> (tokens, kind)
     why: dict[int, str] = {}
     if step is not None:
@@ -256,6 +297,7 @@ def _rows(state: State, step: StepInput | None) -> tuple[RequestRow, ...]:
         arrived, first, token = r.arrival_step, r.first_scheduled_step, r.first_token_step
         tokens, kind = sched.get(ref, none)
         output = r.num_output_tokens
+        w = waits.get(ref)
         rows.append(
             RequestRow(
                 ref,
@@ -274,6 +316,10 @@ def _rows(state: State, step: StepInput | None) -> tuple[RequestRow, ...]:
                 tokens,
                 kind,
                 why.get(ref, ""),
+                None if w is None else w.steps,
+                True if w is None else w.exact,
+                None if w is None else w.time_ns,
+                "" if w is None else breakdown(w),
             )
         )
     if step is not None and step.gone:
@@ -332,7 +378,7 @@ def reasons(state: State, view: StepView) -> dict[int, str]:
         why[s.ref] = text if s.got == 0 else f"{text} ({s.got}/{s.wanted})"
     for p in rec.preemptions:
         why[p.victim] = (
-            "preempted: no KV room for itself"
+            "preempted itself (no KV)"
             if p.victim == p.for_request
             else f"preempted for {names.get(p.for_request, p.for_request)}"
         )
@@ -474,9 +520,14 @@ SORT_KEYS = (
     "blocks",
     "preempted",
     "priority",
+    "wait",
     "queued",
     "ttft",
     "step",
+)
+# Numeric columns sort largest first on the first press: the worst is what one looks for.
+NUMERIC_SORTS = frozenset(
+    ("tokens", "blocks", "preempted", "priority", "wait", "queued", "ttft", "step")
 )
 _STATE_ORDER = {"running": 0, "preempted": 1, "waiting": 2}
 
@@ -491,6 +542,7 @@ def _sort_key(key: str):  # type: ignore[no-untyped-def]
         "blocks": lambda r: r.blocks,
         "preempted": lambda r: r.preemptions,
         "priority": lambda r: r.priority,
+        "wait": lambda r: -1 if r.wait is None else r.wait,
         "queued": lambda r: far if r.queued is None else r.queued,
         "ttft": lambda r: far if r.ttft is None else r.ttft,
         "step": lambda r: r.scheduled,
@@ -500,19 +552,38 @@ def _sort_key(key: str):  # type: ignore[no-untyped-def]
 def table_rows(
     rows: Sequence[RequestRow], query: str = "", sort: str = "arrival", reverse: bool = False
 ) -> tuple[RequestRow, ...]:
-    """The rows the table shows: those matching every word of `query` (a word matches a
-    substring of the id, the state, the scheduled kind or the reason), sorted by `sort`."""
+    """The rows the table shows: those matching every word of `query`, sorted by `sort`.
+    A word matches a substring of the id, the state, the scheduled kind or the reason;
+    `preempted` matches every request ever preempted, and `pre>N`, `wait>N` (or `<`)
+    compare a count."""
     words = query.lower().split()
     if words:
-        rows = [
-            r
-            for r in rows
-            if all(
-                w in r.request_id.lower() or w in r.state or w in r.kind or w in r.why.lower()
-                for w in words
-            )
-        ]
+        tests = [_word_test(w) for w in words]
+        rows = [r for r in rows if all(t(r) for t in tests)]
     return tuple(sorted(rows, key=_sort_key(sort), reverse=reverse))
+
+
+_COMPARE = re.compile(r"^(pre|wait|blocks)([<>])(\d+)$")
+
+
+def _word_test(w: str) -> Callable[[RequestRow], bool]:
+    m = _COMPARE.match(w)
+    if m:
+        field, op, n = m.group(1), m.group(2), int(m.group(3))
+
+        def value(r: RequestRow) -> int:
+            if field == "pre":
+                return r.preemptions
+            if field == "blocks":
+                return r.blocks
+            return -1 if r.wait is None else r.wait
+
+        if op == ">":
+            return lambda r: value(r) > n
+        return lambda r: 0 <= value(r) < n
+    if w in ("preempted", "pre"):
+        return lambda r: r.preemptions > 0 or r.state == "preempted"
+    return lambda r: w in r.request_id.lower() or w in r.state or w in r.kind or w in r.why.lower()
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,6 +75,18 @@ def load_gguf(path: Path) -> tuple[ModelSpec, Weights, ModelTokenizer]:
     return spec, weights, tokenizer_from_gguf(vocab)
 
 
+def load_gguf_tokenizer(path: Path) -> ModelTokenizer:
+    """Only the tokenizer of a GGUF file (its metadata; no tensor is read)."""
+    _check_magic(path)
+    from gguf import GGUFReader
+
+    try:
+        vocab = _vocab(_Metadata(GGUFReader(path, "r").fields, path))
+    except _READ_ERRORS as e:
+        raise ModelError(f"{path}: not a valid GGUF file ({type(e).__name__}: {e})") from None
+    return tokenizer_from_gguf(vocab)
+
+
 def _check_magic(path: Path) -> None:
     try:
         with open(path, "rb") as f:

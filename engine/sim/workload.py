@@ -83,6 +83,12 @@ MAX_WORKLOAD_BYTES = 1 << 30  # a workload file is read whole
 def parse_workload(
     data: Any, overrides: dict[str, Any] | None = None, source: str = "workload"
 ) -> SimWorkload:
+    """A simulation workload; one in `schedtop run`'s format (text or chat prompts,
+    arrival times in seconds) is converted (engine.sim.run_format)."""
+    from engine.sim.run_format import from_run_format, is_run_format
+
+    if is_run_format(data):
+        return from_run_format(data, overrides, source)
     if not isinstance(data, dict):
         raise WorkloadError(f"{source}: expected a JSON object at the top level")
     raw_cfg = data.get("config", {})

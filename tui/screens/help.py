@@ -6,21 +6,28 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from tui.keys import KEYS, LEFT_SECTIONS
 
 
-def key_table() -> Table:
-    """The keys, section by section, in two columns of sections."""
+def key_table(width: int = 120) -> Table:
+    """The keys, section by section: in two columns of sections when `width` allows,
+    else in one (the screen scrolls)."""
+    sections = [_section(title, keys) for title, keys in KEYS]
     grid = Table.grid(padding=(0, 4))
     grid.add_column()
+    if width < TWO_COLUMNS:
+        grid.add_row(_stack(sections))
+        return grid
     grid.add_column()
-    sections = [_section(title, keys) for title, keys in KEYS]
     grid.add_row(_stack(sections[:LEFT_SECTIONS]), _stack(sections[LEFT_SECTIONS:]))
     return grid
+
+
+TWO_COLUMNS = 100  # terminal columns that fit two columns of sections
 
 
 def _section(title: str, keys: tuple[tuple[str, str], ...]) -> Table:
@@ -47,9 +54,12 @@ class HelpScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,question_mark,q", "dismiss", "close")]
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="help-box"):
-            yield Static(key_table(), id="help-keys")
-            yield Static("esc, ? or q closes this", id="help-hint")
+        # A scrolling box: at 80x24 the keys do not fit (↑ ↓ pgup pgdn scroll them).
+        with VerticalScroll(id="help-box"):
+            yield Static(key_table(self.app.size.width), id="help-keys")
+            yield Static("esc, ? or q closes this; ↑ ↓ scroll", id="help-hint")
 
     def on_mount(self) -> None:
-        self.query_one("#help-box").border_title = "schedtop keys"
+        box = self.query_one("#help-box")
+        box.border_title = "schedtop keys"
+        box.focus()

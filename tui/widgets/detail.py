@@ -29,11 +29,12 @@ class BlockDetail(TextLines):
     frame: reactive[Frame | None] = reactive(None)
     block: reactive[int | None] = reactive(None)
     per_cell: reactive[int] = reactive(1)  # blocks the selected cell stands for
+    aggregate: reactive[bool] = reactive(False)  # the map's cells stand for runs of blocks
 
     def lines(self, width: int, height: int) -> list[Text]:
         frame, block = self.frame, self.block
         if frame is None or block is None:
-            return legend()
+            return aggregate_legend(self.per_cell) if self.aggregate else legend()
         lines = [describe(frame, block)]
         if self.per_cell > 2:
             lo = block - block % self.per_cell
@@ -46,7 +47,30 @@ def legend() -> list[Text]:
     for colour, glyph, name in _LEGEND:
         t.append(glyph, style=colour)
         t.append(f" {name}  ")
-    return [t, Text("click a block (or j k h l) for its owners, hash and tokens", style="#7f848e")]
+    return [
+        t,
+        Text(
+            "click a block (or j k h l) for its owners, hash and tokens; esc: legend",
+            style="#7f848e",
+        ),
+    ]
+
+
+def aggregate_legend(per_cell: int) -> list[Text]:
+    """The aggregate zoom's legend: a cell's shade is how much of its run is held."""
+    t = Text()
+    t.append(f"a cell: {per_cell} blocks, held  ")
+    for glyph, share in zip(_SHADES_SHOWN, ("¼", "½", "¾", "all")):
+        t.append(glyph, style=palette.OWNERS[3])
+        t.append(f" {share}  ")
+    t.append("▒", style=palette.CACHED)
+    t.append(" cached  ")
+    t.append("·", style=palette.FREE)
+    t.append(" free")
+    return [t, Text("click a cell (or j k h l) for its blocks; esc: legend", style="#7f848e")]
+
+
+_SHADES_SHOWN = "░▒▓█"
 
 
 def describe(frame: Frame, block: int) -> Text:

@@ -10,7 +10,7 @@ from tui.viewmodel import HeaderVM
 from tui.widgets import palette
 from tui.widgets.lines import TextLines
 
-_SEP = ("  │  ", "#5c6370")
+_SEP = (" │ ", "#5c6370")
 
 
 class StepHeader(TextLines):
@@ -30,9 +30,19 @@ class StepHeader(TextLines):
 
 
 def _line_one(vm: HeaderVM) -> Text:
+    # What matters most comes first, so that a narrow terminal cuts the rest: the mode,
+    # the step, the time; the trace's name last.
     t = Text(no_wrap=True, overflow="ellipsis")
-    t.append("schedtop ", style="bold")
-    t.append(vm.trace, style="#abb2bf")
+    mode = vm.mode
+    t.append(f" {mode} ", style=f"bold #1e2127 on {palette.MODES.get(mode, '#abb2bf')}")
+    if mode == "PLAYING":
+        t.append(f" {vm.speed:g} steps/s")
+    if mode == "SEARCHING" and vm.search_at is not None:
+        t.append(f" at step {vm.search_at:,} (esc stops)")
+    if vm.live and vm.ended:
+        t.append(" trace ended", style="#7f848e")
+    elif vm.idle_s:
+        t.append(f" no new step for {vm.idle_s:.0f} s", style="#d19a66")
     t.append(*_SEP)
     if vm.step < vm.first_step:
         t.append("no steps yet", style="italic")
@@ -44,26 +54,23 @@ def _line_one(vm: HeaderVM) -> Text:
         t.append(f"t {clock(vm.time_ns)}")
         if vm.step_ns:
             t.append(f"  (step {duration(vm.step_ns)})", style="#7f848e")
-    t.append(*_SEP)
-    mode = vm.mode
-    t.append(f" {mode} ", style=f"bold #1e2127 on {palette.MODES.get(mode, '#abb2bf')}")
-    if mode == "PLAYING":
-        t.append(f" {vm.speed:g} steps/s")
-    if mode == "SEARCHING" and vm.search_at is not None:
-        t.append(f" at step {vm.search_at:,} (esc stops)")
-    if vm.live and vm.ended:
-        t.append(" trace ended", style="#7f848e")
-    elif vm.idle_s:
-        t.append(f" no new step for {vm.idle_s:.0f} s", style="#d19a66")
     if vm.breakpoints:
         t.append(*_SEP)
         t.append("● ", style="bold #e06c75")
         t.append(", ".join(vm.breakpoints))
+    t.append(*_SEP)
+    t.append("schedtop ", style="bold")
+    t.append(vm.trace, style="#abb2bf")
     return t
 
 
 def _line_two(vm: HeaderVM) -> Text:
     t = Text(no_wrap=True, overflow="ellipsis")
+    t.append("free ")
+    low = vm.usable_blocks and vm.free_blocks < 0.05 * vm.usable_blocks
+    t.append(str(vm.free_blocks), style="bold #e06c75" if low else "bold")
+    t.append(f" / {vm.usable_blocks}")
+    t.append(*_SEP)
     used, budget = vm.budget_used, vm.budget
     t.append("budget ")
     t.append(f"{used}/{budget}", style="bold")
@@ -77,15 +84,11 @@ def _line_two(vm: HeaderVM) -> Text:
         t.append(f"/{vm.max_num_seqs}")
     t.append("  waiting ")
     t.append(str(vm.waiting), style=f"bold {palette.STATES['waiting']}")
-    t.append(*_SEP)
-    t.append("free blocks ")
-    low = vm.usable_blocks and vm.free_blocks < 0.05 * vm.usable_blocks
-    t.append(str(vm.free_blocks), style="bold #e06c75" if low else "bold")
-    t.append(f"/{vm.usable_blocks}")
-    t.append(*_SEP)
     rate = vm.tokens_per_s
-    t.append("—" if rate is None else si(rate), style="bold")
-    t.append(" tok/s")
+    if rate is not None:  # none for a simulated trace: its rate says nothing of a model
+        t.append(*_SEP)
+        t.append(si(rate), style="bold")
+        t.append(" tok/s")
     if vm.http:
         t.append(*_SEP)
         t.append(vm.http)

@@ -44,6 +44,7 @@ EVENTS = {
     "admit": "#98c379",
     "preempt": "#e06c75",
     "finish": "#61afef",
+    "abort": "#d19a66",
     "break": "#c678dd",
     "note": "#e5c07b",
 }

@@ -39,12 +39,17 @@ COLUMNS = (
     Column("blocks", "blocks", 6, True),
     Column("preempted", "pre", 4, True),
     Column("priority", "prio", 5, True),
+    Column("wait", "wait", 5, True),
     Column("queued", "queued", 7, True),
     Column("ttft", "ttft", 5, True),
     Column("step", "this step", 12, False),
     Column("", "why not scheduled", 0, False),
 )
+# Columns left out, in this order, until "why not scheduled" has WHY_MIN cells.
+DROP = ("prio", "out/max", "ttft", "queued", "this step", "blocks")
+WHY_MIN = 24
 _GUTTER = 3  # the followed marker, the colour swatch, a space
+_TITLES = tuple(c.title for c in COLUMNS)
 _HEADER = palette.style("#abb2bf", "#2c313a", bold=True)
 _CURSOR_BG = "#3e4451"
 
@@ -62,6 +67,7 @@ def cells(row: RequestRow) -> tuple[str, ...]:
         str(row.blocks),
         str(row.preemptions),
         str(row.priority),
+        "" if row.wait is None else f"{row.wait}{'' if row.wait_exact else '+'}",
         queued,
         "—" if row.ttft is None else str(row.ttft),
         f"+{row.scheduled} {row.kind}" if row.scheduled else "",
@@ -71,11 +77,18 @@ def cells(row: RequestRow) -> tuple[str, ...]:
 
 @cache
 def layout(width: int) -> tuple[tuple[Column, int, int], ...]:
-    """(column, x, width) for a table `width` cells wide; columns that do not fit are
-    left out, the last one takes what is left."""
+    """(column, x, width) for a table `width` cells wide: the columns of DROP are left
+    out, in order, until "why not scheduled" (the last, which takes what is left) has
+    WHY_MIN cells; then any that still do not fit."""
+    shown = list(COLUMNS)
+    for title in DROP:
+        fixed = _GUTTER + sum(c.width + 1 for c in shown if c.width)
+        if width - fixed >= WHY_MIN:
+            break
+        shown = [c for c in shown if c.title != title]
     out = []
     x = _GUTTER
-    for col in COLUMNS:
+    for col in shown:
         w = col.width or max(0, width - x)
         if x + min(w, 4) > width:
             break
@@ -85,8 +98,14 @@ def layout(width: int) -> tuple[tuple[Column, int, int], ...]:
     return tuple(out)
 
 
-def _fit(text: str, width: int, right: bool) -> str:
-    """`text` in exactly `width` cells: cut with an ellipsis, or padded."""
+def fit(text: str, width: int, right: bool, suffix: str = "") -> str:
+    """`text` in exactly `width` cells: cut with an ellipsis, or padded. A `suffix` (a
+    sort arrow) is never cut: the text makes room for it."""
+    if suffix:
+        if cell_len(text) + cell_len(suffix) > width:
+            suffix = suffix.strip()  # a narrow column: the arrow right after the text
+        room = max(0, width - cell_len(suffix))
+        return fit(fit(text, room, False).rstrip() + suffix, width, right)
     if not text.isascii():  # wide characters: measure cells, not characters
         return (
             set_cell_size(text, width)
@@ -98,7 +117,7 @@ def _fit(text: str, width: int, right: bool) -> str:
     return text.rjust(width) if right else text.ljust(width)
 
 
-def _strip(segments: list[Segment], used: int, width: int, style: Style) -> Strip:
+def full_strip(segments: list[Segment], used: int, width: int, style: Style) -> Strip:
     """A line of exactly `width` cells from segments `used` cells wide (telling Strip the
     length spares it measuring every segment)."""
     if used < width:
@@ -158,6 +177,9 @@ class RequestTable(ScrollView, can_focus=True, inherit_bindings=False):
             return
         i = self.index_of(self.selected)
         i = 0 if i < 0 else min(max(i + delta, 0), len(self.rows) - 1)
+        # Selected here at once, not only when the app answers the message: six fast
+        # presses must each move from where the last one left the cursor.
+        self.selected = self.rows[i].request_id
         self.post_message(self.Selected(self.rows[i].request_id))
         self.scroll_to_row(i)
 
@@ -197,10 +219,10 @@ class RequestTable(ScrollView, can_focus=True, inherit_bindings=False):
         segments = [Segment(" " * _GUTTER, _HEADER)]
         used = _GUTTER
         for col, _, w in layout(width):
-            title = col.title + ((" ▼" if descending else " ▲") if col.sort == key else "")
-            segments.append(Segment(_fit(title, w, col.right) + " ", _HEADER))
+            arrow = (" ▼" if descending else " ▲") if col.sort == key else ""
+            segments.append(Segment(fit(col.title, w, col.right, arrow) + " ", _HEADER))
             used += w + 1
-        return _strip(segments, used, width, _HEADER)
+        return full_strip(segments, used, width, _HEADER)
 
     def _row(self, row: RequestRow, width: int) -> Strip:
         selected = row.request_id == self.selected
@@ -213,12 +235,12 @@ class RequestTable(ScrollView, can_focus=True, inherit_bindings=False):
             Segment(" ", base),
         ]
         used = _GUTTER
-        for (col, _, w), text in zip(layout(width), cells(row)):
-            segments.append(
-                Segment(_fit(text, w, col.right) + " ", self._style(col, row, base, bg))
-            )
+        texts = dict(zip(_TITLES, cells(row)))
+        for col, _, w in layout(width):
+            text = texts[col.title]
+            segments.append(Segment(fit(text, w, col.right) + " ", self._style(col, row, base, bg)))
             used += w + 1
-        return _strip(segments, used, width, base)
+        return full_strip(segments, used, width, base)
 
     @staticmethod
     def _style(col: Column, row: RequestRow, base: Style, bg: str | None) -> Style:

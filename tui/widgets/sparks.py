@@ -36,6 +36,15 @@ class Sparklines(TextLines):
         if 0 <= column < hi - lo:
             self.post_message(StepClicked(vm.first + lo + column))
 
+    def drawn(self) -> tuple[int, int] | None:
+        """The first and last step of the columns drawn at the pane's width."""
+        vm = self.vm
+        if vm is None or not vm.series or not vm.series[0].values:
+            return None
+        n = len(vm.series[0].values)
+        lo, hi = window(n, vm.cursor, max(1, self.size.width - _LABEL - _VALUE))
+        return vm.first + lo, vm.first + hi - 1
+
     def lines(self, width: int, height: int) -> list[Text]:
         vm = self.vm
         if vm is None:

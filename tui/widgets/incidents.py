@@ -1,0 +1,161 @@
+"""The incidents table: one line per preemption (or abort, or error), drawn line by line
+so that a storm of a hundred thousand costs what a screenful does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.segment import Segment
+from textual import events
+from textual.binding import Binding
+from textual.geometry import Region, Size
+from textual.message import Message
+from textual.reactive import reactive
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from replays.storms import Incident
+from tui.widgets import palette
+from tui.widgets.requests import fit, full_strip
+
+_HEADER = palette.style("#abb2bf", "#2c313a", bold=True)
+_CURSOR_BG = "#3e4451"
+_KIND = {"preempt": "#e06c75", "abort": "#d19a66", "error": "#e06c75"}
+
+
+@dataclass(frozen=True, slots=True)
+class Col:
+    """One column."""
+
+    sort: str  # the sort key it stands for ("": none)
+    title: str  # its title
+    width: int  # cells (0: what is left)
+    right: bool  # right-aligned
+
+
+COLUMNS = (
+    Col("step", "step", 7, True),
+    Col("", "kind", 7, False),
+    Col("request", "victim", 10, False),
+    Col("", "for / why", 10, False),
+    Col("lost", "lost", 5, True),
+    Col("free", "free →", 9, True),
+    Col("count", "pre#", 4, True),
+    Col("", "thrash", 0, False),
+)
+
+
+def cells(i: Incident) -> tuple[str, ...]:
+    return (
+        str(i.step),
+        i.kind,
+        i.request_id,
+        i.cause,
+        str(i.tokens_lost) if i.kind == "preempt" else "",
+        f"{i.free_before} → {i.free_after}",
+        str(i.count) if i.kind == "preempt" else "",
+        i.thrash,
+    )
+
+
+def layout(width: int) -> list[tuple[Col, int]]:
+    out, x = [], 1
+    for col in COLUMNS:
+        w = col.width or max(0, width - x)
+        if x + min(w, 4) > width:
+            break
+        w = min(w, width - x)
+        out.append((col, w))
+        x += w + 1
+    return out
+
+
+class IncidentTable(ScrollView, can_focus=True, inherit_bindings=False):
+    """Incidents with a cursor row; enter asks to go to the cursor's step."""
+
+    BINDINGS = [
+        Binding("up,k", "cursor(-1)", "up", show=False),
+        Binding("down,j", "cursor(1)", "down", show=False),
+        Binding("pageup", "cursor(-10)", "page up", show=False),
+        Binding("pagedown", "cursor(10)", "page down", show=False),
+        Binding("home", "cursor(-1000000000)", "first", show=False),
+        Binding("end", "cursor(1000000000)", "last", show=False),
+        Binding("enter", "choose", "go to its step", show=False),
+    ]
+
+    rows: reactive[tuple[Incident, ...]] = reactive((), always_update=True)
+    cursor: reactive[int] = reactive(0)
+    sort: reactive[tuple[str, bool]] = reactive(("step", False))
+
+    class Chosen(Message):
+        """The user picked an incident (enter or a click)."""
+
+        def __init__(self, incident: Incident) -> None:
+            super().__init__()
+            self.incident = incident
+
+    def watch_rows(self) -> None:
+        self.virtual_size = Size(self.size.width, len(self.rows) + 1)
+        if self.cursor >= len(self.rows):
+            self.cursor = max(0, len(self.rows) - 1)
+        self.refresh()
+
+    def watch_cursor(self) -> None:
+        self.refresh()
+
+    def on_resize(self) -> None:
+        self.watch_rows()
+
+    def action_cursor(self, delta: int) -> None:
+        if not self.rows:
+            return
+        # From the cursor as it is now, not as last drawn: fast repeated keys all count.
+        self.cursor = min(max(self.cursor + delta, 0), len(self.rows) - 1)
+        self.scroll_to_region(Region(0, self.cursor, 1, 2), animate=False)
+
+    def action_choose(self) -> None:
+        if 0 <= self.cursor < len(self.rows):
+            self.post_message(self.Chosen(self.rows[self.cursor]))
+
+    def on_click(self, event: events.Click) -> None:
+        at = event.get_content_offset(self)
+        if at is None or at.y == 0:
+            return
+        i = self.scroll_offset.y + at.y - 1
+        if 0 <= i < len(self.rows):
+            self.cursor = i
+            self.post_message(self.Chosen(self.rows[i]))
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        if y == 0:
+            return self._title(width)
+        i = self.scroll_offset.y + y - 1
+        if i >= len(self.rows):
+            return Strip.blank(width)
+        return self._row(self.rows[i], i == self.cursor, width)
+
+    def _title(self, width: int) -> Strip:
+        key, descending = self.sort
+        segments = [Segment(" ", _HEADER)]
+        used = 1
+        for col, w in layout(width):
+            arrow = (" ▼" if descending else " ▲") if col.sort == key else ""
+            segments.append(Segment(fit(col.title, w, col.right, arrow) + " ", _HEADER))
+            used += w + 1
+        return full_strip(segments, used, width, _HEADER)
+
+    def _row(self, i: Incident, current: bool, width: int) -> Strip:
+        bg = _CURSOR_BG if current else None
+        base = palette.style("#dcdfe4" if current else "#abb2bf", bg)
+        segments = [Segment("▶" if current else " ", palette.style("#ffffff", bg, bold=True))]
+        used = 1
+        for (col, w), text in zip(layout(width), cells(i)):
+            style = base
+            if col.title == "kind":
+                style = palette.style(_KIND.get(i.kind, "#abb2bf"), bg, bold=True)
+            elif col.title == "thrash" and i.thrash:
+                style = palette.style("#e5c07b", bg, bold=True)
+            segments.append(Segment(fit(text, w, col.right) + " ", style))
+            used += w + 1
+        return full_strip(segments, used, width, base)
