@@ -26,7 +26,7 @@ from recorder.errors import TraceError
 from recorder.paths import SUFFIX
 from recorder.reader import Cut, Entry, Scan, TraceIndex, TraceReader
 from recorder.schema import End, Footer, RecordType, Step
-from recorder.segments import SegmentFile, is_run_dir, list_segments
+from recorder.segments import SegmentFile, check_same_engine, is_run_dir, list_segments
 
 _SHIFT = 40  # bits of a virtual offset that are the offset inside its segment
 _MASK = (1 << _SHIFT) - 1
@@ -130,18 +130,11 @@ class SegmentedReader(TraceReader):
         return added
 
     def _check_follows(self, reader: TraceReader) -> None:
-        first, h = self._segs[0].header, reader.header
-        if (h.config, h.block_size, h.num_blocks, h.policy, h.redacted) != (
-            first.config,
-            first.block_size,
-            first.num_blocks,
-            first.policy,
-            first.redacted,
-        ):
+        try:
+            check_same_engine(reader, self._segs[0].header)
+        except TraceError:
             reader.close()
-            raise TraceError(
-                "this segment was recorded with another engine configuration than the first"
-            ).at(reader.path)
+            raise
 
     def _combined_footer(self) -> Footer | None:
         """A footer for the whole when every segment has one (the run ended cleanly)."""

@@ -189,8 +189,8 @@ class _Joiner:
         self.offset += len(data)
 
 
-def _check_follows(reader: TraceReader, first: Header, next_step: int) -> None:
-    """A segment must continue the recording of the first: same engine, next step."""
+def check_same_engine(reader: TraceReader, first: Header) -> None:
+    """A segment must come from the engine that recorded the first: same configuration."""
     h = reader.header
     if (h.config, h.block_size, h.num_blocks, h.policy, h.redacted) != (
         first.config,
@@ -202,6 +202,12 @@ def _check_follows(reader: TraceReader, first: Header, next_step: int) -> None:
         raise TraceError(
             "this segment was recorded with another engine configuration than the first",
         ).at(reader.path)
+
+
+def _check_follows(reader: TraceReader, first: Header, next_step: int) -> None:
+    """A segment must continue the recording of the first: same engine, next step."""
+    check_same_engine(reader, first)
+    h = reader.header
     if h.first_step != next_step:
         missing = "a segment is missing" if h.first_step > next_step else "segments overlap"
         raise TraceError(
