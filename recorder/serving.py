@@ -233,6 +233,11 @@ class ServerRecording:
 
     def _rotate(self) -> None:
         old = self._recorder
+        # Every step of this segment is written before the next segment starts: else a
+        # kill between the two leaves this one cut short of steps that the next one's
+        # first step says came before it, a gap that reads as a missing segment.
+        if (writer := self._writer) is not None:
+            writer.drain()
         try:
             new = self._new_segment(old)
         except RecordingError as e:
