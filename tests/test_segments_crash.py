@@ -16,41 +16,19 @@ from recorder.schema import Snapshot, Step
 from recorder.segments import list_segments
 from replays.reducer import apply
 from replays.state import State
-from tests.test_trace_crash import ROOT, kill_at_random
+from tests.test_trace_crash import last_reported_step, run_and_kill
 
 BOUND = 256 << 10  # segments of 32 KiB: a rotation every few dozen steps
 
 
 def kill(directory: Path, steps: int, delay_s: float) -> int:
-    import subprocess
-    import sys
-
-    # kill_at_random runs tests.crash_child; this one runs the segmented child.
-    child = subprocess.Popen(
-        [sys.executable, "-m", "tests.segments_child", str(directory), str(BOUND)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert child.stdout is not None
-    lines: list[str] = []
-    for line in child.stdout:
-        lines.append(line.strip())
-        if len(lines) >= steps:
-            break
-    if delay_s:
-        subprocess.run(["sleep", f"{delay_s:.4f}"], check=True)
-    child.kill()
-    lines += child.stdout.read().split()
-    child.wait()
-    child.stdout.close()
+    lines, _ = run_and_kill("tests.segments_child", [str(directory), str(BOUND)], steps, delay_s)
     assert "done" not in lines, "the child finished before it was killed"
-    return max((int(x) for x in lines if x.lstrip("-").isdigit()), default=-1)
+    return last_reported_step(lines)
 
 
 @pytest.mark.slow
 def test_sigkill_of_a_segmented_recording(tmp_path: Path) -> None:
-    assert kill_at_random  # the single-file version of this test
     rng = random.Random(11)
     plans = [(tmp_path / f"run{i}", rng.randint(50, 1200), rng.random() * 0.003) for i in range(8)]
     with ThreadPoolExecutor(max_workers=2) as pool:

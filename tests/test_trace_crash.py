@@ -23,11 +23,11 @@ ROOT = Path(__file__).resolve().parent.parent
 MODES = ("live", "batch", "torn")
 
 
-def kill_at_random(path: Path, mode: str, steps_before_kill: int, delay_s: float) -> int:
-    """Run the child until it has done `steps_before_kill` steps, wait `delay_s`, SIGKILL
-    it. Returns the last step it reported flushed (-2 if it finished first)."""
+def run_and_kill(module: str, args: list[str], steps: int, delay_s: float) -> tuple[list[str], int]:
+    """Run the recording child `python -m module args...` until it has printed `steps`
+    lines, wait `delay_s`, SIGKILL it. Returns every line it printed and its exit status."""
     child = subprocess.Popen(
-        [sys.executable, "-m", "tests.crash_child", str(path), mode],
+        [sys.executable, "-m", module, *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
@@ -36,7 +36,7 @@ def kill_at_random(path: Path, mode: str, steps_before_kill: int, delay_s: float
     lines: list[str] = []
     for line in child.stdout:
         lines.append(line.strip())
-        if len(lines) >= steps_before_kill:
+        if len(lines) >= steps:
             break
     if delay_s:
         subprocess.run(["sleep", f"{delay_s:.4f}"], check=True)
@@ -44,10 +44,22 @@ def kill_at_random(path: Path, mode: str, steps_before_kill: int, delay_s: float
     lines += child.stdout.read().split()
     status = child.wait()
     child.stdout.close()
+    return lines, status
+
+
+def last_reported_step(lines: list[str]) -> int:
+    """The last step the child reported flushed (-1: none)."""
+    return max((int(x) for x in lines if x.lstrip("-").isdigit()), default=-1)
+
+
+def kill_at_random(path: Path, mode: str, steps_before_kill: int, delay_s: float) -> int:
+    """Run the child until it has done `steps_before_kill` steps, wait `delay_s`, SIGKILL
+    it. Returns the last step it reported flushed (-2 if it finished first)."""
+    lines, status = run_and_kill("tests.crash_child", [str(path), mode], steps_before_kill, delay_s)
     if "done" in lines:
         return -2
     assert status == -signal.SIGKILL, f"the {mode} child died by itself (status {status})"
-    return max((int(x) for x in lines if x.lstrip("-").isdigit()), default=-1)
+    return last_reported_step(lines)
 
 
 def check_trace(path: Path, flushed: int) -> bool:
