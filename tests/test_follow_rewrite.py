@@ -37,7 +37,13 @@ def test_follow_notices_a_truncated_and_rewritten_trace(tmp_path: Path) -> None:
     try:
         wait_for_size(path, 400, first)
         with TraceReader(path) as reader:
+            # The file's size can pass 400 bytes on the header alone, before a whole record
+            # is flushed: poll until the first run's records show up.
+            deadline = time.monotonic() + 60
             seen = reader.poll()
+            while not seen and time.monotonic() < deadline and first.poll() is None:
+                time.sleep(0.02)
+                seen = reader.poll()
             assert seen  # the first run's records
             os.kill(first.pid, signal.SIGKILL)
             first.wait()
