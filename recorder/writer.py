@@ -46,6 +46,7 @@ class TraceWriter:
         flush_interval_s: float = 1.0,
         max_backlog: int = 16 << 20,
         write: WriteFn = os.write,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.path = Path(path)
         self._fd = open_locked(self.path)
@@ -54,11 +55,12 @@ class TraceWriter:
         self.flush_interval_s = flush_interval_s  # ...or this long after the last flush
         self.max_backlog = max_backlog  # queued bytes beyond which the engine waits
         self._write = write
+        self._clock = clock  # times writes and flush intervals; tests pass their own
         self._buf = bytearray(preamble())
         self.offset = len(self._buf)
         self.flushed = 0
         self.error: str | None = None  # why recording stopped, once it has
-        self._last_flush = time.monotonic()
+        self._last_flush = self._clock()
         self._pending: list[bytes] = []
         self._backlog = 0
         self._busy = False  # the flusher is writing a batch
@@ -83,7 +85,7 @@ class TraceWriter:
         if boundary and (
             self.live
             or len(self._buf) >= self.flush_bytes
-            or time.monotonic() - self._last_flush >= self.flush_interval_s
+            or self._clock() - self._last_flush >= self.flush_interval_s
         ):
             self.flush()
         return start
@@ -92,7 +94,7 @@ class TraceWriter:
         """Write the buffer: inline when it is small, nothing is queued and the last write
         was quick (a page-cache write costs less than waking a thread); else hand it to
         the flusher thread, so that a slow disk never holds the engine again."""
-        now = self._last_flush = time.monotonic()
+        now = self._last_flush = self._clock()
         if not self._buf:
             return
         data, self._buf = bytes(self._buf), bytearray()
@@ -107,7 +109,7 @@ class TraceWriter:
             and self.error is None
         ):
             error = self._write_all(data)
-            self._last_write_s = time.monotonic() - now
+            self._last_write_s = self._clock() - now
             if error is not None:
                 with self._done:
                     self._fail(error)
@@ -161,11 +163,11 @@ class TraceWriter:
                 self._busy = True  # before the queue empties: flush() reads them unlocked
                 batch, self._pending = self._pending, []
             data = batch[0] if len(batch) == 1 else b"".join(batch)
-            start = time.monotonic()
+            start = self._clock()
             error = self._write_all(data)
             with self._done:
                 self._busy = False
-                self._last_write_s = (time.monotonic() - start) * min(
+                self._last_write_s = (self._clock() - start) * min(
                     1.0, INLINE_BYTES / max(len(data), 1)
                 )
                 self._backlog -= len(data)

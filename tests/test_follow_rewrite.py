@@ -32,7 +32,7 @@ def wait_for_size(path: Path, size: int, proc: subprocess.Popen[bytes]) -> None:
 
 def test_follow_notices_a_truncated_and_rewritten_trace(tmp_path: Path) -> None:
     path = tmp_path / "live.trace"
-    first = start_sim(path, "--pace", "20")
+    first = start_sim(path, "--pace", "10")
     second = None
     try:
         wait_for_size(path, 400, first)

@@ -37,7 +37,7 @@ def test_a_second_writer_on_a_trace_refuses_naming_the_path_and_the_first_pid(
 ) -> None:
     path = tmp_path / "c.trace"
     cmd = [sys.executable, "-m", "tui.cli", "sim", str(CASE), "--trace", str(path)]
-    first = subprocess.Popen([*cmd, "--pace", "40"], stdout=subprocess.PIPE, text=True)
+    first = subprocess.Popen([*cmd, "--pace", "10"], stdout=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
         while not (path.exists() and path.stat().st_size > 200):
