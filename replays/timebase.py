@@ -8,6 +8,7 @@ Times are integer nanoseconds on the trace's clock (the recording's start is 0).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ class RequestLife:
     arrival_step: int  # the step it was added before
     arrival_time: float  # the engine's arrival clock (seconds; its origin is arbitrary)
     first_scheduled_step: int = -1  # first step that scheduled it (-1: never)
-    sample_steps: list[int] = field(default_factory=list)  # a step per sampled token
+    num_samples: int = 0  # tokens it sampled
+    sample_steps: list[int] = field(default_factory=list)  # steps that sampled for it, ascending
     finish_step: int = -1  # -1: unfinished when the trace ended
     abort_step: int = -1  # the step whose record reports its abort (-1: none)
 
@@ -49,36 +51,54 @@ class Observer:
         self.preemptions = 0
         self.recompute_tokens = 0  # computed tokens thrown away by preemption
         self.min_free = usable_blocks
+        self._unscheduled: dict[int, RequestLife] = {}  # arrived, not yet scheduled
 
     def observe(self, rec: Step, view: StepView, idle: bool) -> None:
         """A trace's record, with the reducer's view of it (the implicit decodes spelled out)."""
-        samples = [(x.ref, x.count) for x in view.samples]
-        self._observe(rec, view.scheduled, samples, rec.time_ns, idle)
+        self._begin(rec, view.scheduled, rec.time_ns, idle, None)
+        self._sampled(rec.step, ((x.ref, x.count) for x in view.samples))
 
-    def observe_explicit(self, rec: Step, time_ns: int, idle: bool) -> None:
-        """The engine's own record of a step: every entry explicit, no reducer needed."""
-        counts = rec.sample_counts
+    def observe_explicit(
+        self,
+        rec: Step,
+        time_ns: int,
+        idle: bool,
+        work: tuple[int, int, int, int, int] | None = None,
+    ) -> None:
+        """The engine's own record of a step: every entry explicit, no reducer needed.
+        `work`: the step's FEATURES when the caller has them already."""
         entries = rec.scheduled
-        samples = [
-            (e.ref, c)
-            for e, c in zip(entries, counts if counts is not None else [1] * len(entries))
-            if c
-        ]
-        samples += [(x.ref, x.count) for x in rec.other_samples]
-        self._observe(rec, entries, samples, time_ns, idle)
+        self._begin(rec, entries, time_ns, idle, work)
+        counts = rec.sample_counts
+        if counts is None:  # one token each: the common case, kept out of the general path
+            step, reqs = rec.step, self.reqs
+            for e in entries:
+                r = reqs.get(e.ref)
+                if r is not None:
+                    r.num_samples += 1
+                    if not r.sample_steps or r.sample_steps[-1] != step:
+                        r.sample_steps.append(step)
+        else:
+            self._sampled(rec.step, ((e.ref, c) for e, c in zip(entries, counts) if c))
+        if rec.other_samples:
+            self._sampled(rec.step, ((x.ref, x.count) for x in rec.other_samples))
 
-    def _observe(
+    def _begin(
         self,
         rec: Step,
         scheduled: tuple[Scheduled, ...],
-        samples: list[tuple[int, int]],
         time_ns: int,
         idle: bool,
+        work: tuple[int, int, int, int, int] | None,
     ) -> None:
-        self.steps.append(rec.step)
-        self.work.append(
-            step_work((e.num_tokens, e.num_spec_tokens, e.num_computed_before) for e in scheduled)
-        )
+        """Everything of a step but its samples."""
+        step = rec.step
+        self.steps.append(step)
+        if work is None:
+            work = step_work(
+                (e.num_tokens, e.num_spec_tokens, e.num_computed_before) for e in scheduled
+            )
+        self.work.append(work)
         self.end_ns.append(time_ns)
         busy = rec.schedule_ns + rec.update_ns
         for t in rec.timings:
@@ -86,25 +106,36 @@ class Observer:
         self.busy_ns.append(busy)
         self.idle_before.append(idle)
         self.timed = self.timed or bool(rec.timings)
+        unscheduled = self._unscheduled
         for a in rec.arrivals:
-            self.reqs[a.ref] = RequestLife(rec.step, a.arrival_time)
-        for e in scheduled:
-            r = self.reqs.get(e.ref)
-            if r is not None and r.first_scheduled_step < 0:
-                r.first_scheduled_step = rec.step
-        for ref, count in samples:
-            r = self.reqs.get(ref)
-            if r is not None:
-                r.sample_steps.extend([rec.step] * count)
+            life = RequestLife(step, a.arrival_time)
+            self.reqs[a.ref] = life
+            unscheduled[a.ref] = life
+        if unscheduled:
+            for e in scheduled:
+                r = unscheduled.pop(e.ref, None)
+                if r is not None:
+                    r.first_scheduled_step = step
         for f in rec.finishes:
             r = self.reqs.get(f.ref)
             if r is not None:
-                r.finish_step = rec.step
+                r.finish_step = step
                 if f.status == Status.FINISHED_ABORTED:
-                    r.abort_step = rec.step
-        self.preemptions += len(rec.preemptions)
-        self.recompute_tokens += sum(p.tokens_lost for p in rec.preemptions)
-        self.min_free = min(self.min_free, rec.free_blocks)
+                    r.abort_step = step
+        if rec.preemptions:
+            self.preemptions += len(rec.preemptions)
+            self.recompute_tokens += sum(p.tokens_lost for p in rec.preemptions)
+        if rec.free_blocks < self.min_free:
+            self.min_free = rec.free_blocks
+
+    def _sampled(self, step: int, samples: Iterable[tuple[int, int]]) -> None:
+        reqs = self.reqs
+        for ref, count in samples:
+            r = reqs.get(ref)
+            if r is not None and count:
+                r.num_samples += count
+                if not r.sample_steps or r.sample_steps[-1] != step:
+                    r.sample_steps.append(step)
 
     def fit_rows(self) -> tuple[np.ndarray, np.ndarray, int]:
         """(work, seconds, excluded): each step whose duration the trace measures (the
@@ -115,8 +146,11 @@ class Observer:
         return work, secs, len(self.end_ns) - len(rows)
 
 
-def observe_trace(path: str | Path) -> tuple[Observer, int]:
-    """Observe every step of the trace at `path`; also its first step."""
+def observe_trace(
+    path: str | Path, on_step: Callable[[Step, StepView], None] | None = None
+) -> tuple[Observer, int]:
+    """Observe every step of the trace at `path`; also its first step. `on_step` gets
+    each step with the reducer's view of it (one pass serves another reader too)."""
     with TraceReader(path) as reader:
         header = reader.header
         obs = Observer(header.num_blocks - 1)
@@ -132,7 +166,10 @@ def observe_trace(path: str | Path) -> tuple[Observer, int]:
             if state is None:
                 state = State.initial(header)
             idle = not state.requests
-            obs.observe(rec, apply_with_view(state, rec, entry.offset), idle)
+            view = apply_with_view(state, rec, entry.offset)
+            obs.observe(rec, view, idle)
+            if on_step is not None:
+                on_step(rec, view)
         return obs, header.first_step
 
 
@@ -245,32 +282,39 @@ def timed_metrics(obs: Observer, end_ns: list[int], arrival_ns: list[int]) -> Ti
     """The metrics of the observed steps with step `i` ending at `end_ns[i]` and request
     ref order `k` arriving at `arrival_ns[k]`."""
     first = obs.steps[0] if obs.steps else 0
-
-    def end(step: int) -> int:
-        return end_ns[step - first]
+    ends = np.array(end_ns, dtype=np.int64)
 
     ttft: list[float] = []
     tpot: list[float] = []
-    itl: list[float] = []
     queue: list[float] = []
+    sampling: list[int] = []  # every request's sampling steps, one request after another
+    cuts: list[int] = []  # where in `sampling` each request's steps begin
     tokens = finished = 0
     for k, ref in enumerate(sorted(obs.reqs)):
         r = obs.reqs[ref]
         arrival = arrival_ns[k]
-        tokens += len(r.sample_steps)
+        tokens += r.num_samples
         finished += r.finish_step >= 0
         if r.first_scheduled_step >= 0:
             s = r.first_scheduled_step
-            began = end(s - 1) if s > first else 0
+            began = end_ns[s - 1 - first] if s > first else 0
             queue.append(max(0, began - arrival) / 1e9)
-        if not r.sample_steps:
+        steps = r.sample_steps
+        if not steps:
             continue
-        t_first = end(r.sample_steps[0])
+        t_first = end_ns[steps[0] - first]
         ttft.append((t_first - arrival) / 1e9)
-        steps = sorted(set(r.sample_steps))
-        itl += [(end(b) - end(a)) / 1e9 for a, b in zip(steps, steps[1:])]
-        if r.finish_step >= 0 and len(r.sample_steps) > 1:
-            tpot.append((end(r.sample_steps[-1]) - t_first) / 1e9 / (len(r.sample_steps) - 1))
+        cuts.append(len(sampling))
+        sampling += steps
+        if r.finish_step >= 0 and r.num_samples > 1:
+            tpot.append((end_ns[steps[-1] - first] - t_first) / 1e9 / (r.num_samples - 1))
+    # Inter-token latency: between consecutive sampling steps of one request, for all
+    # requests at once (the same divisions as one at a time).
+    at = ends[np.array(sampling, dtype=np.int64) - first] if sampling else ends[:0]
+    gaps = np.diff(at)
+    keep = np.ones(len(gaps), dtype=bool)
+    keep[np.array(cuts[1:], dtype=np.int64) - 1] = False
+    itl = np.sort(gaps[keep] / 1e9)
     start = arrival_ns[0] if arrival_ns else 0
     duration = (end_ns[-1] - start) / 1e9 if end_ns else 0.0
     return TimedMetrics(
@@ -284,14 +328,25 @@ def timed_metrics(obs: Observer, end_ns: list[int], arrival_ns: list[int]) -> Ti
         ttft_p99=percentile(ttft, 99),
         tpot_p50=percentile(tpot, 50),
         tpot_p99=percentile(tpot, 99),
-        itl_p50=percentile(itl, 50),
-        itl_p99=percentile(itl, 99),
+        itl_p50=_sorted_percentile(itl, 50),
+        itl_p99=_sorted_percentile(itl, 99),
         queue_p50=percentile(queue, 50),
         queue_p99=percentile(queue, 99),
         preemptions=obs.preemptions,
         recompute_tokens=obs.recompute_tokens,
         peak_blocks=obs.usable - obs.min_free,
     )
+
+
+def _sorted_percentile(xs: np.ndarray, q: float) -> float | None:
+    """`percentile` of an already sorted array: the same interpolation, in Python floats."""
+    if not len(xs):
+        return None
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    a, b = float(xs[lo]), float(xs[hi])
+    return a + (b - a) * (pos - lo)
 
 
 def recorded_metrics(path: str | Path, model: CostModel | None = None) -> TimedMetrics:

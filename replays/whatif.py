@@ -15,9 +15,10 @@ with a clock); it reuses resim's per-request scripts.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,13 @@ from recorder.schema import Header
 from recorder.writer import NullWriter, TraceWriter
 from replays.costmodel import CostModel, fit_model, step_work
 from replays.resim_base import Checker, ResimError, config_for, request_of
-from replays.resim_scripted import _collect, _fill_redacted, _RecordedHasher, _ScriptedRunner
+from replays.scripts import (
+    RecordedHasher,
+    RequestScript,
+    ScriptCollector,
+    ScriptedRunner,
+    fill_redacted,
+)
 from replays.timebase import (
     Observer,
     Timebase,
@@ -102,8 +109,7 @@ def whatif(
             )
         work, secs, excluded = obs.fit_rows()
         model = fit_model(work, secs, str(path), excluded)
-    base = recorded_timebase(obs, model)
-    recorded = timed_metrics(obs, base.end_ns, base.arrival_ns)
+    base, recorded = inputs.recorded(model)
     config = config_for(inputs.header.config, overrides or {})
     predicted, differs = _TimedRun(inputs, config, model, base).run(out, check)
     return WhatifResult(
@@ -146,27 +152,44 @@ class _Clock:
         return self.now / 1e9
 
 
-class _TimedRunner(_ScriptedRunner):
+Work = tuple[int, int, int, int, int]  # a step's FEATURES
+NO_WORK: Work = (0, 0, 0, 0, 0)
+
+
+class _TimedRunner(ScriptedRunner):
     """The scripted runner, plus the model's time for each step it executes."""
 
     def __init__(self, config: EngineConfig, model: CostModel, clock: _Clock) -> None:
         super().__init__(config)
         self.model = model
         self.clock = clock
+        self.work = NO_WORK  # the last executed step's; the driver resets it before a step
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         result = super().execute(out)
-        before = {nr.req_id: nr.num_computed_tokens for nr in out.scheduled_new_reqs}
-        cached = out.scheduled_cached_reqs
-        before.update(zip(cached.req_ids, cached.num_computed_tokens))
-        spec = out.scheduled_spec_decode_tokens
-        work = step_work(
-            (n, len(spec.get(rid, ())), before[rid]) for rid, n in out.num_scheduled_tokens.items()
-        )
+        self.work = work = scheduled_work(out)
         ns = self.model.predict_ns(work)
         self.clock.charge(ns)
         result.timings = [Timing(out.step, 0, ns, None, 0)]
         return result
+
+
+def scheduled_work(out: SchedulerOutput) -> Work:
+    """`step_work` of what a SchedulerOutput schedules (the same FEATURES as its step
+    record's entries give), without a pass per entry when no drafts are verified."""
+    tokens = out.num_scheduled_tokens
+    spec = out.scheduled_spec_decode_tokens
+    cached = out.scheduled_cached_reqs
+    if spec:
+        before = {nr.req_id: nr.num_computed_tokens for nr in out.scheduled_new_reqs}
+        before.update(zip(cached.req_ids, cached.num_computed_tokens))
+        return step_work((n, len(spec.get(rid, ())), before[rid]) for rid, n in tokens.items())
+    total = out.total_num_scheduled_tokens
+    context = total + sum(cached.num_computed_tokens)
+    for nr in out.scheduled_new_reqs:
+        context += nr.num_computed_tokens
+    decodes = list(tokens.values()).count(1)
+    return total - decodes, decodes, 0, context, len(tokens)
 
 
 class _TimedRun:
@@ -217,7 +240,7 @@ class _TimedRun:
 
     def _drive(self) -> None:
         scripts = self.inputs.scripts
-        engine, clock, base = self.engine, self.clock, self.base
+        engine, clock, base, runner = self.engine, self.clock, self.base, self.runner
         # A simulated trace's driver steps through idle time (each empty step costs the
         # model's empty-step time); a real engine sleeps until the next arrival.
         idle_steps = not self.inputs.obs.timed
@@ -234,11 +257,9 @@ class _TimedRun:
             while nxt < len(scripts) and base.arrival_ns[nxt] <= clock.now:
                 s = scripts[nxt]
                 a = s.arrival
-                self.runner.add_script(a.request_id, _fill_redacted(s) if redacted else s.tokens)
-                self.runner.accepted[a.request_id] = s.accepted
-                self.runner.proposed[a.request_id] = s.proposed
+                self.runner.add(s, fill_redacted(s) if redacted else s.tokens)
                 live[a.request_id] = nxt
-                hasher = _RecordedHasher(self.config.block_size, s, nxt) if redacted else plain
+                hasher = RecordedHasher(self.config.block_size, s, nxt) if redacted else plain
                 engine.add_request(request_of(a, hasher))
                 nxt += 1
             while done_aborts < len(aborts) and aborts[done_aborts][0] <= clock.now:
@@ -255,8 +276,9 @@ class _TimedRun:
                     clock.now = base.arrival_ns[nxt]
                     continue
             clock.begin_step()
+            runner.work = NO_WORK
             result = engine.step()
-            self.obs.observe_explicit(result.report, clock.settle(), idle)
+            self.obs.observe_explicit(result.report, clock.settle(), idle, runner.work)
             engine.take_finished()
 
 
@@ -269,8 +291,21 @@ class _Inputs:
     header: Header  # its header
     obs: Observer  # its steps, observed
     first_step: int  # its first step
-    scripts: list[Any]  # per-request scripts (resim's), by ref
+    scripts: list[RequestScript]  # per-request scripts (resim's), by ref
     num_steps: int  # step records
+    on_clock: dict[tuple[float, ...], tuple[Timebase, TimedMetrics]] = field(
+        default_factory=dict
+    )  # model vector -> the recording on that model's clock, and its metrics
+
+    def recorded(self, model: CostModel) -> tuple[Timebase, TimedMetrics]:
+        """The recording's timebase and metrics under `model` (computed once per model:
+        every config of a sweep compares with the same recording)."""
+        key = model.vector
+        if key not in self.on_clock:
+            base = recorded_timebase(self.obs, model)
+            self.on_clock[key] = (base, timed_metrics(self.obs, base.end_ns, base.arrival_ns))
+        base, metrics = self.on_clock[key]
+        return base, dataclasses.replace(metrics)
 
 
 def _inputs(path: str | Path) -> _Inputs:
@@ -284,11 +319,15 @@ def _inputs(path: str | Path) -> _Inputs:
 
 @functools.lru_cache(maxsize=2)
 def _read_inputs(path: str, size: int, mtime_ns: int) -> _Inputs:
-    obs, first_step = observe_trace(path)
     with TraceReader(path) as reader:
         header = reader.header
-        scripts, num_steps = _collect(reader) if first_step == 0 else ([], 0)
-    return _Inputs(path, header, obs, first_step, scripts, num_steps)
+    # One pass: the scripts are built from the same reduced steps the observer reads
+    # (a trace that starts mid-run has no scripts: what-if refuses it).
+    collector = ScriptCollector() if header.first_step == 0 else None
+    obs, first_step = observe_trace(path, collector.add if collector else None)
+    if collector is None:
+        return _Inputs(path, header, obs, first_step, [], 0)
+    return _Inputs(path, header, obs, first_step, collector.scripts, collector.steps)
 
 
 # -- the table ----------------------------------------------------------------------------------
