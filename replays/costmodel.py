@@ -78,6 +78,8 @@ class CostModel:
     intercept_s: float  # a step's fixed cost, seconds
     coefficients: dict[str, float] = field(default_factory=dict)  # feature -> seconds per unit
     fit: FitQuality | None = None  # None: given by hand, not fitted
+    # Derived, not compared: predict_ns runs once per simulated step and reads it each time.
+    _vector: tuple[float, ...] = field(init=False, repr=False, compare=False, default=())
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.coefficients) - set(FEATURES))
@@ -91,15 +93,16 @@ class CostModel:
         # Every feature present, in FEATURES order: equal models compare equal.
         full = {f: float(self.coefficients.get(f, 0.0)) for f in FEATURES}
         object.__setattr__(self, "coefficients", full)
+        object.__setattr__(self, "_vector", (self.intercept_s, *full.values()))
 
     @property
     def vector(self) -> tuple[float, ...]:
         """(intercept, coefficient of each FEATURE in order), seconds."""
-        return (self.intercept_s, *(self.coefficients.get(f, 0.0) for f in FEATURES))
+        return self._vector
 
     def predict_ns(self, work: Sequence[int]) -> int:
         """The predicted duration of a step with this work, integer ns."""
-        c = self.vector
+        c = self._vector
         s = c[0] + c[1] * work[0] + c[2] * work[1] + c[3] * work[2] + c[4] * work[3]
         s += c[5] * work[4]
         return max(MIN_STEP_NS, round(s * 1e9))

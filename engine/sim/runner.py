@@ -65,6 +65,8 @@ class SimRunner:
         before.update(zip(cached.req_ids, cached.num_computed_tokens))
         spec = out.scheduled_spec_decode_tokens
         req_ids = list(out.num_scheduled_tokens)
+        if not spec and not self.k and self.ngram is None:
+            return ModelRunnerOutput(req_ids, self._sample_plain(out, before))
         sampled_ids: list[list[int]] = []
         drafts: dict[str, list[int]] = {}
         for rid, n in out.num_scheduled_tokens.items():
@@ -84,6 +86,23 @@ class SimRunner:
         if self.ngram is not None and drafts:
             drafts = self._propose_ngram(list(drafts))
         return ModelRunnerOutput(req_ids, sampled_ids, drafts)
+
+    def _sample_plain(self, out: SchedulerOutput, before: dict[str, int]) -> list[list[int]]:
+        """execute()'s samples with no drafting at all: one script token per request that
+        reaches the end of its known tokens (what _verify gives for no drafts), without a
+        call per request: a simulated step is mostly this loop."""
+        known, sampled, scripts = self.known, self.sampled, self.scripts
+        sampled_ids: list[list[int]] = []
+        for rid, n in out.num_scheduled_tokens.items():
+            if before[rid] + n < known[rid]:
+                sampled_ids.append([])  # mid-prefill: nothing to sample yet
+                continue
+            pos = sampled[rid]
+            script = scripts.get(rid, ())
+            sampled_ids.append([script[pos] if pos < len(script) else 0])
+            known[rid] += 1
+            sampled[rid] = pos + 1
+        return sampled_ids
 
     def _propose_ngram(self, rids: list[str]) -> dict[str, list[int]]:
         from engine.ngram import propose_lists
