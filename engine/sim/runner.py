@@ -20,6 +20,8 @@ from engine.outputs import ModelRunnerOutput, SchedulerOutput
 class SimRunner:
     """Scripted outputs, per request id; a script shorter than needed is padded with 0."""
 
+    plain_shortcut = True  # sample undrafted steps in one loop (off: the general path, to compare)
+
     def __init__(
         self,
         scripts: dict[str, list[int]],
@@ -65,7 +67,7 @@ class SimRunner:
         before.update(zip(cached.req_ids, cached.num_computed_tokens))
         spec = out.scheduled_spec_decode_tokens
         req_ids = list(out.num_scheduled_tokens)
-        if not spec and not self.k and self.ngram is None:
+        if self.plain_shortcut and not spec and not self.k and self.ngram is None:
             return ModelRunnerOutput(req_ids, self._sample_plain(out, before))
         sampled_ids: list[list[int]] = []
         drafts: dict[str, list[int]] = {}
