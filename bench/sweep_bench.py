@@ -6,7 +6,9 @@
 The traces are simulated once (a fleet of replicas: each its own seeded mix of prompts and
 output lengths, about 32 requests running) and cached in /tmp/schedtop-bench/sweep/. Each
 task is a time-driven what-if (`replays.whatif`) of one trace under one config, with a
-given linear step-time model (simulated traces have no timings to fit).
+given linear step-time model (simulated traces have no timings to fit). The grid's 8
+points include each trace's recorded config (marked in the sweep's table), so a trace
+is exactly 8 tasks.
 
 It reports, side by side in one run: wall time with 1 worker (in-process), the process
 pool and Ray (a local cluster of --jobs CPUs, started and stopped here), each executor's
@@ -34,7 +36,9 @@ from replays.sweep import parse_grid, plan, run_sweep, to_json  # noqa: E402
 
 CACHE = Path("/tmp/schedtop-bench/sweep")
 MODEL = CostModel(0.006, {"prefill_tokens": 4e-5, "decode_requests": 2e-4, "context_tokens": 2e-8})
-GRID = ["max_num_batched_tokens=256,1024", "max_num_seqs=16,64", "num_blocks=400,2000"]
+# 8 points, one of them each trace's recorded config (512 tokens, 32 seqs, 1200 blocks): a
+# smaller budget, more sequences, a pool small enough to preempt.
+GRID = ["max_num_batched_tokens=256,512", "max_num_seqs=32,64", "num_blocks=400,1200"]
 
 
 def make_trace(i: int, steps: int) -> Path:
@@ -76,6 +80,18 @@ def make_trace(i: int, steps: int) -> Path:
     run_sim(w, on_engine=lambda e: open_recording(e, tmp, live=False))
     tmp.rename(path)
     return path
+
+
+def progress(name: str):  # type: ignore[no-untyped-def]
+    """A progress line on stderr every 32 tasks: long runs are polled from a log."""
+    start = time.perf_counter()
+
+    def report(done: int, total: int) -> None:
+        if done % 32 == 0 or done == total:
+            dt = time.perf_counter() - start
+            print(f"  {name}: {done}/{total} tasks, {dt:.0f} s", file=sys.stderr, flush=True)
+
+    return report
 
 
 def timed(fn):  # type: ignore[no-untyped-def]
@@ -120,17 +136,20 @@ def main() -> None:
     serial_tasks = tasks[: serial_n * per_trace]
 
     rows: dict[str, tuple[float, bool, str]] = {}
-    serial, t_serial = timed(lambda: run_sweep(serial_tasks, "serial"))
+    cpu = time.process_time()
+    serial, t_serial = timed(lambda: run_sweep(serial_tasks, "serial", 1, progress("1 worker")))
+    cpu = time.process_time() - cpu
+    serial_steps = sum(r.metrics["num_steps"] for r in serial if r.metrics)
     reference = to_json(serial, "ttft_p99")
     scale = len(tasks) / len(serial_tasks)
     note = "" if scale == 1 else f"extrapolated from {len(serial_tasks)} tasks"
     rows["1 worker"] = (t_serial * scale, True, note)
-    pool, t_pool = timed(lambda: run_sweep(tasks, "pool", args.jobs))
+    pool, t_pool = timed(lambda: run_sweep(tasks, "pool", args.jobs, progress("pool")))
     same = to_json(pool[: len(serial)], "ttft_p99") == reference
     rows[f"process pool x{args.jobs}"] = (t_pool, same, "")
     ray_start = ray_trip = float("nan")
     if not args.no_ray:
-        ray_rows, t_ray = timed(lambda: run_sweep(tasks, "ray", args.jobs))
+        ray_rows, t_ray = timed(lambda: run_sweep(tasks, "ray", args.jobs, progress("ray")))
         rows[f"ray x{args.jobs} (local)"] = (
             t_ray,
             to_json(ray_rows, "ttft_p99") == to_json(pool, "ttft_p99"),
@@ -140,8 +159,15 @@ def main() -> None:
     errors = sum(r.error is not None for r in pool)
 
     n = len(tasks)
-    print(f"\n{len(traces)} traces x {per_trace} configs = {n} tasks, ~{args.steps} steps each")
-    print(f"errors: {errors}; mean task {t_serial / len(serial_tasks) * 1e3:.0f} ms (1 worker)")
+    marked = sum(t.recorded for t in tasks)
+    steps = sum(r.metrics["num_steps"] for r in pool if r.metrics)
+    print(f"\n{len(traces)} traces x {per_trace} configs = {n} tasks ({marked} marked recorded)")
+    print(f"traces of ~{args.steps} steps; the tasks simulated {steps:,} steps in all")
+    print(
+        f"errors: {errors}; 1 worker: mean task {t_serial / len(serial_tasks) * 1e3:.0f} ms, "
+        f"{t_serial / serial_steps * 1e3:.3f} ms wall and {cpu / serial_steps * 1e3:.3f} ms CPU "
+        "per simulated step (reading each trace once included)"
+    )
     print("\n| executor | wall s | tasks/s | vs 1 worker | same rows | note |")
     print("| --- | ---: | ---: | ---: | --- | --- |")
     base = rows["1 worker"][0]
