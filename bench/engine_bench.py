@@ -42,6 +42,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -75,10 +76,21 @@ class Result:
     total_s: float  # first arrival to last token
     ttft: list[float] = field(default_factory=list)  # per request
     tpot: list[float] = field(default_factory=list)  # per request
+    cpu_s: float = 0.0  # CPU seconds the engine's process used: what a neighbour cannot move
 
     @property
     def tok_s(self) -> float:
         return self.output_tokens / self.total_s
+
+    @property
+    def tok_cpu_s(self) -> float:
+        return self.output_tokens / self.cpu_s if self.cpu_s else 0.0
+
+
+def cpu_seconds(who: int) -> float:
+    """User + system CPU seconds of this process (RUSAGE_SELF) or its reaped children."""
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
 
 
 def make_workload(n: int, seed: int, gap_s: float, vocab: int) -> RunWorkload:
@@ -104,9 +116,12 @@ def make_workload(n: int, seed: int, gap_s: float, vocab: int) -> RunWorkload:
 
 def run_ours(w: RunWorkload, loaded: Any, options: dict[str, Any]) -> Result:
     engine = build_engine(w, overrides=options, loaded=loaded)
+    cpu0 = cpu_seconds(resource.RUSAGE_SELF)
     s = run_workload(w, engine=engine)
+    cpu = cpu_seconds(resource.RUSAGE_SELF) - cpu0
     name = f"schedtop {options['max_num_seqs']}/{options['max_num_batched_tokens']}"
-    return Result(name, options["num_threads"], s.output_tokens, s.elapsed_s, s.ttft_s, s.tpot_s)
+    n_threads = options["num_threads"]
+    return Result(name, n_threads, s.output_tokens, s.elapsed_s, s.ttft_s, s.tpot_s, cpu)
 
 
 def pick_threads(fixed: int | None) -> int:
@@ -135,6 +150,7 @@ def run_transformers(w: RunWorkload, model: Any) -> Result:
     model.generation_config.eos_token_id = None  # ignore EOS, like the other engine
     model.generation_config.pad_token_id = 2
     res = Result("transformers", torch.get_num_threads(), 0, 0.0)
+    cpu0 = cpu_seconds(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     free_at = t0
     last = t0
@@ -163,6 +179,7 @@ def run_transformers(w: RunWorkload, model: Any) -> Result:
                 res.tpot.append((clock.times[n - 1] - clock.times[0]) / (n - 1))
         free_at = last = clock.times[-1]
     res.total_s = last - (t0 + w.requests[0].arrival_time)
+    res.cpu_s = cpu_seconds(resource.RUSAGE_SELF) - cpu0
     return res
 
 
@@ -223,14 +240,17 @@ def run_llamacpp(
             for r in w.requests
         ],
     }
+    cpu0 = cpu_seconds(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(
         [python, str(LLAMACPP_PEER)], input=json.dumps(job), capture_output=True, text=True
     )
+    cpu = cpu_seconds(resource.RUSAGE_CHILDREN) - cpu0
     if proc.returncode != 0:
         raise RuntimeError(f"llama.cpp peer failed: {proc.stderr.strip()[-2000:]}")
     res = json.loads(proc.stdout)
     name = f"llama.cpp server, {slots} slots" if server else "llama.cpp, 1 at a time"
-    return Result(name, threads, res["output_tokens"], res["total_s"], res["ttft"], res["tpot"])
+    out = res["output_tokens"]
+    return Result(name, threads, out, res["total_s"], res["ttft"], res["tpot"], cpu)
 
 
 def row(r: Result) -> str:
@@ -240,19 +260,21 @@ def row(r: Result) -> str:
 
     return (
         f"| {r.engine} | {r.threads} | {r.tok_s:.1f} | {r.total_s:.1f} | {ms(r.ttft, 50)} | "
-        f"{ms(r.ttft, 99)} | {ms(r.tpot, 50)} | {ms(r.tpot, 99)} |"
+        f"{ms(r.ttft, 99)} | {ms(r.tpot, 50)} | {ms(r.tpot, 99)} | {r.cpu_s:.1f} | "
+        f"{r.tok_cpu_s:.1f} |"
     )
 
 
 def ratios(name: str, pairs: list[tuple[Result, Result]]) -> None:
     tput = [o.tok_s / t.tok_s for o, t in pairs]
+    cpu = [o.tok_cpu_s / t.tok_cpu_s if t.tok_cpu_s else 0.0 for o, t in pairs]
     tpot = [(percentile(t.tpot, 99) or 0) / (percentile(o.tpot, 99) or 1) for o, t in pairs]
     ttft = [(percentile(t.ttft, 50) or 0) / (percentile(o.ttft, 50) or 1) for o, t in pairs]
 
     def fmt(xs: list[float]) -> str:
         return f"{statistics.median(xs):.2f}x ({', '.join(f'{x:.2f}' for x in xs)})"
 
-    print(f"| {name} | {fmt(tput)} | {fmt(tpot)} | {fmt(ttft)} |")
+    print(f"| {name} | {fmt(tput)} | {fmt(cpu)} | {fmt(tpot)} | {fmt(ttft)} |")
 
 
 def main() -> None:
@@ -329,15 +351,18 @@ def main() -> None:
     )
     print(
         "| engine | threads | output tok/s | total s | TTFT p50 ms | TTFT p99 ms | "
-        "TPOT p50 ms | TPOT p99 ms |"
+        "TPOT p50 ms | TPOT p99 ms | CPU s | tok/CPU-s |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for ours, peers in rounds:
         for r in ours + peers:
             print(row(r))
     print("\nratios, median over rounds (each round's in brackets):\n")
-    print("| ours vs peer | throughput ours/theirs | TPOT p99 theirs/ours | TTFT p50 theirs/ours |")
-    print("| --- | ---: | ---: | ---: |")
+    print(
+        "| ours vs peer | throughput ours/theirs | per CPU-s ours/theirs | "
+        "TPOT p99 theirs/ours | TTFT p50 theirs/ours |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: |")
     for i, (seqs, budget) in enumerate(configs):
         for p, peer in enumerate(rounds[0][1]):
             pairs = [(o[i], peers[p]) for o, peers in rounds]
