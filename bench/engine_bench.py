@@ -183,7 +183,7 @@ def run_transformers(w: RunWorkload, model: Any) -> Result:
     return res
 
 
-def load_transformers() -> Any:
+def load_transformers(dtype: str) -> Any:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
@@ -191,7 +191,7 @@ def load_transformers() -> Any:
     logging.disable_progress_bar()
     path = default_model_path()
     return AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
+        path.parent, gguf_file=path.name, dtype=getattr(torch, dtype)
     ).eval()
 
 
@@ -294,6 +294,13 @@ def main() -> None:
     )
     ap.add_argument("--kv-cache-memory", default="2GiB", help="our KV pool")
     ap.add_argument("--attention-backend", default="auto", help="ours: auto, cpu or torch")
+    ap.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="weights and activations of ours and transformers alike (llama.cpp runs the "
+        "GGUF's own Q4_1)",
+    )
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--skip-llamacpp", action="store_true")
     ap.add_argument("--llamacpp-python", help="an interpreter with llama-cpp-python")
@@ -306,7 +313,7 @@ def main() -> None:
     hf = None
     if not args.skip_transformers:
         try:
-            hf = load_transformers()
+            hf = load_transformers(args.dtype)
         except ImportError as e:
             print(f"transformers: skipped ({e})")
     llama_py = server = None
@@ -329,6 +336,7 @@ def main() -> None:
                 "kv_cache_memory": args.kv_cache_memory,
                 "num_threads": threads,
                 "attention_backend": args.attention_backend,
+                "dtype": args.dtype,
             }
             ours.append(run_ours(w, loaded, options))
             print(row(ours[-1]), flush=True)
@@ -347,7 +355,7 @@ def main() -> None:
     print(
         f"\n{n} requests, prompts 32-512, outputs 16-256 (EOS ignored), mean arrival gap "
         f"{args.gap} s; ours as max_num_seqs/max_num_batched_tokens, KV "
-        f"{args.kv_cache_memory}\n"
+        f"{args.kv_cache_memory}; {args.dtype} (ours and transformers)\n"
     )
     print(
         "| engine | threads | output tok/s | total s | TTFT p50 ms | TTFT p99 ms | "
