@@ -1,7 +1,7 @@
 """How many of the n-gram drafter's proposals are worth verifying, per request.
 
 A draft is not free: verifying it adds a row to every matrix product of the step, and on a
-CPU, where a step's cost grows with its rows, a batch of 4 requests pays about a fifth of
+CPU, where a step's cost grows with its rows, a batch of 4 requests pays about a twentieth of
 a decode step per draft row. Prompt lookup with a short `prompt_lookup_min` finds some
 match almost every step, also in text that does not repeat itself, where nearly every
 draft is rejected and all that work is lost.
@@ -26,13 +26,17 @@ from collections.abc import Sequence
 import numpy as np
 
 # A draft is sent while the chance that it and the drafts before it are all accepted is at
-# least this (bench/spec_bench.py: 0.15 drafts too much text that does not repeat, 0.35
-# too little of what does).
-WORTH = 0.25
-# A new request's estimate: one draft at first (0.3 >= WORTH > 0.3 ** 2), more as they land.
+# least this. A draft row costs about 1/20 of a 4-request decode step on the CPU (fp32,
+# oneDNN); replaying spec_bench's greedy outputs through the policy with that cost, 0.3
+# lost least on text that does not repeat and gave up least on text that does (0.2 and
+# 0.25 sent more rejected drafts; both are within a few percent).
+WORTH = 0.3
+# A new request's estimate: one draft at first (PRIOR ** 1 >= WORTH > PRIOR ** 2), more as
+# they land.
 PRIOR = 0.3
-# Weight of each new observation in the estimate (an exponential moving average).
-WEIGHT = 0.4
+# Weight of each new observation in the estimate (an exponential moving average): the
+# estimate follows a request from copying into free text (and back) within a few steps.
+WEIGHT = 0.5
 
 
 class DraftLimiter:

@@ -8,7 +8,7 @@ from engine.draft_limit import PRIOR, WORTH, DraftLimiter, worth_sending
 
 def test_worth_sending_is_the_longest_prefix_whose_joint_chance_clears_the_bar() -> None:
     assert worth_sending(PRIOR, 4) == 1  # a new request: one draft
-    assert worth_sending(0.5, 4) == 2  # 0.25 >= WORTH, 0.125 < WORTH
+    assert worth_sending(0.6, 4) == 2  # 0.36 >= WORTH > 0.216
     assert worth_sending(0.9, 4) == 4  # capped by what was proposed
     assert worth_sending(0.9, 2) == 2
     assert worth_sending(WORTH - 0.01, 4) == 0
