@@ -209,7 +209,8 @@ def test_adaptive_drafts_is_a_runner_option() -> None:
         },
         "test",
     )
-    base = {"num_gpu_blocks_override": 64}
+    base = {"num_gpu_blocks_override": 64, "device": "cpu"}
+    # the default: on for the CPU (a GPU, where draft rows are nearly free, sends all)
     assert build_engine(w, loaded=tiny_model(), overrides=base).runner.limiter is not None
     off = build_engine(w, loaded=tiny_model(), overrides={**base, "adaptive_drafts": False})
     assert off.runner.limiter is None

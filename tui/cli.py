@@ -789,7 +789,7 @@ def _engine_options(fn: F) -> F:
                 "--adaptive-drafts/--no-adaptive-drafts",
                 default=None,
                 help="Send only the drafts a request's recent acceptance makes worth "
-                "verifying (default), or all of them, as vLLM does.",
+                "verifying (default on CPU), or all of them, as vLLM does (default on CUDA).",
             ),
         ]
     ):

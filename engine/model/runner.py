@@ -75,10 +75,13 @@ class ModelRunner:
             if spec is not None
             else None
         )
+        # A draft row costs a CPU step real work, and a GPU step next to nothing: by
+        # default only the CPU holds drafts back (the limiter's bar is set from CPU costs).
+        adaptive = options.adaptive_drafts
+        if adaptive is None:
+            adaptive = self.device.type == "cpu"
         self.limiter = (
-            DraftLimiter(config.max_num_seqs)
-            if self.proposer is not None and options.adaptive_drafts
-            else None
+            DraftLimiter(config.max_num_seqs) if self.proposer is not None and adaptive else None
         )
         self.threads = threads  # CPU only, when num_threads is not fixed
 
