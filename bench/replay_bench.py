@@ -119,12 +119,19 @@ def steps(engine: EngineCore, wl: Workload, n: int) -> Iterator[None]:
         yield
 
 
-def generate(path: Path, n: int, snapshot_interval: int = 256) -> None:
+def generate(
+    path: Path, n: int, snapshot_interval: int = 256, snapshot_work: int | None = None
+) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".partial")
     runner = SimRunner(_Scripts())
     engine = EngineCore(config(), runner)
-    recorder = Recorder(engine, TraceWriter(tmp, live=False), snapshot_interval=snapshot_interval)
+    recorder = Recorder(
+        engine,
+        TraceWriter(tmp, live=False),
+        snapshot_interval=snapshot_interval,
+        snapshot_work=snapshot_work,
+    )
     wl = Workload(engine, runner)
     t0 = time.perf_counter()
     for i, _ in enumerate(steps(engine, wl, n)):
@@ -169,12 +176,19 @@ def main() -> None:
         "--snapshot-interval",
         type=int,
         default=256,
-        help="steps between snapshots when generating: the seek-cost lever",
+        help="steps between snapshots when generating, at most",
+    )
+    ap.add_argument(
+        "--snapshot-work",
+        type=int,
+        default=None,
+        help="replay work between snapshots when generating (default: the recorder's, "
+        "for this pool; 0: by step count only): the seek-cost lever",
     )
     args = ap.parse_args()
     if not args.trace.exists():
         print(f"generating {args.steps:,} steps into {args.trace} ...", flush=True)
-        generate(args.trace, args.steps, args.snapshot_interval)
+        generate(args.trace, args.steps, args.snapshot_interval, args.snapshot_work)
     size = args.trace.stat().st_size
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
