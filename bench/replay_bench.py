@@ -3,15 +3,17 @@ stepped back, and re-simulated.
 
     .venv/bin/python bench/replay_bench.py [--steps 1000000] [--trace PATH] [--resim-steps 20000]
 
-The trace is generated once with the simulated engine (about 25 minutes here) and cached
+The trace is generated once with the simulated engine (25-40 minutes here, 5.6 GiB) and cached
 at /tmp/schedtop-bench/1m-256.trace (the TUI benchmark uses it too). Requests are made on
 the fly, so that about 256 are always running: each arrives with a 64-192 token prompt,
 decodes 200-600 tokens, and is replaced when it finishes.
 
 It reports: open time (reader + Timeline), random seek time p50/p99 (state at a random
 step, from the nearest keyframe or snapshot), step-back time (state at i-1 after state at
-i), peak memory (the process's max RSS while replaying), and re-simulation speed next to
-the simulated engine's own speed on the same steps (alternated runs, medians)."""
+i), both also as the seeking thread's CPU time (on a shared machine the wall clock
+includes other processes' share of the cores), peak memory (the process's max RSS while
+replaying), and re-simulation speed next to the simulated engine's own speed on the same
+steps (alternated runs, medians)."""
 
 from __future__ import annotations
 
@@ -206,13 +208,14 @@ def main() -> None:
         tl.state(step)
         seek_cpu.append(time.thread_time() - c)
         seeks.append(time.perf_counter() - t)
-    backs = []
+    backs, back_cpu = [], []
     for _ in range(20):
         step = rng.randrange(100, tl.num_steps)
         tl.state(step)
         for s in range(step - 1, step - 31, -1):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             tl.state(s)
+            back_cpu.append(time.thread_time() - c)
             backs.append(time.perf_counter() - t)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     reader.close()
@@ -239,6 +242,7 @@ def main() -> None:
     print(f"{'random seek p99, CPU time':<34} {ms(q(seek_cpu, n=100)[98]):>14}")
     print(f"{'step back p50':<34} {ms(statistics.median(backs)):>14}")
     print(f"{'step back p99':<34} {ms(q(backs, n=100)[98]):>14} {'< 5 ms':>12}")
+    print(f"{'step back p99, CPU time':<34} {ms(q(back_cpu, n=100)[98]):>14}")
     print(
         f"{'peak memory (max RSS)':<34} {rss / 1024:>11.0f} MB {'< 500 MB':>12}"
         f"   (before opening: {rss0 / 1024:.0f} MB)"
