@@ -212,7 +212,7 @@ class KVTaps:
         cached_reqs = out.scheduled_cached_reqs
         new_ids = cached_reqs.new_block_ids
         if not lean_order:
-            return new_ids.count(None) == len(new_ids)
+            return bool(new_ids.count(None) == len(new_ids))
         # None: no new blocks (most requests, most steps).
         owners = compress(zip(cached_reqs.req_ids, new_ids), new_ids)
         refs, add = self.refs, self.kv.add
