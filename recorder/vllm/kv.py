@@ -12,6 +12,9 @@ block has filled. That keeps Python off the per-request path of a steady decode 
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import struct
 from itertools import compress
 from typing import Any, cast
 
@@ -25,6 +28,15 @@ IDLE, FULL, LEAN, STOPPED = 0, 1, 2, 3
 _ALLOCATED, _CACHED, _EVICTED = KVEventKind.ALLOCATED, KVEventKind.CACHED, KVEventKind.EVICTED
 _PREFIX_HIT, _FREED = KVEventKind.PREFIX_HIT, KVEventKind.FREED
 _PLAIN_CACHE_ARGS = {"blocks", "num_cached_blocks", "num_full_blocks"}  # cache_full_blocks'
+_CACHE_FULL_BLOCKS_ARGS = (  # BlockPool.cache_full_blocks's parameters in vLLM 0.33
+    "request",
+    "blocks",
+    "num_cached_blocks",
+    "num_full_blocks",
+    "block_size",
+    "kv_cache_group_id",
+    "block_mask",
+)
 
 
 class KVTaps:
@@ -37,6 +49,8 @@ class KVTaps:
         self.kvm = sched.kv_cache_manager
         self.pool = self.kvm.block_pool
         self.block_size = block_size
+        # A full block's tokens as hash_block (engine.kv.hashing) packs them.
+        self.pack_block = struct.Struct(f"<{block_size}Q").pack
         self.kv = KVEventLog()
         self.mode = IDLE
         self.hashes: dict[str, list[bytes]] = {}  # request id -> schedtop hashes of its blocks
@@ -74,22 +88,48 @@ class KVTaps:
                 evicted.append(block.block_id)
             return gone
 
-        def cache_full_blocks(request: Any, *args: Any, **kw: Any) -> None:
-            # vLLM calls this only when one of the request's blocks has filled, with
-            # keywords; its blocks [num_cached_blocks, num_full_blocks) get hashes.
-            cache_full(request, *args, **kw)
+        def on_filled(request: Any, blocks: Any, start: int, end: int) -> None:
+            # vLLM calls cache_full_blocks only when a block of the request has filled:
+            # its blocks[start:end] got hashes.
             mode = self.mode
-            if mode in (FULL, STOPPED):
-                return  # FULL: the allocate_slots tap logs it after the allocation
-            filled: tuple[Any, list[Any] | None, int, int] = (
-                (request, kw["blocks"], kw["num_cached_blocks"], kw["num_full_blocks"])
-                if not args and kw.get("block_mask") is None and kw.keys() >= _PLAIN_CACHE_ARGS
-                else (request, None, 0, 0)  # not the plain case: look at the table
-            )
             if mode == LEAN:  # logged after schedule(), with the allocations' owners
-                self.lean_order.append(filled)
-            else:  # IDLE: update_from_output (async scheduling caches there)
-                self._filled(*filled)
+                lean_order.append((request, blocks, start, end))
+            elif mode == IDLE:  # update_from_output (async scheduling caches there)
+                self._filled(request, blocks, start, end)
+            # FULL: the allocate_slots tap logs it after the allocation
+
+        def cache_full_blocks(request: Any, *args: Any, **kw: Any) -> None:
+            cache_full(request, *args, **kw)
+            if not args and kw.get("block_mask") is None and kw.keys() >= _PLAIN_CACHE_ARGS:
+                on_filled(request, kw["blocks"], kw["num_cached_blocks"], kw["num_full_blocks"])
+            else:
+                on_filled(request, None, 0, 0)  # not the plain case: look at the table
+
+        def cache_full_blocks_plain(
+            request: Any,
+            blocks: Any,
+            num_cached_blocks: int,
+            num_full_blocks: int,
+            block_size: int,
+            kv_cache_group_id: int,
+            block_mask: Any = None,
+        ) -> None:
+            # vLLM 0.33's signature, spelled out: no argument packing on this path.
+            cache_full(
+                request,
+                blocks,
+                num_cached_blocks,
+                num_full_blocks,
+                block_size,
+                kv_cache_group_id,
+                block_mask,
+            )
+            if block_mask is not None:
+                on_filled(request, None, 0, 0)
+            elif self.mode == LEAN:  # on_filled, inlined: a decode step's common case
+                lean_order.append((request, blocks, num_cached_blocks, num_full_blocks))
+            else:
+                on_filled(request, blocks, num_cached_blocks, num_full_blocks)
 
         def free_request(request: Any) -> None:
             if self.mode == STOPPED:
@@ -106,7 +146,9 @@ class KVTaps:
         self.tapped_allocate = self._allocate_tap()
         pool._maybe_evict_cached_block = maybe_evict
         pool.get_new_blocks = get_new_blocks
-        pool.cache_full_blocks = cache_full_blocks
+        names = list(inspect.signature(cache_full).parameters)
+        plain = names == list(_CACHE_FULL_BLOCKS_ARGS)
+        pool.cache_full_blocks = cache_full_blocks_plain if plain else cache_full_blocks
         kvm.free = free_request
         kvm.allocate_slots = self.tapped_allocate
 
@@ -215,47 +257,60 @@ class KVTaps:
             return bool(new_ids.count(None) == len(new_ids))
         # None: no new blocks (most requests, most steps).
         owners = compress(zip(cached_reqs.req_ids, new_ids), new_ids)
-        refs, add = self.refs, self.kv.add
-        for item in lean_order:
-            if item[0] is not None:
-                self._filled(*item)
+        refs, filled, kv = self.refs, self._filled, self.kv
+        for request, blocks, start, end in lean_order:
+            if request is not None:
+                filled(request, blocks, start, end)
                 continue
+            # An allocation: `start` holds the hashes it dropped.
             owner = next(owners, None)
-            if owner is None or [b.block_id for b in item[1]] != owner[1][0]:
+            if owner is None:
                 return False
-            if item[2]:
-                self.evicted[:] = item[2]
+            ids = owner[1][0]
+            if len(ids) != len(blocks) or ids[0] != blocks[0].block_id:
+                return False
+            if start:
+                self.evicted[:] = start
                 self._log_evicted()
-            add(_ALLOCATED, refs[owner[0]], owner[1][0])
+            kv.kinds.append(_ALLOCATED)  # KVEventLog.add, inlined
+            kv.refs.append(refs[owner[0]])
+            kv.sizes.append(len(ids))
+            kv.block_ids.extend(ids)
         lean_order.clear()
         return next(owners, None) is None
 
     def _filled(self, request: Any, blocks: list[Any] | None, start: int, end: int) -> None:
         """CACHED for blocks[start:end] of the request's table, which vLLM just hashed: the
-        common case of `_on_cached` without walking the table."""
+        common case of `_on_cached` (one block of a decoding request) without walking the
+        table, with the KVEventLog's add and hash_block inlined."""
         rid = request.request_id
         cached = self.cached
-        if blocks is None or cached.get(rid, 0) != start or not 0 <= start < end <= len(blocks):
+        hashes = self.hashes.get(rid)
+        if hashes is None and start == 0:
+            hashes = self.hashes[rid] = []
+        if (
+            end != start + 1
+            or blocks is None
+            or hashes is None
+            or len(hashes) != start
+            or cached.get(rid, 0) != start
+            or end > len(blocks)
+        ):
             self._on_cached(request)
             return
-        hashes = self.hashes.get(rid)
-        if end == start + 1 and hashes is not None and len(hashes) == start:
-            # One block filled (decoding): its hash chains from the one before.
-            bs = self.block_size
-            tokens = getattr(request, "_all_token_ids", None) or request.all_token_ids
-            digest = hash_block(hashes[-1] if start else ROOT_HASH, tokens[start * bs : end * bs])
-            hashes.append(digest)
-            block_id = blocks[start].block_id
-            self.block_hash[block_id] = digest
-            self.kv.add(_CACHED, self.refs[rid], (block_id,), (digest,))
-            cached[rid] = end
-            return
-        if hashes is None or len(hashes) < end:
-            hashes = self.block_hashes(request, end)
-        ids = [b.block_id for b in blocks[start:end]]
-        new_hashes = hashes[start:end]
-        self.block_hash.update(zip(ids, new_hashes))
-        self.kv.add(_CACHED, self.refs[rid], ids, new_hashes)
+        bs = self.block_size
+        tokens = getattr(request, "_all_token_ids", None) or request.all_token_ids
+        parent = hashes[-1] if start else ROOT_HASH
+        digest = hashlib.sha256(parent + self.pack_block(*tokens[start * bs : end * bs])).digest()
+        hashes.append(digest)
+        block_id = blocks[start].block_id
+        self.block_hash[block_id] = digest
+        kv = self.kv
+        kv.kinds.append(_CACHED)
+        kv.refs.append(self.refs[rid])
+        kv.sizes.append(1)
+        kv.block_ids.append(block_id)
+        kv.cached_hashes.append(digest)
         cached[rid] = end
 
     def _on_allocate(

@@ -65,6 +65,7 @@ _UNFINISHED = {
 _PREFILL_CHUNK = attrgetter("is_prefill_chunk")
 _OUTPUT_IDS = attrgetter("_output_token_ids")
 _NEW_TOKENS = attrgetter("new_token_ids")
+_BLOCK_ID = attrgetter("block_id")
 
 
 class _Facade:
@@ -364,7 +365,7 @@ class Tap(KVTaps):
                 self.stop("vLLM's allocations in a step do not match its SchedulerOutput")
                 return
             counts = out.num_scheduled_tokens
-            total = sum(counts.values())
+            total = out.total_num_scheduled_tokens
             step.scheduled = counts  # read only from here on: no preemption in LEAN
             step.budget -= total
             step.run_used = total
@@ -372,14 +373,17 @@ class Tap(KVTaps):
             step.entries = None  # built only if the step turns out not to be steady
         else:
             step.entries = self._entries(out)
-        step.arrivals = tuple(self.arrivals)
-        step.finishes = self.finishes
+        if self.arrivals:
+            step.arrivals = tuple(self.arrivals)
+            self.arrivals = []
+        if self.finishes:
+            step.finishes = self.finishes
+            self.finishes = []
         step.running_stop = self._running_stop(step)
         step.waiting_stop = self._waiting_stop(step)
         step.free_after_schedule = self.pool.get_num_free_blocks()
         step.schedule_ns = ns(seconds)
         step.decided = True
-        self.arrivals, self.finishes = [], []
         if self.is_async and launched:
             # vLLM's EngineCore (step_with_batch_queue) fills its two-batch queue
             # before it waits for the oldest batch: then no update follows this step.
@@ -430,7 +434,7 @@ class Tap(KVTaps):
 
     def _running_stop(self, step: _Step) -> QueueStop | None:
         fcfs = self.config.policy == "fcfs"
-        if fcfs and any(p.victim == p.for_request for p in step.preemptions):
+        if fcfs and step.preemptions and any(p.victim == p.for_request for p in step.preemptions):
             return QueueStop(Reason.KV_BLOCKS, Reason.KV_BLOCKS)
         if self.config.max_num_batched_tokens - step.run_used > 0:
             return None
@@ -540,7 +544,8 @@ class Tap(KVTaps):
         else:
             record = self._general_record(step, update_ns)
         self.decoding = step.entries is None
-        self.kv = KVEventLog()
+        if self.kv:  # frozen into the record: the next step starts a new log
+            self.kv = KVEventLog()
         self.next_step += 1
         if self.recorder is not None and self.stopped is None:
             self.recorder.on_step(record)
@@ -613,7 +618,7 @@ class Tap(KVTaps):
                     r.num_prompt_tokens,
                     len(r.output_token_ids),
                     r.num_computed_tokens,
-                    tuple(b.block_id for b in self._table(rid)),
+                    tuple(map(_BLOCK_ID, self._table(rid))),
                     r.num_preemptions,
                     r.priority,
                     float(r.arrival_time),
@@ -625,17 +630,17 @@ class Tap(KVTaps):
                 )
             )
         reqs.sort(key=lambda r: r.ref)
-        free = [b.block_id for b in self.pool.free_block_queue.get_all_free_blocks()]
-        cached = sorted(self.block_hash.items())
+        free = tuple(map(_BLOCK_ID, self.pool.free_block_queue.get_all_free_blocks()))
+        cached_ids = sorted(self.block_hash)
         return Snapshot(
             step=self.next_step - 1,
             next_ref=self.next_ref,
             requests=tuple(reqs),
             running=tuple(refs[r.request_id] for r in sched.running),
             waiting=tuple(refs[r.request_id] for r in sched.waiting),
-            free_queue=tuple(free),
-            cached_block_ids=tuple(b for b, _ in cached),
-            cached_hashes=tuple(h for _, h in cached),
+            free_queue=free,
+            cached_block_ids=tuple(cached_ids),
+            cached_hashes=tuple(map(self.block_hash.__getitem__, cached_ids)),
         )
 
 
