@@ -85,6 +85,30 @@ class _Facade:
 class _Step:
     """What one step has seen so far."""
 
+    __slots__ = (
+        "index",
+        "budget",
+        "pre_running",
+        "run_used",
+        "scheduled",
+        "shortfalls",
+        "admissions",
+        "preemptions",
+        "pending",
+        "wait_fail",
+        "decided",
+        "schedule_ns",
+        "arrivals",
+        "entries",
+        "running_stop",
+        "waiting_stop",
+        "free_after_schedule",
+        "finishes",
+        "samples",
+        "steady_tokens",
+        "batch",
+    )
+
     def __init__(self, index: int, budget: int, pre_running: list[Any]) -> None:
         self.index = index
         self.budget = budget  # tokens left in the step's budget
