@@ -7,9 +7,10 @@ Runs in an interpreter that has vLLM (no model: a tiny config.json stands in, as
 replays/vllm_driver.py). For 256 and 1024 running requests in steady decoding, sync and
 async scheduler, it measures the CPU time of schedule() + update_from_output() per step
 for vLLM's own scheduler and for the recording one, stepping the two in turn (so that a
-busy machine weighs on both alike): the overhead over all steps ("best": the round with
-the least, "median": the median round), the trace writer thread's CPU apart, and the
-trace bytes per step (snapshots included). Targets (issue 12): the recorder adds at most
+busy machine weighs on both alike), with the heap frozen as vLLM freezes it once it
+has started: the overhead over all steps ("best": the round with the least, "median":
+the median round), the trace writer thread's CPU apart, and the trace bytes per step
+(snapshots included). Targets (issue 12): the recorder adds at most
 3% to vLLM's own schedule + update time, and a step of 256 running requests costs at
 most 2 KiB of trace.
 """
@@ -17,6 +18,7 @@ most 2 KiB of trace.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import random
@@ -151,6 +153,11 @@ def measure(n: int, is_async: bool, steps: int, repeats: int, tmp: Path) -> dict
     for b in (plain, rec):
         for _ in range(20):  # admit everyone (prefill), reach steady decoding
             b.step()
+    # As vLLM's engine core does once it has started (vllm.utils.gc_utils.freeze_gc_heap):
+    # a full collection of the two schedulers' heaps would otherwise land, 0.4 s at a
+    # time, on whichever step the collector happens to pick.
+    gc.collect()
+    gc.freeze()
     plain_t: list[float] = []
     rec_t: list[float] = []
     start = rec.trace_bytes()
@@ -169,6 +176,7 @@ def measure(n: int, is_async: bool, steps: int, repeats: int, tmp: Path) -> dict
     # Over every measured step: the snapshot every 256 steps is amortized, as in a trace.
     bytes_per_step = (rec.trace_bytes() - start) / (steps * repeats)
     rec.sched.shutdown()
+    gc.unfreeze()
     for b in (plain, rec):  # every request still decoding: the batch never shrank
         assert len(b.sched.running) == n and not b.sched.waiting, "the pool ran out"
     return {
