@@ -42,6 +42,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -75,10 +76,21 @@ class Result:
     total_s: float  # first arrival to last token
     ttft: list[float] = field(default_factory=list)  # per request
     tpot: list[float] = field(default_factory=list)  # per request
+    cpu_s: float = 0.0  # CPU seconds the engine's process used: what a neighbour cannot move
 
     @property
     def tok_s(self) -> float:
         return self.output_tokens / self.total_s
+
+    @property
+    def tok_cpu_s(self) -> float:
+        return self.output_tokens / self.cpu_s if self.cpu_s else 0.0
+
+
+def cpu_seconds(who: int) -> float:
+    """User + system CPU seconds of this process (RUSAGE_SELF) or its reaped children."""
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
 
 
 def make_workload(n: int, seed: int, gap_s: float, vocab: int) -> RunWorkload:
@@ -104,9 +116,12 @@ def make_workload(n: int, seed: int, gap_s: float, vocab: int) -> RunWorkload:
 
 def run_ours(w: RunWorkload, loaded: Any, options: dict[str, Any]) -> Result:
     engine = build_engine(w, overrides=options, loaded=loaded)
+    cpu0 = cpu_seconds(resource.RUSAGE_SELF)
     s = run_workload(w, engine=engine)
+    cpu = cpu_seconds(resource.RUSAGE_SELF) - cpu0
     name = f"schedtop {options['max_num_seqs']}/{options['max_num_batched_tokens']}"
-    return Result(name, options["num_threads"], s.output_tokens, s.elapsed_s, s.ttft_s, s.tpot_s)
+    n_threads = options["num_threads"]
+    return Result(name, n_threads, s.output_tokens, s.elapsed_s, s.ttft_s, s.tpot_s, cpu)
 
 
 def pick_threads(fixed: int | None) -> int:
@@ -135,6 +150,7 @@ def run_transformers(w: RunWorkload, model: Any) -> Result:
     model.generation_config.eos_token_id = None  # ignore EOS, like the other engine
     model.generation_config.pad_token_id = 2
     res = Result("transformers", torch.get_num_threads(), 0, 0.0)
+    cpu0 = cpu_seconds(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     free_at = t0
     last = t0
@@ -163,10 +179,11 @@ def run_transformers(w: RunWorkload, model: Any) -> Result:
                 res.tpot.append((clock.times[n - 1] - clock.times[0]) / (n - 1))
         free_at = last = clock.times[-1]
     res.total_s = last - (t0 + w.requests[0].arrival_time)
+    res.cpu_s = cpu_seconds(resource.RUSAGE_SELF) - cpu0
     return res
 
 
-def load_transformers() -> Any:
+def load_transformers(dtype: str) -> Any:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
@@ -174,7 +191,7 @@ def load_transformers() -> Any:
     logging.disable_progress_bar()
     path = default_model_path()
     return AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
+        path.parent, gguf_file=path.name, dtype=getattr(torch, dtype)
     ).eval()
 
 
@@ -223,14 +240,17 @@ def run_llamacpp(
             for r in w.requests
         ],
     }
+    cpu0 = cpu_seconds(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(
         [python, str(LLAMACPP_PEER)], input=json.dumps(job), capture_output=True, text=True
     )
+    cpu = cpu_seconds(resource.RUSAGE_CHILDREN) - cpu0
     if proc.returncode != 0:
         raise RuntimeError(f"llama.cpp peer failed: {proc.stderr.strip()[-2000:]}")
     res = json.loads(proc.stdout)
     name = f"llama.cpp server, {slots} slots" if server else "llama.cpp, 1 at a time"
-    return Result(name, threads, res["output_tokens"], res["total_s"], res["ttft"], res["tpot"])
+    out = res["output_tokens"]
+    return Result(name, threads, out, res["total_s"], res["ttft"], res["tpot"], cpu)
 
 
 def row(r: Result) -> str:
@@ -240,19 +260,21 @@ def row(r: Result) -> str:
 
     return (
         f"| {r.engine} | {r.threads} | {r.tok_s:.1f} | {r.total_s:.1f} | {ms(r.ttft, 50)} | "
-        f"{ms(r.ttft, 99)} | {ms(r.tpot, 50)} | {ms(r.tpot, 99)} |"
+        f"{ms(r.ttft, 99)} | {ms(r.tpot, 50)} | {ms(r.tpot, 99)} | {r.cpu_s:.1f} | "
+        f"{r.tok_cpu_s:.1f} |"
     )
 
 
 def ratios(name: str, pairs: list[tuple[Result, Result]]) -> None:
     tput = [o.tok_s / t.tok_s for o, t in pairs]
+    cpu = [o.tok_cpu_s / t.tok_cpu_s if t.tok_cpu_s else 0.0 for o, t in pairs]
     tpot = [(percentile(t.tpot, 99) or 0) / (percentile(o.tpot, 99) or 1) for o, t in pairs]
     ttft = [(percentile(t.ttft, 50) or 0) / (percentile(o.ttft, 50) or 1) for o, t in pairs]
 
     def fmt(xs: list[float]) -> str:
         return f"{statistics.median(xs):.2f}x ({', '.join(f'{x:.2f}' for x in xs)})"
 
-    print(f"| {name} | {fmt(tput)} | {fmt(tpot)} | {fmt(ttft)} |")
+    print(f"| {name} | {fmt(tput)} | {fmt(cpu)} | {fmt(tpot)} | {fmt(ttft)} |")
 
 
 def main() -> None:
@@ -272,6 +294,13 @@ def main() -> None:
     )
     ap.add_argument("--kv-cache-memory", default="2GiB", help="our KV pool")
     ap.add_argument("--attention-backend", default="auto", help="ours: auto, cpu or torch")
+    ap.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="weights and activations of ours and transformers alike (llama.cpp runs the "
+        "GGUF's own Q4_1)",
+    )
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--skip-llamacpp", action="store_true")
     ap.add_argument("--llamacpp-python", help="an interpreter with llama-cpp-python")
@@ -284,7 +313,7 @@ def main() -> None:
     hf = None
     if not args.skip_transformers:
         try:
-            hf = load_transformers()
+            hf = load_transformers(args.dtype)
         except ImportError as e:
             print(f"transformers: skipped ({e})")
     llama_py = server = None
@@ -307,6 +336,7 @@ def main() -> None:
                 "kv_cache_memory": args.kv_cache_memory,
                 "num_threads": threads,
                 "attention_backend": args.attention_backend,
+                "dtype": args.dtype,
             }
             ours.append(run_ours(w, loaded, options))
             print(row(ours[-1]), flush=True)
@@ -325,19 +355,22 @@ def main() -> None:
     print(
         f"\n{n} requests, prompts 32-512, outputs 16-256 (EOS ignored), mean arrival gap "
         f"{args.gap} s; ours as max_num_seqs/max_num_batched_tokens, KV "
-        f"{args.kv_cache_memory}\n"
+        f"{args.kv_cache_memory}; {args.dtype} (ours and transformers)\n"
     )
     print(
         "| engine | threads | output tok/s | total s | TTFT p50 ms | TTFT p99 ms | "
-        "TPOT p50 ms | TPOT p99 ms |"
+        "TPOT p50 ms | TPOT p99 ms | CPU s | tok/CPU-s |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for ours, peers in rounds:
         for r in ours + peers:
             print(row(r))
     print("\nratios, median over rounds (each round's in brackets):\n")
-    print("| ours vs peer | throughput ours/theirs | TPOT p99 theirs/ours | TTFT p50 theirs/ours |")
-    print("| --- | ---: | ---: | ---: |")
+    print(
+        "| ours vs peer | throughput ours/theirs | per CPU-s ours/theirs | "
+        "TPOT p99 theirs/ours | TTFT p50 theirs/ours |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: |")
     for i, (seqs, budget) in enumerate(configs):
         for p, peer in enumerate(rounds[0][1]):
             pairs = [(o[i], peers[p]) for o, peers in rounds]

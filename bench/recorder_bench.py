@@ -174,6 +174,7 @@ def sizes(w: SimWorkload, steps: int, redact: bool, trace: Path) -> dict[str, fl
         step=statistics.mean(step_bytes),
         snap=sum(snap_bytes) / steps,
         snap_each=statistics.mean(snap_bytes) if snap_bytes else 0.0,
+        snap_every=steps / max(1, len(snap_bytes)),
         naive=statistics.mean(naive),
     )
 
@@ -302,7 +303,7 @@ def _print(
         "bytes per steady decode step          token ids    redacted",
         f"  step records                      {full['step']:9,.0f}   {red['step']:9,.0f}",
         f"  snapshots, amortized              {full['snap']:9,.0f}   {red['snap']:9,.0f}"
-        f"   (one every 256 steps: {full['snap_each'] / 1024:,.0f} KiB)",
+        f"   (one every {full['snap_every']:.0f} steps: {full['snap_each'] / 1024:,.0f} KiB)",
         f"  total                             {total:9,.0f}   {red['step'] + red['snap']:9,.0f}",
         f"  naive: a map per step, all state  {full['naive']:9,.0f}",
         f"  naive / step records              {full['naive'] / full['step']:8.0f}x"

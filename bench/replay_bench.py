@@ -3,15 +3,17 @@ stepped back, and re-simulated.
 
     .venv/bin/python bench/replay_bench.py [--steps 1000000] [--trace PATH] [--resim-steps 20000]
 
-The trace is generated once with the simulated engine (about 25 minutes here) and cached
+The trace is generated once with the simulated engine (25-40 minutes here, 5.6 GiB) and cached
 at /tmp/schedtop-bench/1m-256.trace (the TUI benchmark uses it too). Requests are made on
 the fly, so that about 256 are always running: each arrives with a 64-192 token prompt,
 decodes 200-600 tokens, and is replaced when it finishes.
 
 It reports: open time (reader + Timeline), random seek time p50/p99 (state at a random
 step, from the nearest keyframe or snapshot), step-back time (state at i-1 after state at
-i), peak memory (the process's max RSS while replaying), and re-simulation speed next to
-the simulated engine's own speed on the same steps (alternated runs, medians)."""
+i), both also as the seeking thread's CPU time (on a shared machine the wall clock
+includes other processes' share of the cores), peak memory (the process's max RSS while
+replaying), and re-simulation speed next to the simulated engine's own speed on the same
+steps (alternated runs, medians)."""
 
 from __future__ import annotations
 
@@ -119,12 +121,19 @@ def steps(engine: EngineCore, wl: Workload, n: int) -> Iterator[None]:
         yield
 
 
-def generate(path: Path, n: int, snapshot_interval: int = 256) -> None:
+def generate(
+    path: Path, n: int, snapshot_interval: int = 256, snapshot_work: int | None = None
+) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".partial")
     runner = SimRunner(_Scripts())
     engine = EngineCore(config(), runner)
-    recorder = Recorder(engine, TraceWriter(tmp, live=False), snapshot_interval=snapshot_interval)
+    recorder = Recorder(
+        engine,
+        TraceWriter(tmp, live=False),
+        snapshot_interval=snapshot_interval,
+        snapshot_work=snapshot_work,
+    )
     wl = Workload(engine, runner)
     t0 = time.perf_counter()
     for i, _ in enumerate(steps(engine, wl, n)):
@@ -169,12 +178,19 @@ def main() -> None:
         "--snapshot-interval",
         type=int,
         default=256,
-        help="steps between snapshots when generating: the seek-cost lever",
+        help="steps between snapshots when generating, at most",
+    )
+    ap.add_argument(
+        "--snapshot-work",
+        type=int,
+        default=None,
+        help="replay work between snapshots when generating (default: the recorder's, "
+        "for this pool; 0: by step count only): the seek-cost lever",
     )
     args = ap.parse_args()
     if not args.trace.exists():
         print(f"generating {args.steps:,} steps into {args.trace} ...", flush=True)
-        generate(args.trace, args.steps, args.snapshot_interval)
+        generate(args.trace, args.steps, args.snapshot_interval, args.snapshot_work)
     size = args.trace.stat().st_size
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
@@ -182,21 +198,24 @@ def main() -> None:
     reader = TraceReader(args.trace)
     tl = Timeline(reader)
     open_s = time.perf_counter() - t0
+    snaps = reader.index().snapshot_steps
 
     rng = random.Random(7)
-    seeks = []
+    seeks, seek_cpu = [], []
     for _ in range(args.seeks):
         step = rng.randrange(tl.num_steps)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         tl.state(step)
+        seek_cpu.append(time.thread_time() - c)
         seeks.append(time.perf_counter() - t)
-    backs = []
+    backs, back_cpu = [], []
     for _ in range(20):
         step = rng.randrange(100, tl.num_steps)
         tl.state(step)
         for s in range(step - 1, step - 31, -1):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             tl.state(s)
+            back_cpu.append(time.thread_time() - c)
             backs.append(time.perf_counter() - t)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     reader.close()
@@ -209,14 +228,21 @@ def main() -> None:
 
     q = statistics.quantiles
     print(
-        f"trace: {args.trace} ({tl.num_steps:,} steps, {RUNNING} running, {size / 2**30:.2f} GiB)"
+        f"trace: {args.trace} ({tl.num_steps:,} steps, {RUNNING} running, {size / 2**30:.2f} GiB, "
+        f"{size / tl.num_steps / 1024:.1f} KiB/step; {len(snaps):,} snapshots, one every "
+        f"{tl.num_steps / max(1, len(snaps)):.0f} steps; snapshot_work {tl.header.snapshot_work})"
     )
     print(f"{'measure':<34} {'result':>14} {'target':>12}")
     print(f"{'open (reader + timeline)':<34} {ms(open_s):>14} {'< 1 s':>12}")
     print(f"{'random seek p50':<34} {ms(statistics.median(seeks)):>14}")
     print(f"{'random seek p99':<34} {ms(q(seeks, n=100)[98]):>14} {'< 50 ms':>12}")
+    # CPU time of the seeking thread: what the seek costs without the other processes'
+    # share of the cores (the wall-clock figures above include it).
+    print(f"{'random seek p50, CPU time':<34} {ms(statistics.median(seek_cpu)):>14}")
+    print(f"{'random seek p99, CPU time':<34} {ms(q(seek_cpu, n=100)[98]):>14}")
     print(f"{'step back p50':<34} {ms(statistics.median(backs)):>14}")
     print(f"{'step back p99':<34} {ms(q(backs, n=100)[98]):>14} {'< 5 ms':>12}")
+    print(f"{'step back p99, CPU time':<34} {ms(q(back_cpu, n=100)[98]):>14}")
     print(
         f"{'peak memory (max RSS)':<34} {rss / 1024:>11.0f} MB {'< 500 MB':>12}"
         f"   (before opening: {rss0 / 1024:.0f} MB)"

@@ -3,16 +3,21 @@ process: a repetitive workload (copy or edit a given passage: the answer repeats
 prompt, so prompt lookup drafts well) and a non-repetitive one (open questions).
 
 Each workload runs with drafts off and on, alternating off/on/off/on with --repeats, all
-requests arriving at once, greedy with EOS ignored so that both runs emit the same number
-of tokens. The table gives output tokens/s, TPOT p50/p99, the acceptance rate and the mean
-acceptance length (tokens per verification, bonus included), and the on/off ratios.
+requests arriving at once, greedy. A request ends at EOS (its answer) or at --max-tokens;
+greedy outputs are the same with drafts on and off, and the bench checks that they are.
+--ignore-eos runs every request to --max-tokens instead: past the end of its answer the
+small model rambles on in text that no longer repeats the prompt. The table gives output
+tokens/s, TPOT p50/p99, the acceptance rate and the mean acceptance length (tokens per
+verification, bonus included), and the on/off ratios.
 
 On a machine shared with other work, wall time says more about the neighbours than about
 the engine, so the runner uses one thread (--threads) and the table also gives tokens per
-CPU-second of this process (`cpu tok/s`), which a busy neighbour does not change.
+CPU-second of this process: `cpu tok/s` over the whole run (the prompts' prefill
+included), and `dec tok/s` over the decode steps only (steps with no prefill in them,
+tokens sampled in them), the decode speed a busy neighbour does not change.
 
     .venv/bin/python bench/spec_bench.py [--repeats 2] [--max-tokens 128] [--requests 4]
-        [--speculative-config JSON] [--threads N]
+        [--speculative-config JSON] [--threads N] [--ignore-eos] [--no-adaptive-drafts]
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine.model.api import RunWorkload, build_engine, percentile, run_workload  # noqa: E402
 from engine.model.loader import load_model  # noqa: E402
 from engine.model.workload import WorkloadRequest  # noqa: E402
-from engine.records import Step  # noqa: E402
+from engine.records import Kind, Step  # noqa: E402
 
 DEFAULT_SPEC = (
     '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
@@ -73,19 +79,34 @@ class Result:
     spec: bool  # drafts on
     tok_s: float  # output tokens per second, first arrival to last finish
     cpu_tok_s: float = 0.0  # output tokens per CPU-second of this process
+    dec_tok_s: float = 0.0  # tokens sampled in decode-only steps per CPU-second of them
     tpot: list[float] = field(default_factory=list)  # per request
+    outputs: dict[str, list[int]] = field(default_factory=dict)  # token ids per request
     drafts: int = 0  # drafts verified
     accepted: int = 0  # drafts accepted
     verifications: int = 0  # verifying entries
 
 
 class _Acceptance:
-    """A sink counting verified and accepted drafts."""
+    """A sink counting verified and accepted drafts, and the CPU time and tokens of the
+    steps that hold no prefill."""
 
     def __init__(self, result: Result) -> None:
         self.result = result
+        self.cpu = time.process_time()
+        self.decode_cpu = 0.0
+        self.decode_tokens = 0
 
     def on_step(self, report: Step) -> None:
+        now = time.process_time()
+        if report.num_decodes or report.scheduled:
+            prefill = any(e.kind in (Kind.PREFILL, Kind.CHUNK) for e in report.scheduled)
+            if not prefill:
+                self.decode_cpu += now - self.cpu
+                counts = report.sample_counts
+                n = report.num_decodes + len(report.scheduled)
+                self.decode_tokens += sum(counts) if counts is not None else n
+        self.cpu = now
         if report.spec_accepted:
             drafts = {e.ref: e.num_spec_tokens for e in report.scheduled}
             for a in report.spec_accepted:
@@ -97,12 +118,15 @@ class _Acceptance:
         pass
 
 
-def workload(kind: str, n: int, max_tokens: int, spec: str | None, threads: int) -> RunWorkload:
+def workload(
+    kind: str, n: int, max_tokens: int, spec: str | None, threads: int, args: Any = None
+) -> RunWorkload:
     if kind == "repetitive":
         prompts = [EDITS[i % len(EDITS)].format(p=PASSAGES[i % len(PASSAGES)]) for i in range(n)]
     else:
         prompts = [QUESTIONS[i % len(QUESTIONS)] for i in range(n)]
-    sampling = {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+    ignore_eos = bool(args is not None and args.ignore_eos)
+    sampling = {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": ignore_eos}
     reqs = [
         WorkloadRequest(
             f"{kind[:3]}{i}", messages=[{"role": "user", "content": p}], sampling=sampling
@@ -113,6 +137,7 @@ def workload(kind: str, n: int, max_tokens: int, spec: str | None, threads: int)
     options["num_threads"] = threads
     if spec is not None:
         options["speculative_config"] = spec
+        options["adaptive_drafts"] = not (args is not None and args.no_adaptive_drafts)
     return RunWorkload(kind, options, reqs, source=kind)
 
 
@@ -123,12 +148,20 @@ def run_once(loaded: Any, kind: str, args: argparse.Namespace, spec: bool) -> Re
         args.max_tokens,
         args.speculative_config if spec else None,
         args.threads,
+        args,
     )
     result = Result(kind, spec, 0.0)
-    engine = build_engine(w, loaded=loaded, sink=_Acceptance(result))
-    cpu0 = time.process_time()
-    summary = run_workload(w, engine=engine)
-    result.cpu_tok_s = summary.output_tokens / max(time.process_time() - cpu0, 1e-9)
+    sink = _Acceptance(result)
+    engine = build_engine(w, loaded=loaded, sink=sink)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "outputs.jsonl"
+        cpu0 = sink.cpu = time.process_time()
+        summary = run_workload(w, engine=engine, outputs_path=path)
+        result.cpu_tok_s = summary.output_tokens / max(time.process_time() - cpu0, 1e-9)
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            result.outputs[record["id"]] = record["output_token_ids"]
+    result.dec_tok_s = sink.decode_tokens / max(sink.decode_cpu, 1e-9)
     result.tok_s = summary.output_tok_per_s
     result.tpot = summary.tpot_s
     return result
@@ -141,6 +174,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--speculative-config", default=DEFAULT_SPEC)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--ignore-eos", action="store_true", help="run every request to --max-tokens")
+    ap.add_argument(
+        "--no-adaptive-drafts", action="store_true", help="verify every draft (as vLLM does)"
+    )
     args = ap.parse_args()
     json.loads(args.speculative_config)  # a bad option fails before the model loads
     loaded = load_model()
@@ -152,49 +189,66 @@ def main() -> None:
                 r = results[-1]
                 print(
                     f"  {kind:15} spec={'on ' if spec else 'off'} {r.tok_s:7.1f} tok/s "
-                    f"{r.cpu_tok_s:7.1f} cpu tok/s",
+                    f"{r.cpu_tok_s:7.1f} cpu tok/s {r.dec_tok_s:7.1f} dec tok/s",
                     flush=True,
                 )
     print()
     print(f"speculative config: {args.speculative_config}")
     print(
-        f"{args.requests} requests x {args.max_tokens} tokens, greedy, "
-        f"{args.threads} thread(s), {args.repeats} runs each (median)"
+        f"{args.requests} requests, up to {args.max_tokens} tokens"
+        f"{' (EOS ignored)' if args.ignore_eos else ''}, greedy, {args.threads} thread(s), "
+        f"{args.repeats} runs each (median), adaptive drafts "
+        f"{'off' if args.no_adaptive_drafts else 'on'}"
     )
+    print_table(results)
+
+
+def print_table(results: list[Result]) -> None:
     header = (
-        f"{'workload':15} {'spec':4} {'tok/s':>8} {'cpu tok/s':>9} {'TPOT p50':>9} "
-        f"{'TPOT p99':>9} {'accept':>7} {'mean len':>8} {'tok/s ratio':>11} "
-        f"{'cpu ratio':>9} {'TPOT p50 ratio':>14}"
+        f"{'workload':15} {'spec':4} {'tok/s':>7} {'cpu tok/s':>9} {'dec tok/s':>9} "
+        f"{'TPOT p50':>9} {'TPOT p99':>9} {'accept':>6} {'mean len':>8} {'tok/s ratio':>11} "
+        f"{'cpu ratio':>9} {'dec ratio':>9} {'TPOT p50 ratio':>14}"
     )
     print(header)
     print("-" * len(header))
+    same = []
     for kind in ("repetitive", "non-repetitive"):
-        rows = {}
+        rows = {spec: _row(results, kind, spec) for spec in (False, True)}
         for spec in (False, True):
-            runs = [r for r in results if r.workload == kind and r.spec == spec]
-            tpot = [t for r in runs for t in r.tpot]
-            drafts = sum(r.drafts for r in runs)
-            v = sum(r.verifications for r in runs)
-            rows[spec] = (
-                statistics.median(r.tok_s for r in runs),
-                statistics.median(r.cpu_tok_s for r in runs),
-                percentile(tpot, 50) or 0.0,
-                percentile(tpot, 99) or 0.0,
-                sum(r.accepted for r in runs) / drafts if drafts else None,
-                1 + sum(r.accepted for r in runs) / v if v else None,
+            tok_s, cpu, dec, p50, p99, acc, mean_len = rows[spec]
+            off = rows[False]
+            ratios = (
+                (f"{tok_s / off[0]:.2f}x", f"{cpu / off[1]:.2f}x", f"{dec / off[2]:.2f}x")
+                if spec
+                else ("", "", "")
             )
-        for spec in (False, True):
-            tok_s, cpu, p50, p99, acc, mean_len = rows[spec]
-            ratio = f"{tok_s / rows[False][0]:.2f}x" if spec else ""
-            cpu_ratio = f"{cpu / rows[False][1]:.2f}x" if spec else ""
-            tpot_ratio = f"{p50 / rows[False][2]:.2f}x" if spec else ""
+            tpot_ratio = f"{p50 / off[3]:.2f}x" if spec and off[3] else ""
             print(
-                f"{kind:15} {'on' if spec else 'off':4} {tok_s:8.1f} {cpu:9.1f} "
+                f"{kind:15} {'on' if spec else 'off':4} {tok_s:7.1f} {cpu:9.1f} {dec:9.1f} "
                 f"{p50 * 1e3:7.1f}ms {p99 * 1e3:7.1f}ms "
-                f"{'' if acc is None else f'{acc:.0%}':>7} "
-                f"{'' if mean_len is None else f'{mean_len:.2f}':>8} {ratio:>11} "
-                f"{cpu_ratio:>9} {tpot_ratio:>14}"
+                f"{'' if acc is None else f'{acc:.0%}':>6} "
+                f"{'' if mean_len is None else f'{mean_len:.2f}':>8} {ratios[0]:>11} "
+                f"{ratios[1]:>9} {ratios[2]:>9} {tpot_ratio:>14}"
             )
+        outputs = [r.outputs for r in results if r.workload == kind]
+        same.append(f"{kind}: {'yes' if all(o == outputs[0] for o in outputs) else 'NO'}")
+    print("greedy outputs identical with drafts on and off: " + ", ".join(same))
+
+
+def _row(results: list[Result], kind: str, spec: bool) -> tuple[Any, ...]:
+    runs = [r for r in results if r.workload == kind and r.spec == spec]
+    tpot = [t for r in runs for t in r.tpot]
+    drafts = sum(r.drafts for r in runs)
+    v = sum(r.verifications for r in runs)
+    return (
+        statistics.median(r.tok_s for r in runs),
+        statistics.median(r.cpu_tok_s for r in runs),
+        statistics.median(r.dec_tok_s for r in runs),
+        percentile(tpot, 50) or 0.0,
+        percentile(tpot, 99) or 0.0,
+        sum(r.accepted for r in runs) / drafts if drafts else None,
+        1 + sum(r.accepted for r in runs) / v if v else None,
+    )
 
 
 if __name__ == "__main__":

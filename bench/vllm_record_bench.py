@@ -1,19 +1,24 @@
 """What recording costs inside vLLM: RecordingScheduler against vLLM's plain scheduler.
 
     PYTHONPATH=. .venv-vllm/bin/python bench/vllm_record_bench.py [--steps 200] [--repeats 5]
+        [--running 256 1024]
 
 Runs in an interpreter that has vLLM (no model: a tiny config.json stands in, as in
 replays/vllm_driver.py). For 256 and 1024 running requests in steady decoding, sync and
-async scheduler, it times schedule() + update_from_output() per step for vLLM's own
-scheduler and for the recording one, in the same run and interleaved (best of
-`--repeats` rounds each), and measures the trace bytes each step adds. Targets (issue
-12): the recorder adds at most 3% to vLLM's own schedule + update time, and a step of
-256 running requests costs at most 2 KiB of trace.
+async scheduler, it measures the CPU time of schedule() + update_from_output() per step
+for vLLM's own scheduler and for the recording one, stepping the two in turn (so that a
+busy machine weighs on both alike), with the heap frozen as vLLM freezes it once it
+has started: the overhead over all steps ("best": the round with the least, "median":
+the median round), the trace writer thread's CPU apart, and the trace bytes per step
+(snapshots included). Targets (issue 12): the recorder adds at most
+3% to vLLM's own schedule + update time, and a step of 256 running requests costs at
+most 2 KiB of trace.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import random
@@ -22,6 +27,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -106,22 +112,32 @@ class Bench:
         )
 
     def step(self) -> float:
-        """One engine-core step; the seconds spent in schedule() and update."""
-        t0 = time.perf_counter()
+        """One engine-core step; the CPU seconds this thread spent in schedule() and
+        update (CPU time, not wall time: the machine may be shared)."""
+        clock = time.thread_time
+        t0 = clock()
         out = self.sched.schedule()
-        t1 = time.perf_counter()
+        t1 = clock()
         mro = self._output(out)
         if not self.is_async:
-            t2 = time.perf_counter()
+            t2 = clock()
             self.sched.update_from_output(out, mro)
-            return (t1 - t0) + (time.perf_counter() - t2)
+            return (t1 - t0) + (clock() - t2)
         self.queue.append((out, mro))
         if len(self.queue) < 2:
             return t1 - t0
         old, old_mro = self.queue.pop(0)
-        t2 = time.perf_counter()
+        t2 = clock()
         self.sched.update_from_output(old, old_mro)
-        return (t1 - t0) + (time.perf_counter() - t2)
+        return (t1 - t0) + (clock() - t2)
+
+    def writer_cpu(self) -> float:
+        """CPU seconds the trace writer's thread has used (0 without one)."""
+        tap = getattr(self.sched, "_schedtop", None)
+        thread = getattr(getattr(tap, "writer", None), "_thread", None)
+        if thread is None or thread.ident is None:
+            return 0.0
+        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
     def trace_bytes(self) -> int:
         tap = getattr(self.sched, "_schedtop", None)
@@ -137,22 +153,41 @@ def measure(n: int, is_async: bool, steps: int, repeats: int, tmp: Path) -> dict
     for b in (plain, rec):
         for _ in range(20):  # admit everyone (prefill), reach steady decoding
             b.step()
-    best_plain = best_rec = float("inf")
+    # As vLLM's engine core does once it has started (vllm.utils.gc_utils.freeze_gc_heap):
+    # a full collection of the two schedulers' heaps would otherwise land, 0.4 s at a
+    # time, on whichever step the collector happens to pick.
+    gc.collect()
+    gc.freeze()
+    plain_t: list[float] = []
+    rec_t: list[float] = []
     start = rec.trace_bytes()
+    writer0 = rec.writer_cpu()
     for _ in range(repeats):
-        t = sum(plain.step() for _ in range(steps)) / steps
-        best_plain = min(best_plain, t)
-        t = sum(rec.step() for _ in range(steps)) / steps
-        best_rec = min(best_rec, t)
+        # Step by step in turn, so that both see the same machine (it may be shared).
+        tp = tr = 0.0
+        for _ in range(steps):
+            tp += plain.step()
+            tr += rec.step()
+        plain_t.append(tp / steps)
+        rec_t.append(tr / steps)
+    writer_s = (rec.writer_cpu() - writer0) / (steps * repeats)
+    plain_us, rec_us = sum(plain_t) / repeats, sum(rec_t) / repeats
+    ratios = [r / p for r, p in zip(rec_t, plain_t)]
     # Over every measured step: the snapshot every 256 steps is amortized, as in a trace.
     bytes_per_step = (rec.trace_bytes() - start) / (steps * repeats)
     rec.sched.shutdown()
+    gc.unfreeze()
     for b in (plain, rec):  # every request still decoding: the batch never shrank
         assert len(b.sched.running) == n and not b.sched.waiting, "the pool ran out"
     return {
-        "plain_us": best_plain * 1e6,
-        "rec_us": best_rec * 1e6,
-        "overhead": best_rec / best_plain - 1,
+        "plain_us": plain_us * 1e6,
+        "rec_us": rec_us * 1e6,
+        "overhead": rec_us / plain_us - 1,
+        "best": min(ratios) - 1,
+        "median": median(ratios) - 1,
+        # The trace writer's thread (it writes the file), as a share of vLLM's own
+        # schedule + update time: the engine's process pays it too.
+        "writer": writer_s / plain_us,
         "bytes": bytes_per_step,
     }
 
@@ -161,23 +196,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--running", type=int, nargs="+", default=[256, 1024])
     args = ap.parse_args()
     import vllm
 
-    print(f"vLLM {vllm.__version__}; {args.steps} decode steps per round, best of {args.repeats}")
+    print(
+        f"vLLM {vllm.__version__}; {args.steps} decode steps per round, {args.repeats} rounds "
+        "step by step in turn; CPU time of schedule() + update_from_output() per step"
+    )
     print(
         f"{'running':>8} {'scheduler':>15} {'vLLM us/step':>13} {'recording':>10} "
-        f"{'ratio':>7} {'overhead':>9} {'bytes/step':>11}"
+        f"{'overhead':>9} {'best':>7} {'median':>7} {'writer':>7} {'bytes/step':>11}"
     )
     with tempfile.TemporaryDirectory() as tmp:
-        for n in (256, 1024):
+        for n in args.running:
             for is_async in (False, True):
                 r = measure(n, is_async, args.steps, args.repeats, Path(tmp))
                 name = "AsyncScheduler" if is_async else "Scheduler"
                 print(
                     f"{n:>8} {name:>15} {r['plain_us']:>13.0f} {r['rec_us']:>10.0f} "
-                    f"{r['rec_us'] / r['plain_us']:>7.3f} {r['overhead']:>+8.1%} "
-                    f"{r['bytes']:>11.0f}"
+                    f"{r['overhead']:>+9.1%} {r['best']:>+7.1%} {r['median']:>+7.1%} "
+                    f"{r['writer']:>+7.1%} {r['bytes']:>11.0f}",
+                    flush=True,
                 )
 
 

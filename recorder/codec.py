@@ -198,6 +198,7 @@ HEADER = Body(
         (8, "redacted", BOOL),
         (9, "first_step", UINT),
         (10, "snapshot_interval", UINT),
+        (11, "snapshot_work", UINT),
     ],
 )
 STEP = Body(

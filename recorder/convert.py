@@ -49,6 +49,8 @@ class StepCompactor:
 
     def compact(self, rep: Step, time_ns: int = 0) -> Step:
         """The step as a trace records it."""
+        if rep.num_decodes:
+            return self._compacted(rep, time_ns)
         steady = self._steady(rep, time_ns)
         if steady is not None:
             return steady
@@ -104,6 +106,39 @@ class StepCompactor:
             update_ns=rep.update_ns,
             token_budget=rep.token_budget,
             num_decodes=n,
+            sampled_tokens=None if self.redact else rep.sampled_tokens,
+            kv_events=rep.kv_events,
+            free_blocks_after_schedule=rep.free_blocks_after_schedule,
+            free_blocks=rep.free_blocks,
+        )
+
+    def _compacted(self, rep: Step, time_ns: int) -> Step:
+        """A steady decode step its reporter made compact itself (recorder.vllm reads it
+        off vLLM's batch with no per-request record): its leading decodes must be the
+        whole running queue, and nothing else may have moved."""
+        if (
+            rep.num_decodes != len(self.running)
+            or rep.scheduled
+            or rep.arrivals
+            or rep.finishes
+            or rep.admissions
+            or rep.preemptions
+            or rep.shortfalls
+            or rep.running is not None
+            or rep.waiting is not None
+        ):
+            raise ValueError(
+                f"step {rep.step}: a step reported with num_decodes={rep.num_decodes} must be "
+                f"a steady decode of all {len(self.running)} running requests"
+            )
+        return Step(
+            step=rep.step,
+            time_ns=time_ns,
+            schedule_ns=rep.schedule_ns,
+            update_ns=rep.update_ns,
+            token_budget=rep.token_budget,
+            num_decodes=rep.num_decodes,
+            sample_counts=rep.sample_counts,
             sampled_tokens=None if self.redact else rep.sampled_tokens,
             kv_events=rep.kv_events,
             free_blocks_after_schedule=rep.free_blocks_after_schedule,

@@ -33,6 +33,33 @@ from recorder.writer import TraceSink, TraceWriter
 log = logging.getLogger("schedtop.recorder")
 
 DEFAULT_SNAPSHOT_INTERVAL = 256
+# The default replay-work budget between snapshots: per pool block, and at least this much
+# (below it a seek costs a few ms whatever the spacing; see default_snapshot_work).
+SNAPSHOT_WORK_PER_BLOCK = 3
+MIN_SNAPSHOT_WORK = 16384
+
+
+def default_snapshot_work(num_blocks: int) -> int:
+    """The replay work after which a snapshot is due. Loading a snapshot costs about as
+    much as replaying 1.5 units per pool block (measured: docs/benchmarks.md, Replays), so
+    at 3 per block a seek costs at most about three snapshot loads however heavy the
+    steps, and snapshot bytes stay near the steps' own (a snapshot is mostly its cached
+    blocks' hashes, and a heavy step moves blocks)."""
+    return max(MIN_SNAPSHOT_WORK, SNAPSHOT_WORK_PER_BLOCK * num_blocks)
+
+
+def replay_work(step: Step) -> int:
+    """What a reader does to apply `step`, in units of about one scheduled request or one
+    block moved (docs/trace-format.md, section 1)."""
+    return (
+        1
+        + step.num_decodes
+        + len(step.scheduled)
+        + len(step.kv_events.block_ids)
+        + len(step.arrivals)
+        + len(step.finishes)
+        + len(step.preemptions)
+    )
 
 
 class Recorder:
@@ -41,6 +68,10 @@ class Recorder:
     Attach it to a fresh engine, or between two steps of a running one (it then starts
     with a snapshot). A recording that fails (disk full, or a bug here) stops with one
     warning and never stops the engine, unless `strict` (tests) makes it raise.
+
+    A snapshot follows a step when `snapshot_interval` steps, or `snapshot_work` units of
+    replay work (None: default_snapshot_work for the pool; 0: steps only), have passed
+    since the last snapshot or the start.
 
     `install=False` leaves `engine.sink` alone (an owner passes reports on itself);
     `continue_from` makes this the next segment of another recording (its clock and start
@@ -53,6 +84,7 @@ class Recorder:
         *,
         redact_prompts: bool = False,
         snapshot_interval: int = DEFAULT_SNAPSHOT_INTERVAL,
+        snapshot_work: int | None = None,
         model: str | None = None,
         engine_name: str | None = None,
         strict: bool = False,
@@ -64,6 +96,10 @@ class Recorder:
     ) -> None:
         if snapshot_interval < 1:
             raise ValueError(f"snapshot_interval={snapshot_interval}: must be >= 1")
+        if snapshot_work is None:
+            snapshot_work = default_snapshot_work(engine.config.num_blocks)
+        if snapshot_work < 0:
+            raise ValueError(f"snapshot_work={snapshot_work}: must be >= 0")
         mid_run = engine.step_index > 0
         if mid_run and engine.scheduler.has_unreported:
             raise ValueError(
@@ -73,6 +109,9 @@ class Recorder:
         self.engine = engine
         self.sink = sink
         self.snapshot_interval = snapshot_interval
+        self.snapshot_work = snapshot_work
+        self._work = 0  # replay work since the last snapshot
+        self._steps = 0  # steps since the last snapshot
         self.strict = strict
         self.on_step_record = on_step_record  # sees every Step record before it is written
         self.error: str | None = None  # why recording stopped, once it has
@@ -181,8 +220,12 @@ class Recorder:
             self.error = self.sink.error
             return
         time_ns = self._clock() - self._t0
-        snapshot_due = (report.step + 1) % self.snapshot_interval == 0
         step = self._compactor.compact(report, time_ns)
+        self._work += replay_work(step)
+        self._steps += 1
+        snapshot_due = self._steps >= self.snapshot_interval or (
+            0 < self.snapshot_work <= self._work
+        )
         if self.on_step_record is not None:
             self.on_step_record(step)
         offset = self._append(step, boundary=not snapshot_due)
@@ -197,6 +240,7 @@ class Recorder:
             self._write_snapshot(self.engine.snapshot())
 
     def _write_snapshot(self, snap: Snapshot) -> None:
+        self._work = self._steps = 0
         self._snapshots.append((snap.step, self._append(snap, boundary=True)))
 
     def _append(self, record: Record, boundary: bool = False) -> int:
@@ -222,6 +266,7 @@ class Recorder:
             redacted=redacted,
             first_step=engine.step_index,
             snapshot_interval=self.snapshot_interval,
+            snapshot_work=self.snapshot_work,
         )
 
     def _footer(self) -> Footer:

@@ -97,9 +97,10 @@ __all__ = [
 ]
 
 FORMAT_MAJOR = 1  # a reader refuses traces with a newer major version
-FORMAT_MINOR = 1  # minor versions only add fields and record types, which readers skip
+FORMAT_MINOR = 2  # minor versions only add fields and record types, which readers skip
 # 1.1: SpecProposed entries and Timing.propose_ns (speculative decoding); CLIENT records
 #      (schedtop serve)
+# 1.2: Header.snapshot_work (snapshots placed by replay work as well as by step count)
 
 Scalar = str | int | float | bool | None
 
@@ -132,12 +133,15 @@ class Header:
     host: str  # the machine's name
     redacted: bool  # token ids replaced by lengths and block hashes
     first_step: int = 0  # the step of the first step record (> 0: attached mid-run)
-    snapshot_interval: int = 256  # a snapshot follows step s when (s + 1) % interval == 0
+    snapshot_interval: int = 256  # steps from one snapshot (or the start) to the next, at most
+    snapshot_work: int = 0  # replay work from one snapshot to the next, at most (0: no bound)
 
     def __post_init__(self) -> None:
         # a crafted header must fail as a TraceError here, not as a ZeroDivisionError later
         if self.snapshot_interval < 1:
             raise ValueError(f"snapshot_interval={self.snapshot_interval}: must be >= 1")
+        if self.snapshot_work < 0:
+            raise ValueError(f"snapshot_work={self.snapshot_work}: must be >= 0")
         if not 1 <= self.block_size <= 4096:
             raise ValueError(f"block_size={self.block_size}: must be in [1, 4096]")
 

@@ -108,6 +108,7 @@ def recorder_for(
         sink,
         redact_prompts=header.redacted,
         snapshot_interval=header.snapshot_interval,
+        snapshot_work=header.snapshot_work,
         model=header.model,
         on_step_record=checker,
     )

@@ -62,6 +62,8 @@ def _run(
         by_step.setdefault(s.arrival_step, []).append(ref)
         if s.abort_step >= 0:
             aborts.setdefault(s.abort_step, []).append(ref)
+    for refs in aborts.values():  # as recorded, not by arrival: a later arrival can go first
+        refs.sort(key=lambda ref: scripts[ref].abort_order)
     live: dict[str, int] = {}
     last_arrival = max(by_step, default=-1)
     limit = 10 * num_recorded + 10_000

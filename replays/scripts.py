@@ -34,6 +34,7 @@ class RequestScript:
     status: int = 0  # how it finished (0: it had not when the trace ended)
     abort_step: int = -1  # the step whose record reports its abort
     abort_message: str = ""  # its finish's message (says when a mid-step abort came)
+    abort_order: int = 0  # its place among that step's finishes: aborts free blocks in order
     hashes: dict[int, bytes] = field(default_factory=dict)  # block index -> recorded hash
 
 
@@ -62,11 +63,12 @@ class ScriptCollector:
             )  # redacted: filled in later
         for prop in rec.spec_proposed:
             scripts[prop.ref].proposed[len(scripts[prop.ref].tokens)] = prop.count
-        for f in rec.finishes:
+        for i, f in enumerate(rec.finishes):
             scripts[f.ref].status = f.status
             if f.status == Status.FINISHED_ABORTED:
                 scripts[f.ref].abort_step = rec.step
                 scripts[f.ref].abort_message = f.message
+                scripts[f.ref].abort_order = i
         for e in view.kv_events:
             if e.ref is None:
                 continue

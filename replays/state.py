@@ -100,7 +100,9 @@ class State:
             ref_cnts,
             dict(zip(snap.cached_block_ids, snap.cached_hashes)),
         )
-        state.check_invariants(free=snap.free_queue)  # the queue as listed, just linked
+        # The ref counts were counted from the tables, the free queue's blocks checked
+        # distinct and the cached blocks in the pool just above: only ownership is left.
+        state._check_ownership(ref_cnts, snap.free_queue)
         return state
 
     def copy(self) -> State:
@@ -159,6 +161,14 @@ class State:
             free = list(self.free)
         if len(free) != len(self.free) or len(set(free)) != len(free):
             raise Inconsistent("the free queue is malformed")
+        self._check_ownership(held, free)
+        for b in self.block_hashes:
+            if not 0 < b < self.num_blocks:
+                raise Inconsistent(f"a hash for block {b}, outside the pool")
+
+    def _check_ownership(self, held: list[int], free: Sequence[int]) -> None:
+        """No block both free and owned, and every usable block one or the other. `held`:
+        per block, the tables holding it; `free`: the free queue's blocks, distinct."""
         if held[0] or 0 in self.free:
             raise Inconsistent("the null block 0 is in use or free")
         owned = len(held) - held.count(0)
@@ -168,9 +178,6 @@ class State:
             raise Inconsistent(
                 f"{owned} owned + {len(free)} free blocks != {self.num_blocks - 1} usable"
             )
-        for b in self.block_hashes:
-            if not 0 < b < self.num_blocks:
-                raise Inconsistent(f"a hash for block {b}, outside the pool")
 
 
 def _check_header(header: Header) -> None:

@@ -223,6 +223,7 @@ class _TimedRun:
                     sink,
                     redact_prompts=header.redacted,
                     snapshot_interval=header.snapshot_interval,
+                    snapshot_work=header.snapshot_work,
                     model=header.model,
                     on_step_record=checker,
                     clock=self.clock.settle,

@@ -140,3 +140,36 @@ def test_rows_of_a_mixed_step_cover_every_short_request_token() -> None:
     assert list(plan.row_len) == sorted(plan.row_len, reverse=True)
     assert [(p.start, p.end) for p in plan.prefills] == [(6, 46)]
     assert np.all(plan.table == case.block_table.astype(np.int32))
+
+
+# Verification-shaped steps: decodes beside requests with 2..5 query tokens (a token and
+# its drafts), contexts that put the query across a block boundary (15 + 5 over 16) or
+# exactly on one (16), no context at all, and a long context.
+VERIFY_STEPS = [
+    ([1, 5, 3, 2, 5, 1], [40, 15, 14, 16, 0, 7]),
+    ([5, 5, 5, 5], [11, 12, 13, 300]),
+    ([2, 1, 4], [31, 1, 29]),
+]
+
+
+@pytest.mark.parametrize("q_lens,ctx", VERIFY_STEPS, ids=["ragged", "boundaries", "short"])
+@pytest.mark.parametrize("group,head_dim", [(3, 64), (4, 128), (1, 64), (5, 40)])
+def test_verifying_queries_match_the_reference_in_one_kernel_call(
+    q_lens: list[int], ctx: list[int], group: int, head_dim: int
+) -> None:
+    """Multi-token queries (causal within the query) go through the kernel with the
+    decodes, in one call, and match both the naive oracle and the PyTorch backend."""
+    kv_heads = 2
+    case = make_case(q_lens, ctx, kv_heads, group, head_dim, 16, seed=sum(ctx) + group)
+    meta = case.metadata()
+    k_cache, v_cache = case.caches()
+    backend = CpuPagedAttention(kv_heads * group, kv_heads, head_dim)
+    got = backend.forward(case.q, case.k, case.v, k_cache, v_cache, meta)
+    plan = meta.plan["cpu"]
+    assert not plan.prefills and len(plan.rows) == sum(q_lens)
+    assert relative_error(got, naive_attention(case)) < 1e-5
+    k2, v2 = case.caches()
+    ref = TorchAttention(kv_heads * group, kv_heads, head_dim).forward(
+        case.q, case.k, case.v, k2, v2, case.metadata()
+    )
+    assert relative_error(got, ref) < 1e-5

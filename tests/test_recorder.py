@@ -569,3 +569,40 @@ def test_steady_decode_shortcut_makes_the_same_record(redact: bool) -> None:
             taken += 1
             assert steady == step and encode(steady) == encode(step), rep.step
     assert taken > 20  # the demo has long runs of pure decoding
+
+
+@pytest.mark.parametrize("redact", [False, True])
+def test_a_step_reported_compact_is_written_as_the_compactor_would(redact: bool) -> None:
+    """recorder.vllm reports steady decode steps already compact (num_decodes, no entries):
+    the trace gets the record the compactor's own shortcut makes of the explicit step."""
+    from engine.sim.driver import make_engine, run_steps
+    from recorder.codec import encode
+    from recorder.convert import StepCompactor
+
+    w = load_workload(demo_workload_path())
+    ours, theirs = StepCompactor(w.config.policy, redact), StepCompactor(w.config.policy, redact)
+    taken = 0
+    for result in run_steps(w, make_engine(w)):
+        rep = result.report
+        expected = theirs.compact(rep, rep.step)
+        if ours._steady(rep, rep.step) is None:
+            assert ours.compact(rep, rep.step) == expected
+            continue
+        compact = dataclasses.replace(
+            rep, scheduled=(), num_decodes=len(rep.scheduled), running=None, waiting=None
+        )
+        got = ours.compact(compact, rep.step)
+        assert got == expected and encode(got) == encode(expected), rep.step
+        taken += 1
+    assert taken > 20
+
+
+def test_a_compact_step_that_is_not_the_running_queue_is_refused() -> None:
+    from recorder.convert import StepCompactor
+
+    compactor = StepCompactor("fcfs", False)
+    compactor.running = (0, 1, 2)
+    with pytest.raises(ValueError, match="num_decodes=2 must be a steady decode of all 3"):
+        compactor.compact(Step(step=5, num_decodes=2, sampled_tokens=(7, 8)))
+    with pytest.raises(ValueError, match="steady decode"):
+        compactor.compact(Step(step=5, num_decodes=3, sampled_tokens=(7, 8, 9), running=(0,)))

@@ -12,7 +12,9 @@ import pytest
 
 from engine.sim.api import demo_workload_path, load, run_sim
 from engine.sim.workload import load_workload
+from recorder.reader import TraceReader
 from recorder.recorder import open_recording
+from recorder.schema import Status
 from replays.diff import diff_traces, format_diff
 from replays.resim import ResimError, resimulate
 from replays.stats import trace_stats
@@ -148,3 +150,17 @@ def test_cli_bad_input_is_one_line_exit_2(args: tuple[str, ...], demo_trace: Pat
     out = schedtop(*args)
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_aborts_of_one_step_replay_in_the_recorded_order() -> None:
+    """Recorded from vLLM (multiprocess, async): in one step a request that had just arrived
+    was aborted before an older one. Aborts free blocks, so their order is a decision."""
+    path = Path(__file__).parent / "data" / "vllm_abort_order.trace"
+    with TraceReader(path) as reader:
+        orders = [
+            [f.ref for f in s.finishes if f.status == Status.FINISHED_ABORTED]
+            for s in reader.steps()
+        ]
+    assert any(refs != sorted(refs) for refs in orders), "the case lost what it is about"
+    result = resimulate(path)
+    assert result.reproduced, result.divergence

@@ -175,3 +175,44 @@ def test_run_takes_speculative_config(tmp_path: Path) -> None:
             loaded=tiny_model(),
             overrides={"speculative_config": '{"method": "eagle", "num_speculative_tokens": 2}'},
         )
+
+
+def test_adaptive_drafts_verify_fewer_drafts_and_change_no_greedy_token() -> None:
+    """Drafts that keep being rejected stop being sent (the tiny random model rarely
+    repeats its prompt); the tokens stay those of a run without drafts."""
+    greedy = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    prompts = {f"r{i}": "abc abc abc abc " * (1 + i % 2) + str(i) for i in range(4)}
+
+    def tiny(spec: SpeculativeConfig | None, adaptive: bool = True) -> LLMEngine:
+        options = RunnerOptions(num_gpu_blocks_override=64, adaptive_drafts=adaptive)
+        return tiny_engine(options=options, max_num_seqs=4, speculative_config=spec)
+
+    plain = run(tiny(None), prompts, greedy)
+    every = run(tiny(NGRAM, adaptive=False), prompts, greedy)
+    adaptive = run(tiny(NGRAM), prompts, greedy)
+    assert every.outputs == plain.outputs == adaptive.outputs
+    assert every.rejected > 0
+    assert adaptive.accepted + adaptive.rejected < every.accepted + every.rejected
+    assert adaptive.rejected < every.rejected
+
+
+def test_adaptive_drafts_is_a_runner_option() -> None:
+    from engine.model.api import build_engine
+    from engine.model.workload import parse_run_workload
+    from engine.sim.workload import WorkloadError
+    from tests.model_support import tiny_model
+
+    w = parse_run_workload(
+        {
+            "config": {"speculative_config": json.loads(json.dumps(NGRAM.__dict__))},
+            "requests": [{"id": "r", "prompt": "hi hi hi hi", "sampling": {"max_tokens": 4}}],
+        },
+        "test",
+    )
+    base = {"num_gpu_blocks_override": 64, "device": "cpu"}
+    # the default: on for the CPU (a GPU, where draft rows are nearly free, sends all)
+    assert build_engine(w, loaded=tiny_model(), overrides=base).runner.limiter is not None
+    off = build_engine(w, loaded=tiny_model(), overrides={**base, "adaptive_drafts": False})
+    assert off.runner.limiter is None
+    with pytest.raises(WorkloadError, match="adaptive_drafts='yes'"):
+        build_engine(w, loaded=tiny_model(), overrides={**base, "adaptive_drafts": "yes"})

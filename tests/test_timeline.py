@@ -127,3 +127,41 @@ def test_a_view_that_fails_leaves_the_timeline_usable(
     assert same(tl.state(31), run.states[31])
     tl.view(32)
     assert same(tl.state(32), run.states[32])
+
+
+def test_a_walk_back_after_a_jump_past_a_snapshot_reads_no_snapshot(tmp_path: Path) -> None:
+    """A jump lands just after a snapshot; the steps before the target still get keyframes
+    (the start is a snapshot before them), so walking back over the snapshot is cheap."""
+    w = workload([req(f"r{i}", 30, max_tokens=200, arrival_step=i) for i in range(6)])
+    run = record(w, snapshot_interval=64, snapshot_work=0)
+    tl = Timeline(open_reader(write_trace(tmp_path, run.data)))
+    assert tl.last_step >= 128 + 64
+    snapshot_reads: list[int] = []
+    read_at = tl.reader.read_at
+
+    def counting(offset: int) -> object:
+        entry = read_at(offset)
+        if isinstance(entry.record, Snapshot):
+            snapshot_reads.append(entry.record.step)
+        return entry
+
+    tl.reader.read_at = counting  # type: ignore[method-assign]
+    target = 127 + 5  # five steps after the snapshot of step 127
+    assert same(tl.state(target), run.states[target])
+    assert snapshot_reads == [63]  # the one before the stretch the walk back covers
+    for step in range(target - 1, target - 40, -1):
+        assert same(tl.state(step), run.states[step]), step
+    assert snapshot_reads == [63]
+
+
+def test_a_seek_leaves_no_young_objects_for_the_collector(demo: tuple[Recorded, Path]) -> None:
+    """What a seek builds and keeps goes to the oldest generation unscanned: the young
+    generation's count is where the seek found it (0 after the freeze), not tens of
+    thousands of objects for the next allocation to scan."""
+    import gc
+
+    _, path = demo
+    tl = Timeline(open_reader(path))
+    tl.state(tl.last_step)
+    assert gc.isenabled()
+    assert gc.get_count()[0] < 50

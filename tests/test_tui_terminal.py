@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,6 +22,11 @@ CASE = Path(__file__).parent / "data" / "fidelity" / "c_kv_pressure_prefix.workl
 TIMEOUT_S = 20.0
 
 
+class TmuxError(subprocess.CalledProcessError):
+    def __str__(self) -> str:  # what tmux said, not only its status
+        return f"{super().__str__()}: {str(self.stderr).strip()}"
+
+
 class Tmux:
     """One tmux server of our own (its own socket), so that nothing else is touched."""
 
@@ -28,9 +34,10 @@ class Tmux:
         self.socket = name
 
     def __call__(self, *args: str) -> str:
-        return subprocess.run(
-            ["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True
-        ).stdout
+        done = subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise TmuxError(done.returncode, done.args, done.stdout, done.stderr)
+        return done.stdout
 
     def screen(self) -> str:
         return self("capture-pane", "-p", "-t", "app")
@@ -58,7 +65,9 @@ class Tmux:
 def tmux() -> Iterator[Tmux]:
     if shutil.which("tmux") is None:
         pytest.skip("tmux is not installed (.ci/run installs it)")
-    t = Tmux(f"schedtop-test-{os.getpid()}")
+    # A socket per test: the last test's server may still be exiting (its app quit, and
+    # with its only session the server goes), and a new session must not meet it.
+    t = Tmux(f"schedtop-test-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     yield t
     subprocess.run(["tmux", "-L", t.socket, "kill-server"], capture_output=True)
 

@@ -195,7 +195,7 @@ def test_vllm_traces_resimulate_and_rebuild_vllms_state(
     root, results = recorded[mode]
     _, is_async = MODES[mode]
     assert set(results) == set(runs_for(mode))
-    preemptions = hits = aborts = 0
+    preemptions = hits = aborts = lean = steady = 0
     for name, result in results.items():
         assert "error" not in result, f"{mode}/{name}: {result['error']}"
         trace = the_trace(root / name)
@@ -212,6 +212,8 @@ def test_vllm_traces_resimulate_and_rebuild_vllms_state(
         assert [c["step"] for c in checks] == [s.step for s in steps], f"{mode}/{name}"
         bad = [c for c in checks if c["problem"]]
         assert not bad, f"{mode}/{name}: the trace's state differs from vLLM's: {bad[0]}"
+        lean += checks[-1]["lean"] if checks else 0
+        steady += checks[-1]["steady"] if checks else 0
         result_ = resimulate(trace)
         assert result_.reproduced, (
             f"{mode}/{name}: step {result_.divergence.step if result_.divergence else '?'} "
@@ -220,8 +222,10 @@ def test_vllm_traces_resimulate_and_rebuild_vllms_state(
         preemptions += sum(len(s.preemptions) for s in steps)
         hits += sum(len(s.kv_events.hit_tokens) for s in steps)
         aborts += sum(1 for s in steps for f in s.finishes if f.status == 5)
-    # The workloads must exercise what the recorder has to get right.
+    # The workloads must exercise what the recorder has to get right, its short paths
+    # (steps scheduled without the allocation tap, steady decode records) included.
     assert preemptions > 0 and hits > 0
+    assert lean > 0 and steady > 0
     if not MODES[mode][0]:
         assert aborts > 0
 

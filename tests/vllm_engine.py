@@ -181,8 +181,13 @@ class CheckingMixin(RecordingMixin):
     def schedtop_check(self, step: Step) -> None:
         apply(self._check_state, step)
         problem = self._compare()
+        tap = self._schedtop
+        assert tap is not None
+        # How many steps so far took the recorder's short paths (the test wants both).
+        line = {"step": step.step, "problem": problem, "lean": tap.lean_steps}
+        line["steady"] = tap.steady_steps
         with self._check_out.open("a") as f:
-            f.write(json.dumps({"step": step.step, "problem": problem}) + "\n")
+            f.write(json.dumps(line) + "\n")
 
     def _compare(self) -> str:
         sched: Any = self

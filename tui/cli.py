@@ -785,6 +785,12 @@ def _engine_options(fn: F) -> F:
                 '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
                 '"prompt_lookup_min": 1}\'.',
             ),
+            click.option(
+                "--adaptive-drafts/--no-adaptive-drafts",
+                default=None,
+                help="Send only the drafts a request's recent acceptance makes worth "
+                "verifying (default on CPU), or all of them, as vLLM does (default on CUDA).",
+            ),
         ]
     ):
         fn = option(fn)

@@ -3,7 +3,8 @@ tied or untied output projection, optional q/k/v biases (Qwen2).
 
 The forward pass takes one flat batch of tokens from many requests; attention reads and
 writes the paged cache through the step's AttentionMetadata. Q/K/V and gate/up are fused
-into one matrix each: two GEMMs fewer per layer, which matters at small batch sizes."""
+into one matrix each: two GEMMs fewer per layer, which matters at small batch sizes. On
+the CPU in fp32 the matrices are packed once for oneDNN (engine/model/cpu_linear.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model.attention.metadata import AttentionMetadata
+from engine.model.cpu_linear import choose_linear
 from engine.model.spec import ModelSpec
 from engine.model.weights import EMBED, FINAL_NORM, LM_HEAD, Weights, layer_prefix
 
@@ -40,7 +42,7 @@ class _Layer:
     """One decoder block's weights, fused for speed."""
 
     input_norm: torch.Tensor  # [H] RMSNorm before attention
-    qkv: torch.Tensor  # [q + 2 kv, H] fused projections
+    qkv: torch.Tensor  # [q + 2 kv, H] fused projections (packed: only for self.linear)
     qkv_bias: torch.Tensor | None  # [q + 2 kv] or None
     o_proj: torch.Tensor  # [H, q]
     post_norm: torch.Tensor  # [H] RMSNorm before the MLP
@@ -85,13 +87,15 @@ class LlamaModel:
         self.attention = attention
         self.device = device
         self.dtype = dtype
+        self.linear = choose_linear(device, dtype)
 
         def take(name: str) -> torch.Tensor:
             return weights[name].to(device=device, dtype=dtype).contiguous()
 
         self.embed = take(EMBED)
         self.final_norm = take(FINAL_NORM)
-        self.lm_head = self.embed if spec.tie_word_embeddings else take(LM_HEAD)
+        # tied: the embedding stays dense for lookups, the LM head gets its own packing
+        self.lm_head = self.linear.pack(self.embed if spec.tie_word_embeddings else take(LM_HEAD))
         self.layers = [self._layer(i, weights, take) for i in range(spec.num_layers)]
         cos, sin = rope_tables(spec, device)
         self.cos, self.sin = cos.to(dtype), sin.to(dtype)
@@ -106,14 +110,15 @@ class LlamaModel:
                 device=self.device, dtype=self.dtype
             )
         gate_up = torch.cat([weights[m + "gate_proj.weight"], weights[m + "up_proj.weight"]])
+        pack = self.linear.pack
         return _Layer(
             input_norm=take(p + "input_layernorm.weight"),
-            qkv=qkv.to(device=self.device, dtype=self.dtype).contiguous(),
+            qkv=pack(qkv.to(device=self.device, dtype=self.dtype).contiguous()),
             qkv_bias=bias,
-            o_proj=take(a + "o_proj.weight"),
+            o_proj=pack(take(a + "o_proj.weight")),
             post_norm=take(p + "post_attention_layernorm.weight"),
-            gate_up=gate_up.to(device=self.device, dtype=self.dtype).contiguous(),
-            down=take(m + "down_proj.weight"),
+            gate_up=pack(gate_up.to(device=self.device, dtype=self.dtype).contiguous()),
+            down=pack(take(m + "down_proj.weight")),
         )
 
     def forward(
@@ -130,21 +135,22 @@ class LlamaModel:
         sin = self.sin.index_select(0, positions).unsqueeze(1)
         n_tok = h.shape[0]
         q_size, kv_size = spec.q_size, spec.kv_size
+        linear = self.linear
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             x = rms_norm(h, layer.input_norm, spec.rms_norm_eps)
-            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            qkv = linear(x, layer.qkv, layer.qkv_bias)
             q = qkv[:, :q_size].view(n_tok, spec.num_heads, spec.head_dim)
             k = qkv[:, q_size : q_size + kv_size].view(n_tok, spec.num_kv_heads, spec.head_dim)
             v = qkv[:, q_size + kv_size :].view(n_tok, spec.num_kv_heads, spec.head_dim)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             attn = self.attention.forward(q, k, v.contiguous(), k_cache, v_cache, meta)
-            h = h + F.linear(attn.reshape(n_tok, q_size), layer.o_proj)
+            h = h + linear(attn.reshape(n_tok, q_size), layer.o_proj)
             x = rms_norm(h, layer.post_norm, spec.rms_norm_eps)
-            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = linear(x, layer.gate_up).chunk(2, dim=-1)
+            h = h + linear(F.silu(gate) * up, layer.down)
         return h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, V] in fp32 for the rows of `hidden` that sample."""
         x = rms_norm(hidden, self.final_norm, self.spec.rms_norm_eps)
-        return F.linear(x, self.lm_head).float()
+        return self.linear(x, self.lm_head).float()

@@ -25,6 +25,7 @@ class RunnerOptions:
     profile_every: int = 0  # every Nth step carries a torch.profiler breakdown (0 = off)
     seed: int = 0  # the generator of unseeded sampling requests
     num_threads: int | None = None  # torch CPU threads (None: measured, 1 or all cores)
+    adaptive_drafts: bool | None = None  # only the drafts worth verifying (None: on CPU)
 
     def __post_init__(self) -> None:
         for name in _INTS:
@@ -40,6 +41,8 @@ class RunnerOptions:
             raise ValueError(
                 f"gpu_memory_utilization={self.gpu_memory_utilization!r}: expected float"
             )
+        if self.adaptive_drafts is not None and not isinstance(self.adaptive_drafts, bool):
+            raise ValueError(f"adaptive_drafts={self.adaptive_drafts!r}: expected true or false")
         _one_of("device", self.device, DEVICES)
         _one_of("dtype", self.dtype, DTYPES)
         _one_of("attention_backend", self.attention_backend, ATTENTION_BACKENDS)

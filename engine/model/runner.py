@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from engine.config import EngineConfig
+from engine.draft_limit import DraftLimiter
 from engine.model.cpu_memory import keep_freed_memory
 from engine.model.errors import ModelError
 from engine.model.input_batch import InputBatch, StepInputs
@@ -74,6 +75,14 @@ class ModelRunner:
             if spec is not None
             else None
         )
+        # A draft row costs a CPU step real work, and a GPU step next to nothing: by
+        # default only the CPU holds drafts back (the limiter's bar is set from CPU costs).
+        adaptive = options.adaptive_drafts
+        if adaptive is None:
+            adaptive = self.device.type == "cpu"
+        self.limiter = (
+            DraftLimiter(config.max_num_seqs) if self.proposer is not None and adaptive else None
+        )
         self.threads = threads  # CPU only, when num_threads is not fixed
 
     @property
@@ -89,6 +98,9 @@ class ModelRunner:
         profiled = every > 0 and out.step % every == 0
         with torch.inference_mode(), self._profile(profiled) as prof:
             inputs = self.batch.prepare(out)
+            if self.limiter is not None:
+                for nr in out.scheduled_new_reqs:
+                    self.limiter.reset(self.batch.row_of[nr.req_id])
             timer.mark("prepared")
             hidden = self.model.forward(
                 inputs.input_ids, inputs.positions, inputs.meta, self.kv.layers
@@ -118,7 +130,7 @@ class ModelRunner:
             self.batch.append_sampled(inputs.sample_rows, tokens)
             for i, tok in zip(sampling, tokens.tolist()):
                 sampled[i] = [tok]
-        drafts, propose_s = self._propose(inputs, sampling)
+        drafts, propose_s = self._propose(inputs, sampling, sampled)
         kernels = kernel_stats(prof, self.device.type == "cuda") if prof is not None else ()
         timings = timer.end(out.step, kernels, propose_s)
         return ModelRunnerOutput(inputs.req_ids, sampled, drafts, timings)
@@ -129,9 +141,10 @@ class ModelRunner:
         return verify(logits, v, self.sampler)
 
     def _propose(
-        self, inputs: StepInputs, sampling: list[int]
+        self, inputs: StepInputs, sampling: list[int], sampled: list[list[int]]
     ) -> tuple[dict[str, list[int]], float]:
-        """Drafts for every request that sampled, from its tokens (n-gram lookup)."""
+        """Drafts for every request that sampled, from its tokens (n-gram lookup), as
+        many of them as its recent acceptance makes worth verifying."""
         if self.proposer is None or not sampling:
             return {}, 0.0
         t0 = time.perf_counter()
@@ -140,6 +153,12 @@ class ModelRunner:
         # Only the known part of each row: a full row is max_model_len wide.
         tokens = self.batch.token_ids[rows, : int(lengths.max())]
         proposals = self.proposer.propose(tokens, lengths)
+        limiter = self.limiter
+        if limiter is not None:
+            verified = inputs.drafts
+            for j, (row, i) in enumerate(zip(rows.tolist(), sampling)):
+                limiter.observe(row, verified[j] if verified is not None else (), sampled[i])
+                proposals[j] = limiter.limit(row, proposals[j])
         drafts = {inputs.req_ids[i]: d for i, d in zip(sampling, proposals)}
         return drafts, time.perf_counter() - t0
 

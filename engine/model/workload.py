@@ -31,6 +31,7 @@ RUNNER_KEYS = {
     "gpu_memory_utilization",
     "num_gpu_blocks_override",
     "profile_every",
+    "adaptive_drafts",
     "seed",
     "num_threads",
 }

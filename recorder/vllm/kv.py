@@ -1,0 +1,395 @@
+"""Taps on vLLM's KV cache manager and block pool: every block movement, with block ids
+and the request it belongs to, as the step's KV events.
+
+Two modes inside schedule(). FULL wraps `allocate_slots`, so that each allocation is seen
+as it happens, with what the decisions need (budget, cut-short reasons, admission
+failures). LEAN leaves `allocate_slots` alone: when only running requests that decode one
+token each can be scheduled and no allocation can fail (see `Tap.lean_possible`), the
+allocations are read once from vLLM's SchedulerOutput after schedule(), and the blocks
+that got hashes from the block pool's `cache_full_blocks`, which vLLM calls only when a
+block has filled. That keeps Python off the per-request path of a steady decode step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import struct
+from itertools import compress
+from typing import Any, cast
+
+from engine.config import EngineConfig
+from engine.kv.events import KVEventKind, KVEventLog
+from engine.kv.hashing import ROOT_HASH, hash_block
+from engine.records import Reason
+
+# Outside schedule(); schedule() tapped per allocation; or not; recording has stopped.
+IDLE, FULL, LEAN, STOPPED = 0, 1, 2, 3
+_ALLOCATED, _CACHED, _EVICTED = KVEventKind.ALLOCATED, KVEventKind.CACHED, KVEventKind.EVICTED
+_PREFIX_HIT, _FREED = KVEventKind.PREFIX_HIT, KVEventKind.FREED
+_PLAIN_CACHE_ARGS = {"blocks", "num_cached_blocks", "num_full_blocks"}  # cache_full_blocks'
+_CACHE_FULL_BLOCKS_ARGS = (  # BlockPool.cache_full_blocks's parameters in vLLM 0.33
+    "request",
+    "blocks",
+    "num_cached_blocks",
+    "num_full_blocks",
+    "block_size",
+    "kv_cache_group_id",
+    "block_mask",
+)
+
+
+class KVTaps:
+    """The KV side of the recording state (`Tap` adds the decisions)."""
+
+    config: EngineConfig
+
+    def __init__(self, sched: Any, block_size: int) -> None:
+        self.sched = sched
+        self.kvm = sched.kv_cache_manager
+        self.pool = self.kvm.block_pool
+        self.block_size = block_size
+        # A full block's tokens as hash_block (engine.kv.hashing) packs them.
+        self.pack_block = struct.Struct(f"<{block_size}Q").pack
+        self.kv = KVEventLog()
+        self.mode = IDLE
+        self.hashes: dict[str, list[bytes]] = {}  # request id -> schedtop hashes of its blocks
+        self.block_hash: dict[int, bytes] = {}  # block id -> schedtop hash, for cached blocks
+        self.cached: dict[str, int] = {}  # request id -> leading blocks of its table cached
+        self.refs: dict[str, int] = {}  # request id -> ref, until it finishes
+        self.evicted: list[int] = []  # blocks whose hash vLLM dropped, not yet logged
+        # LEAN: what happened to blocks, in order: (request, its blocks, first and end
+        # index) of blocks that got hashes, or (None, new blocks, blocks whose hash that
+        # allocation dropped) for an allocation, whose owner the SchedulerOutput tells.
+        self.lean_order: list[tuple[Any, Any, Any, Any]] = []
+        self.raw_allocate: Any = None  # vLLM's allocate_slots
+        self.tapped_allocate: Any = None  # the FULL-mode wrapper around it
+        self.unwrapped = False  # vLLM's allocate_slots is in place, not the wrapper
+
+    # -- installing --------------------------------------------------------------------------
+
+    def install_kv(self) -> None:
+        kvm, pool = self.kvm, self.pool
+        free, evict, cache_full = kvm.free, pool._maybe_evict_cached_block, pool.cache_full_blocks
+        get_new = pool.get_new_blocks
+        evicted = self.evicted
+        lean_order = self.lean_order
+
+        def get_new_blocks(num_blocks: int) -> Any:
+            blocks = get_new(num_blocks)
+            if self.mode == LEAN:  # vLLM calls this only when a request needs blocks
+                lean_order.append((None, blocks, evicted[:] if evicted else None, None))
+                evicted.clear()
+            return blocks
+
+        def maybe_evict(block: Any) -> bool:
+            gone = bool(evict(block))
+            if gone and self.mode != STOPPED:
+                evicted.append(block.block_id)
+            return gone
+
+        def on_filled(request: Any, blocks: Any, start: int, end: int) -> None:
+            # vLLM calls cache_full_blocks only when a block of the request has filled:
+            # its blocks[start:end] got hashes.
+            mode = self.mode
+            if mode == LEAN:  # logged after schedule(), with the allocations' owners
+                lean_order.append((request, blocks, start, end))
+            elif mode == IDLE:  # update_from_output (async scheduling caches there)
+                self._filled(request, blocks, start, end)
+            # FULL: the allocate_slots tap logs it after the allocation
+
+        def cache_full_blocks(request: Any, *args: Any, **kw: Any) -> None:
+            cache_full(request, *args, **kw)
+            if not args and kw.get("block_mask") is None and kw.keys() >= _PLAIN_CACHE_ARGS:
+                on_filled(request, kw["blocks"], kw["num_cached_blocks"], kw["num_full_blocks"])
+            else:
+                on_filled(request, None, 0, 0)  # not the plain case: look at the table
+
+        def cache_full_blocks_plain(
+            request: Any,
+            blocks: Any,
+            num_cached_blocks: int,
+            num_full_blocks: int,
+            block_size: int,
+            kv_cache_group_id: int,
+            block_mask: Any = None,
+        ) -> None:
+            # vLLM 0.33's signature, spelled out: no argument packing on this path.
+            cache_full(
+                request,
+                blocks,
+                num_cached_blocks,
+                num_full_blocks,
+                block_size,
+                kv_cache_group_id,
+                block_mask,
+            )
+            if block_mask is not None:
+                on_filled(request, None, 0, 0)
+            elif self.mode == LEAN:  # on_filled, inlined: a decode step's common case
+                lean_order.append((request, blocks, num_cached_blocks, num_full_blocks))
+            else:
+                on_filled(request, blocks, num_cached_blocks, num_full_blocks)
+
+        def free_request(request: Any) -> None:
+            if self.mode == STOPPED:
+                free(request)
+                return
+            table = self._table(request.request_id)
+            ids = [b.block_id for b in reversed(table)]
+            free(request)
+            if ids:
+                self.kv.add(_FREED, self.refs[request.request_id], ids)
+            self.cached.pop(request.request_id, None)
+
+        self.raw_allocate = kvm.allocate_slots
+        self.tapped_allocate = self._allocate_tap()
+        pool._maybe_evict_cached_block = maybe_evict
+        pool.get_new_blocks = get_new_blocks
+        names = list(inspect.signature(cache_full).parameters)
+        plain = names == list(_CACHE_FULL_BLOCKS_ARGS)
+        pool.cache_full_blocks = cache_full_blocks_plain if plain else cache_full_blocks
+        kvm.free = free_request
+        kvm.allocate_slots = self.tapped_allocate
+
+    def set_mode(self, mode: int) -> None:
+        """FULL puts the allocate_slots wrapper in, LEAN and STOPPED take it out."""
+        lean = mode in (LEAN, STOPPED)
+        if mode != IDLE and lean != self.unwrapped:
+            self.kvm.allocate_slots = self.raw_allocate if lean else self.tapped_allocate
+            self.unwrapped = lean
+        self.mode = mode
+
+    def _allocate_tap(self) -> Any:
+        from vllm.v1.request import RequestStatus as VllmStatus
+
+        running_status = VllmStatus.RUNNING
+        allocate = self.kvm.allocate_slots
+        tables = self.tables
+        cached = self.cached
+        evicted = self.evicted
+        refs = self.refs
+
+        def allocate_slots(request: Any, num_new_tokens: int, *args: Any, **kw: Any) -> Any:
+            rid = request.request_id
+            self.alloc_for = rid
+            step = self.step
+            if request.status is running_status and not args and "new_computed_blocks" not in kw:
+                # The running pass, in a step that may cut requests short or preempt.
+                if step is not None:
+                    pending = step.pending
+                    if pending is None or pending[0] != rid:
+                        wanted = (
+                            request.num_tokens_with_spec
+                            + request.num_output_placeholders
+                            - request.num_computed_tokens
+                        )
+                        if wanted != num_new_tokens:  # cut short: say why, as schedtop would
+                            step.pending = self._running_share(step, request, num_new_tokens)
+                if evicted:
+                    evicted.clear()
+                out = allocate(request, num_new_tokens, *args, **kw)
+                if out is None:
+                    return out  # a preemption follows, and a retry
+                new = out.blocks[0]
+                if evicted:
+                    self._log_evicted()
+                if new:
+                    self.kv.add(_ALLOCATED, refs[rid], [b.block_id for b in new])
+                table = tables()[rid]
+                done = cached.get(rid, 0)
+                if done < len(table) and table[done].block_hash is not None:
+                    self._on_cached(request)
+                if step is not None:
+                    self._count_running(step, rid, num_new_tokens)
+                return out
+            hits = kw.get("new_computed_blocks", args[1] if len(args) > 1 else None)
+            num_hit_tokens = kw.get("num_new_computed_tokens", args[0] if args else 0)
+            before = len(self._table(rid))
+            evicted.clear()
+            out = allocate(request, num_new_tokens, *args, **kw)
+            self._on_allocate(request, num_new_tokens, num_hit_tokens, hits, before, out)
+            return out
+
+        return allocate_slots
+
+    # -- what the Tap provides ---------------------------------------------------------------
+
+    alloc_for: str | None = None  # the request whose allocation is running
+    step: Any = None  # the step being recorded (a _Step)
+
+    def _running_share(self, step: Any, request: Any, n: int) -> Any:
+        raise NotImplementedError
+
+    def _count_running(self, step: Any, rid: str, n: int) -> None:
+        raise NotImplementedError
+
+    def _count_allocation(self, step: Any, request: Any, n: int, num_hits: int) -> None:
+        raise NotImplementedError
+
+    # -- vLLM's block state ------------------------------------------------------------------
+
+    def tables(self) -> dict[str, list[Any]]:
+        """vLLM's block tables (full attention: one KV cache group), by request id."""
+        return cast(
+            dict[str, list[Any]], self.kvm.coordinator.single_type_managers[0].req_to_blocks
+        )
+
+    def _table(self, rid: str) -> list[Any]:
+        return self.tables().get(rid, [])
+
+    # -- events ------------------------------------------------------------------------------
+
+    def _log_evicted(self) -> None:
+        evicted = self.evicted
+        self.kv.add(_EVICTED, None, list(evicted), [self.block_hash.pop(b) for b in evicted])
+        evicted.clear()
+
+    def lean_events(self, out: Any) -> bool:
+        """A LEAN schedule()'s KV events, in the order vLLM made them: each allocation
+        (with the hashes it dropped), whose owner is the next request with new blocks in
+        the SchedulerOutput (scheduling order), and each block that filled. False if the
+        two do not pair up (then the step cannot be recorded from the output)."""
+        lean_order = self.lean_order
+        cached_reqs = out.scheduled_cached_reqs
+        new_ids = cached_reqs.new_block_ids
+        if not lean_order:
+            return bool(new_ids.count(None) == len(new_ids))
+        # None: no new blocks (most requests, most steps).
+        owners = compress(zip(cached_reqs.req_ids, new_ids), new_ids)
+        refs, filled, kv = self.refs, self._filled, self.kv
+        for request, blocks, start, end in lean_order:
+            if request is not None:
+                filled(request, blocks, start, end)
+                continue
+            # An allocation: `start` holds the hashes it dropped.
+            owner = next(owners, None)
+            if owner is None:
+                return False
+            ids = owner[1][0]
+            if len(ids) != len(blocks) or ids[0] != blocks[0].block_id:
+                return False
+            if start:
+                self.evicted[:] = start
+                self._log_evicted()
+            kv.kinds.append(_ALLOCATED)  # KVEventLog.add, inlined
+            kv.refs.append(refs[owner[0]])
+            kv.sizes.append(len(ids))
+            kv.block_ids.extend(ids)
+        lean_order.clear()
+        return next(owners, None) is None
+
+    def _filled(self, request: Any, blocks: list[Any] | None, start: int, end: int) -> None:
+        """CACHED for blocks[start:end] of the request's table, which vLLM just hashed: the
+        common case of `_on_cached` (one block of a decoding request) without walking the
+        table, with the KVEventLog's add and hash_block inlined."""
+        rid = request.request_id
+        cached = self.cached
+        hashes = self.hashes.get(rid)
+        if hashes is None and start == 0:
+            hashes = self.hashes[rid] = []
+        if (
+            end != start + 1
+            or blocks is None
+            or hashes is None
+            or len(hashes) != start
+            or cached.get(rid, 0) != start
+            or end > len(blocks)
+        ):
+            self._on_cached(request)
+            return
+        bs = self.block_size
+        tokens = getattr(request, "_all_token_ids", None) or request.all_token_ids
+        parent = hashes[-1] if start else ROOT_HASH
+        digest = hashlib.sha256(parent + self.pack_block(*tokens[start * bs : end * bs])).digest()
+        hashes.append(digest)
+        block_id = blocks[start].block_id
+        self.block_hash[block_id] = digest
+        kv = self.kv
+        kv.kinds.append(_CACHED)
+        kv.refs.append(self.refs[rid])
+        kv.sizes.append(1)
+        kv.block_ids.append(block_id)
+        kv.cached_hashes.append(digest)
+        cached[rid] = end
+
+    def _on_allocate(
+        self, request: Any, n: int, num_hit_tokens: int, hits: Any, before: int, out: Any
+    ) -> None:
+        rid = request.request_id
+        step = self.step
+        if out is None:
+            if step is not None and request.status.name != "RUNNING":
+                step.wait_fail = self._admission_failure(request, n, num_hit_tokens, hits)
+            return
+        table = self._table(rid)
+        hit_ids = [b.block_id for b in hits.blocks[0]] if hits is not None and hits.blocks else []
+        if hit_ids:
+            self.kv.add(_PREFIX_HIT, self.refs[rid], hit_ids, num_tokens=num_hit_tokens)
+            self.cached[rid] = before + len(hit_ids)
+        if self.evicted:
+            self._log_evicted()
+        new = table[before + len(hit_ids) :]
+        if new:
+            self.kv.add(_ALLOCATED, self.refs[rid], [b.block_id for b in new])
+        self._on_cached(request)
+        if step is not None:
+            self._count_allocation(step, request, n, num_hit_tokens)
+
+    def _on_cached(self, request: Any) -> None:
+        """CACHED for the request's table blocks that got a hash since the last look."""
+        rid = request.request_id
+        table = self._table(rid)
+        done = self.cached.get(rid, 0)
+        end = done
+        while end < len(table) and table[end].block_hash is not None:
+            end += 1
+        if end == done:
+            return
+        ours = self.block_hashes(request, end)
+        ids = [b.block_id for b in table[done:end]]
+        new_hashes = ours[done:end]
+        self.block_hash.update(zip(ids, new_hashes))
+        self.kv.add(_CACHED, self.refs[rid], ids, new_hashes)
+        self.cached[rid] = end
+
+    def block_hashes(self, request: Any, count: int) -> list[bytes]:
+        """schedtop's hashes of the request's first `count` full blocks."""
+        hashes = self.hashes.setdefault(request.request_id, [])
+        if len(hashes) < count:
+            # vLLM's own list, when it has one: its read-only view slices in Python.
+            tokens = getattr(request, "_all_token_ids", None) or request.all_token_ids
+            bs = self.block_size
+            parent = hashes[-1] if hashes else ROOT_HASH
+            for i in range(len(hashes), count):
+                parent = hash_block(parent, list(tokens[i * bs : (i + 1) * bs]))
+                hashes.append(parent)
+        return hashes
+
+    def _admission_failure(self, request: Any, n: int, num_hits: int, hits: Any) -> Reason:
+        """Which admission test failed: the same three as schedtop's scheduler."""
+        free = self.pool.get_num_free_blocks()
+        hit_blocks = hits.blocks[0] if hits is not None and hits.blocks else []
+        held = len(self._table(request.request_id))
+
+        def needed(num_tokens: int) -> int:
+            required = -(-num_tokens // self.block_size)
+            fresh = max(required - held - len(hit_blocks), 0)
+            return fresh + sum(1 for b in hit_blocks if b.ref_cnt == 0)
+
+        max_len = self.config.max_model_len
+        if needed(min(num_hits + n, max_len)) > free:
+            return Reason.KV_BLOCKS
+        if (
+            self.config.scheduler_reserve_full_isl
+            and needed(min(request.num_tokens, max_len)) > free
+        ):
+            return Reason.FULL_PROMPT
+        return Reason.WATERMARK
+
+    def on_reset_prefix_cache(self) -> None:
+        """Every cached hash is dropped: EVICTED for each, as the reducer expects."""
+        if self.block_hash:
+            ids = sorted(self.block_hash)
+            self.kv.add(_EVICTED, None, ids, [self.block_hash[b] for b in ids])
+            self.block_hash.clear()

@@ -1,0 +1,691 @@
+"""The recording state of one vLLM scheduler: what each step decided, built into
+schedtop's step records and handed to the Recorder (converter and background writer).
+
+A steady decode step (every running request decodes one token, nothing arrives, finishes,
+waits or is preempted) takes a short path: no per-request record is built; the step goes
+to the trace as a count and the sampled tokens, read with C-level passes over vLLM's
+SchedulerOutput and outputs. Any other step builds every entry, as schedtop's engine does.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from itertools import chain
+from operator import attrgetter
+from pathlib import Path
+from typing import Any, cast
+
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.events import NULL_SINK
+from engine.kv.events import KVEventLog
+from engine.records import (
+    Admission,
+    Arrival,
+    Finish,
+    Kind,
+    Preemption,
+    QueueStop,
+    Reason,
+    RequestState,
+    Sample,
+    SamplingParams,
+    Scheduled,
+    Shortfall,
+    Snapshot,
+    Status,
+    Step,
+    ns,
+)
+from recorder.recorder import DEFAULT_SNAPSHOT_INTERVAL, Recorder
+from recorder.vllm.checks import engine_config, env_flag, env_number, request_problem
+from recorder.vllm.kv import FULL, IDLE, LEAN, STOPPED, KVTaps
+from recorder.writer import TraceWriter
+
+log = logging.getLogger("schedtop.recorder.vllm")
+
+MID_STEP_ABORT = "aborted after schedule"  # Finish.message of an abort between schedule and update
+
+# vLLM's finished statuses by name (their values differ between releases).
+_FINISHED = {
+    "FINISHED_STOPPED": Status.FINISHED_STOPPED,
+    "FINISHED_LENGTH_CAPPED": Status.FINISHED_LENGTH_CAPPED,
+    "FINISHED_ABORTED": Status.FINISHED_ABORTED,
+    "FINISHED_IGNORED": Status.FINISHED_ERROR,
+    "FINISHED_ERROR": Status.FINISHED_ERROR,
+}
+_UNFINISHED = {
+    "WAITING": Status.WAITING,
+    "RUNNING": Status.RUNNING,
+    "PREEMPTED": Status.PREEMPTED,
+}
+# C-level reads of vLLM's requests and outputs, for the steady-step checks.
+_PREFILL_CHUNK = attrgetter("is_prefill_chunk")
+_OUTPUT_IDS = attrgetter("_output_token_ids")
+_NEW_TOKENS = attrgetter("new_token_ids")
+_BLOCK_ID = attrgetter("block_id")
+
+
+class _Facade:
+    """What Recorder reads from an engine, answered from vLLM's scheduler."""
+
+    def __init__(self, config: EngineConfig, snapshot: Callable[[], Snapshot]) -> None:
+        self.config = config
+        self.step_index = 0
+        self.sink = NULL_SINK
+        self.runner = None
+        self._snapshot = snapshot
+
+    def snapshot(self) -> Snapshot:
+        return self._snapshot()
+
+
+class _Step:
+    """What one step has seen so far."""
+
+    __slots__ = (
+        "index",
+        "budget",
+        "pre_running",
+        "run_used",
+        "scheduled",
+        "shortfalls",
+        "admissions",
+        "preemptions",
+        "pending",
+        "wait_fail",
+        "decided",
+        "schedule_ns",
+        "arrivals",
+        "entries",
+        "running_stop",
+        "waiting_stop",
+        "free_after_schedule",
+        "finishes",
+        "samples",
+        "steady_tokens",
+        "batch",
+    )
+
+    def __init__(self, index: int, budget: int, pre_running: list[Any]) -> None:
+        self.index = index
+        self.budget = budget  # tokens left in the step's budget
+        self.pre_running = pre_running  # vLLM's running requests when schedule() began
+        self.run_used = 0  # tokens the running pass scheduled (net of give-backs)
+        self.scheduled: dict[str, int] = {}  # allocations that succeeded, by request
+        self.shortfalls: list[Shortfall] = []
+        self.admissions: list[Admission] = []
+        self.preemptions: list[Preemption] = []
+        self.pending: tuple[str, int, Reason | None] | None = None  # (id, wanted, reason)
+        self.wait_fail: Reason | None = None  # why the head of waiting was not admitted
+        self.decided = False  # schedule() has returned
+        self.schedule_ns = 0  # time in schedule()
+        self.arrivals: tuple[Arrival, ...] = ()  # added before schedule()
+        # What schedule() decided, in order; None while the step is steady (the entries
+        # are then pre_running, each decoding one token, built only if needed).
+        self.entries: tuple[Scheduled, ...] | None = ()
+        self.running_stop: QueueStop | None = None
+        self.waiting_stop: QueueStop | None = None
+        self.free_after_schedule = 0  # free blocks right after schedule()
+        self.finishes: list[Finish] = []  # aborts before schedule(), then the rest
+        self.samples: dict[int, tuple[int, ...]] = {}  # ref -> tokens that arrived
+        self.steady_tokens: tuple[int, ...] | None = None  # steady: one token per entry
+        self.batch: Any = None  # steady: the SchedulerOutput schedule() returned
+
+
+class Tap(KVTaps):
+    """All the recording state, kept apart from vLLM's scheduler attributes."""
+
+    def __init__(self, sched: Any, is_async: bool, block_size: int, num_blocks: int) -> None:
+        super().__init__(sched, block_size)
+        self.config = engine_config(sched, is_async, block_size, num_blocks)
+        self.is_async = is_async
+        self.live: dict[str, Any] = {}  # request id -> vLLM request, until it finishes
+        self.next_ref = 0
+        # ref -> [arrival_step, first_scheduled_step, first_token_step, prefix-hit tokens]
+        self.progress: dict[int, list[int]] = {}
+        self.arrivals: list[Arrival] = []
+        self.finishes: list[Finish] = []
+        self.step: _Step | None = None
+        self.next_step = 0
+        self.last_flush = time.monotonic()
+        self.flush_interval = env_number("SCHEDTOP_FLUSH_INTERVAL_S", 1.0)
+        self.stopped: str | None = None  # why recording stopped
+        self.redact = env_flag("SCHEDTOP_REDACT_PROMPTS")
+        self.recorder: Recorder | None = None
+        self.writer: TraceWriter | None = None
+        self.threshold = 0  # the step's long-prefill cap (0: off)
+        self.in_flight = 0  # async: batches scheduled and not updated yet
+        self.lean_steps = 0  # steps scheduled without the allocate_slots tap
+        self.steady_steps = 0  # steps recorded by the steady shortcut
+        # The last step was steady: every running request has sampled and is past its
+        # prefill, and stays so until it finishes (only admissions add to running).
+        self.decoding = False
+
+    # -- opening and closing ---------------------------------------------------------------
+
+    def open(self, path: Path, engine_name: str, model: str, on_record: Any) -> None:
+        self.writer = TraceWriter(path, live=False, flush_interval_s=self.flush_interval)
+        facade = _Facade(self.config, self.snapshot)
+        self.recorder = Recorder(
+            cast(EngineCore, facade),
+            self.writer,
+            redact_prompts=self.redact,
+            snapshot_interval=int(
+                env_number("SCHEDTOP_SNAPSHOT_INTERVAL", DEFAULT_SNAPSHOT_INTERVAL)
+            ),
+            model=model,
+            engine_name=engine_name,
+            on_step_record=on_record,
+        )
+        self.install_kv()
+
+    def close(self) -> None:
+        if self.recorder is not None:
+            self.recorder.close()
+            self.recorder = None
+
+    def stop(self, why: str) -> None:
+        """Stop recording for good (the engine goes on); the file keeps what it has."""
+        if self.stopped is None:
+            self.stopped = why
+            log.warning("schedtop recording stopped: %s", why)
+            self.close()
+            if self.raw_allocate is not None:  # nothing to record any more
+                self.set_mode(STOPPED)
+            self.mode = STOPPED
+
+    def flush(self) -> None:
+        if self.writer is not None and self.stopped is None:
+            self.writer.flush()
+        self.last_flush = time.monotonic()
+
+    # -- the decisions -------------------------------------------------------------------------
+
+    def _count_running(self, step: _Step, rid: str, n: int) -> None:
+        """A running request's successful allocation (FULL mode)."""
+        pending = step.pending
+        if pending is not None and pending[0] == rid:
+            step.pending = None
+            if pending[2] is not None:
+                step.shortfalls.append(Shortfall(self.refs[rid], pending[1], n, pending[2]))
+        step.scheduled[rid] = n
+        step.budget -= n
+        step.run_used += n
+
+    def _count_allocation(self, step: _Step, request: Any, n: int, num_hits: int) -> None:
+        """An admission from waiting (running requests take the fast path)."""
+        rid = request.request_id
+        wanted = request.num_tokens - num_hits
+        reason = None
+        threshold = self.threshold
+        if 0 < threshold < wanted:
+            reason = Reason.LONG_PREFILL_THRESHOLD
+            if threshold > step.budget:
+                reason = Reason.TOKEN_BUDGET
+        elif wanted > step.budget:
+            reason = Reason.TOKEN_BUDGET
+        ref = self.refs[rid]
+        if reason is not None:
+            step.shortfalls.append(Shortfall(ref, wanted, n, reason))
+        step.admissions.append(Admission(ref, num_hits, request.status.name == "PREEMPTED"))
+        progress = self.progress[ref]
+        if progress[1] < 0:
+            progress[1] = step.index
+            progress[3] = num_hits
+        step.scheduled[rid] = n
+        step.budget -= n
+
+    def _running_share(self, step: _Step, request: Any, n: int) -> tuple[str, int, Reason | None]:
+        """A running request's wanted tokens and why it got fewer (schedtop's rules), as
+        the budget stands at its first allocation attempt."""
+        computed = request.num_computed_tokens
+        wanted = request.num_tokens_with_spec + request.num_output_placeholders - computed
+        if n == wanted:
+            return (request.request_id, wanted, None)
+        m, reason = wanted, None
+        if 0 < self.threshold < m:
+            m, reason = self.threshold, Reason.LONG_PREFILL_THRESHOLD
+        if m > step.budget:
+            m, reason = step.budget, Reason.TOKEN_BUDGET
+        if m > self.config.max_model_len - 1 - computed:
+            reason = Reason.MAX_MODEL_LEN
+        return (request.request_id, wanted, reason)
+
+    def on_preempt(self, victim: Any) -> None:
+        step = self.step
+        if step is None:
+            self.stop("a preemption outside schedule() (reset_prefix_cache with running requests)")
+            return
+        if self.mode == LEAN:
+            # lean_possible() rules this out (every running request fits a new block).
+            self.stop("a preemption in a step recorded without the allocation tap")
+            return
+        rid = victim.request_id
+        ref = self.refs[rid]
+        given_back = step.scheduled.pop(rid, 0)
+        if given_back:
+            step.budget += given_back
+            step.run_used -= given_back
+            step.shortfalls = [s for s in step.shortfalls if s.ref != ref]
+        for_request = self.refs.get(self.alloc_for or rid, ref)
+        step.preemptions.append(
+            Preemption(ref, for_request, victim.num_computed_tokens, given_back)
+        )
+
+    # -- the scheduler's calls -----------------------------------------------------------------
+
+    def on_add(self, request: Any) -> None:
+        problem = request_problem(request)
+        if problem:
+            self.stop(f"request {request.request_id!r} uses {problem}, which is not recorded")
+            return
+        rid = request.request_id
+        ref = self.next_ref
+        self.next_ref += 1
+        self.refs[rid] = ref
+        self.live[rid] = request
+        self.progress[ref] = [self.next_step, -1, -1, -1]
+        sp = request.sampling_params
+        prompt = tuple(request.prompt_token_ids or ())
+        full = len(prompt) // self.block_size
+        self.arrivals.append(
+            Arrival(
+                ref,
+                rid,
+                len(prompt),
+                int(request.priority),
+                float(request.arrival_time),
+                sp.eos_token_id,
+                SamplingParams(
+                    max_tokens=request.max_tokens,
+                    temperature=float(sp.temperature),
+                    top_p=float(sp.top_p),
+                    top_k=max(int(sp.top_k or 0), 0),
+                    seed=sp.seed,
+                    stop_token_ids=tuple(sp.stop_token_ids or ()),
+                    ignore_eos=False,  # vLLM clears eos_token_id instead
+                ),
+                prompt,
+                tuple(self.block_hashes(request, full)) if self.redact else None,
+            )
+        )
+
+    def on_finished(self, requests: Iterable[Any], status: Any) -> None:
+        """Requests finished from outside (aborts, stop strings): before the next
+        schedule(), or between schedule() and update (then the message says so)."""
+        step = self.step
+        mid_step = step is not None and step.decided
+        if mid_step and step is not None and step.entries is None:
+            self._build_steady_entries(step)  # before the aborted requests are forgotten
+        for req in requests:
+            ours = _FINISHED.get(req.status.name, Status.FINISHED_ABORTED)
+            message = MID_STEP_ABORT if mid_step else ""
+            if ours != Status.FINISHED_ABORTED:
+                message = (message + "; " if message else "") + f"vLLM {req.status.name}"
+            ref = self.refs.get(req.request_id)
+            if ref is None:
+                continue
+            finish = Finish(ref, Status.FINISHED_ABORTED, message)
+            if mid_step and step is not None:
+                step.finishes.append(finish)
+            else:
+                self.finishes.append(finish)
+            self._forget(req.request_id)
+
+    def _forget(self, rid: str) -> None:
+        self.live.pop(rid, None)
+        ref = self.refs.pop(rid, None)
+        if ref is not None:
+            self.progress.pop(ref, None)
+        self.hashes.pop(rid, None)
+        self.cached.pop(rid, None)
+
+    def lean_possible(self, running: list[Any]) -> bool:
+        """Whether this schedule() can be recorded without the allocate_slots tap: no
+        request can be admitted (nothing waits), none cut short (each running request has
+        finished its prefill, so wants one token: no speculative decoding here) and no
+        allocation can fail (a token needs at most one new block, and there are as many
+        free blocks as running requests), so no preemption."""
+        sched = self.sched
+        return bool(
+            running
+            and not self.arrivals
+            and not sched.waiting
+            and not getattr(sched, "kv_holding_waiting", None)
+            and self.pool.get_num_free_blocks() >= len(running)
+            and (self.decoding or not any(map(_PREFILL_CHUNK, running)))
+        )
+
+    def before_schedule(self) -> None:
+        if self.step is not None:
+            self.end_step(0)  # the previous step had no update (async queue filling)
+        sched = self.sched
+        running = list(sched.running)
+        num_eligible = len(running) + len(sched.waiting)
+        cfg = self.config
+        threshold = cfg.long_prefill_token_threshold if num_eligible > 1 else 0
+        if threshold and cfg.long_prefill_token_threshold_adaptive:
+            threshold = max(threshold, cfg.max_num_batched_tokens // num_eligible)
+        self.threshold = threshold
+        self.step = _Step(self.next_step, cfg.max_num_batched_tokens, running)
+        self.set_mode(LEAN if self.lean_possible(running) else FULL)
+        self.evicted.clear()
+        self.lean_order.clear()
+
+    def after_schedule(self, out: Any, seconds: float, launched: bool = True) -> None:
+        if self.stopped is not None:
+            return  # stopped during schedule()
+        step = self.step
+        assert step is not None
+        sched = self.sched
+        lean = self.mode == LEAN
+        self.mode = IDLE
+        if lean:
+            self.lean_steps += 1
+            if not self.lean_events(out):
+                self.stop("vLLM's allocations in a step do not match its SchedulerOutput")
+                return
+            counts = out.num_scheduled_tokens
+            total = out.total_num_scheduled_tokens
+            step.scheduled = counts  # read only from here on: no preemption in LEAN
+            step.budget -= total
+            step.run_used = total
+        if lean and not self.finishes and self._steady(step, out):
+            step.entries = None  # built only if the step turns out not to be steady
+        else:
+            step.entries = self._entries(out)
+        if self.arrivals:
+            step.arrivals = tuple(self.arrivals)
+            self.arrivals = []
+        if self.finishes:
+            step.finishes = self.finishes
+            self.finishes = []
+        step.running_stop = self._running_stop(step)
+        step.waiting_stop = self._waiting_stop(step)
+        step.free_after_schedule = self.pool.get_num_free_blocks()
+        step.schedule_ns = ns(seconds)
+        step.decided = True
+        if self.is_async and launched:
+            # vLLM's EngineCore (step_with_batch_queue) fills its two-batch queue
+            # before it waits for the oldest batch: then no update follows this step.
+            self.in_flight += 1
+            if self.in_flight < 2 and (out.num_scheduled_tokens or sched.has_requests()):
+                self.end_step(0)
+
+    def _steady(self, step: _Step, out: Any) -> bool:
+        """Whether a LEAN schedule() gave every running request one DECODE token (as
+        schedtop labels it: a request with no sampled token yet is a PREFILL). Then they
+        were scheduled in running order: LEAN rules out preemptions and admissions."""
+        running = step.pre_running
+        counts = out.num_scheduled_tokens
+        n = len(running)
+        if len(counts) != n or out.total_num_scheduled_tokens != n:
+            return False
+        if not self.decoding and not all(map(_OUTPUT_IDS, running)):
+            return False
+        step.batch = out
+        return True
+
+    def _entries(self, out: Any) -> tuple[Scheduled, ...]:
+        requests = self.sched.requests
+        refs = self.refs
+        entries: list[Scheduled] = []
+        append = entries.append
+        chunk, decode, prefill = Kind.CHUNK, Kind.DECODE, Kind.PREFILL
+        for rid, n in out.num_scheduled_tokens.items():
+            req = requests[rid]
+            if req.is_prefill_chunk:
+                kind = chunk
+            elif n == 1 and req.output_token_ids:  # as schedtop labels it
+                kind = decode
+            else:
+                kind = prefill
+            append(Scheduled(refs[rid], n, kind, req.num_computed_tokens - n))
+        return tuple(entries)
+
+    def _build_steady_entries(self, step: _Step) -> None:
+        """The entries of a step that was steady until now (each running request, one
+        DECODE token), for a step that turns out not to be."""
+        refs = self.refs
+        decode = Kind.DECODE
+        step.entries = tuple(
+            Scheduled(refs[r.request_id], 1, decode, r.num_computed_tokens - 1)
+            for r in step.pre_running
+        )
+
+    def _running_stop(self, step: _Step) -> QueueStop | None:
+        fcfs = self.config.policy == "fcfs"
+        if fcfs and step.preemptions and any(p.victim == p.for_request for p in step.preemptions):
+            return QueueStop(Reason.KV_BLOCKS, Reason.KV_BLOCKS)
+        if self.config.max_num_batched_tokens - step.run_used > 0:
+            return None
+        before = {r.request_id for r in step.pre_running}
+        still = [r.request_id for r in self.sched.running if r.request_id in before]
+        last = max((i for i, rid in enumerate(still) if rid in step.scheduled), default=-1)
+        if last < len(still) - 1:
+            return QueueStop(Reason.TOKEN_BUDGET, Reason.TOKEN_BUDGET)
+        return None
+
+    def _waiting_stop(self, step: _Step) -> QueueStop | None:
+        sched = self.sched
+        if step.preemptions:
+            return QueueStop(Reason.PREEMPTION, Reason.PREEMPTION) if sched.waiting else None
+        if not sched.waiting:
+            return None
+        left = any(not r.num_stale_output_tokens for r in sched.waiting)
+        if not left:
+            return None
+        if step.wait_fail is not None:
+            return QueueStop(step.wait_fail, Reason.HEAD_OF_LINE)
+        if step.budget <= 0:
+            return QueueStop(Reason.TOKEN_BUDGET, Reason.TOKEN_BUDGET)
+        limit = self.config.max_num_active_seqs or self.config.max_num_seqs
+        if len(sched.running) >= limit:
+            return QueueStop(Reason.MAX_NUM_SEQS, Reason.MAX_NUM_SEQS)
+        if not self.config.enable_chunked_prefill:
+            return QueueStop(Reason.NO_CHUNKING, Reason.HEAD_OF_LINE)
+        return None
+
+    def after_update(self, batch: Any, outputs: Any, seconds: float) -> None:
+        """The samples and finishes of an executed batch (this step's, or with async
+        scheduling the one before), then the end of the step."""
+        if self.stopped is not None:
+            return
+        if self.step is None or not self.step.decided:
+            self.before_schedule()  # vLLM updated without scheduling: an empty step
+            self.set_mode(FULL)  # nothing is allocated; FULL keeps the wrapper in place
+            self.after_schedule(_EmptyOutput(), 0.0, launched=False)
+        step = self.step
+        assert step is not None
+        if self.is_async:
+            self.in_flight = max(self.in_flight - 1, 0)
+        if step.entries is None:
+            if self._steady_samples(step, batch, outputs):
+                self.end_step(ns(seconds))
+                return
+            self._build_steady_entries(step)
+        samples = step.samples
+        refs = self.refs
+        progress = self.progress
+        index = step.index
+        # vLLM emits outputs in the batch's scheduling order (per client).
+        for engine_outputs in outputs.values():
+            for o in engine_outputs.outputs:
+                tokens = o.new_token_ids
+                ref = refs.get(o.request_id)
+                if ref is None:
+                    continue
+                if tokens:
+                    samples[ref] = tuple(tokens)
+                    first = progress[ref]
+                    if first[2] < 0:
+                        first[2] = index
+                if o.finish_reason is None:
+                    continue
+                req = self.live.get(o.request_id)
+                status = _FINISHED.get(req.status.name if req is not None else "")
+                step.finishes.append(Finish(ref, status or Status.FINISHED_ERROR, ""))
+                self._forget(o.request_id)
+        self.end_step(ns(seconds))
+
+    def _steady_samples(self, step: _Step, batch: Any, outputs: Any) -> bool:
+        """Whether a steady step's outputs are one token for each of its requests, in its
+        order, and no finish (then they are kept as the step's tokens)."""
+        running = step.pre_running
+        n = len(running)
+        if len(self.sched.running) != n:
+            return False  # a request finished
+        # With async scheduling, the previous batch's outputs, in its scheduling order,
+        # which must be this step's order.
+        if batch is not step.batch and list(batch.num_scheduled_tokens) != list(
+            step.batch.num_scheduled_tokens
+        ):
+            return False
+        if len(outputs) == 1:
+            (only,) = outputs.values()
+            outs = only.outputs
+        else:
+            outs = [o for eo in outputs.values() for o in eo.outputs]
+        if len(outs) != n:
+            return False
+        # Without speculative decoding a request samples at most one token a step, so n
+        # tokens from n outputs are one each.
+        flat = tuple(chain.from_iterable(map(_NEW_TOKENS, outs)))
+        if len(flat) != n:
+            return False
+        step.steady_tokens = flat
+        return True
+
+    def end_step(self, update_ns: int) -> None:
+        step = self.step
+        assert step is not None
+        self.step = None
+        if step.entries is None:
+            record = self._steady_record(step, update_ns)
+        else:
+            record = self._general_record(step, update_ns)
+        self.decoding = step.entries is None
+        if self.kv:  # frozen into the record: the next step starts a new log
+            self.kv = KVEventLog()
+        self.next_step += 1
+        if self.recorder is not None and self.stopped is None:
+            self.recorder.on_step(record)
+            if self.recorder.error is not None:
+                self.stop(self.recorder.error)
+            elif not self.sched.has_unfinished_requests() or (
+                time.monotonic() - self.last_flush >= self.flush_interval
+            ):
+                self.flush()  # idle, or due: a reader sees every step so far
+
+    def _steady_record(self, step: _Step, update_ns: int) -> Step:
+        """Already in the trace's compact form: the leading decodes are every running
+        request, the queues did not move. An async step with no update yet has no tokens."""
+        self.steady_steps += 1
+        n = len(step.pre_running)
+        tokens = step.steady_tokens
+        return Step(
+            step=step.index,
+            schedule_ns=step.schedule_ns,
+            update_ns=update_ns,
+            token_budget=self.config.max_num_batched_tokens,
+            num_decodes=n,
+            sample_counts=None if tokens is not None else (0,) * n,
+            sampled_tokens=tokens if tokens is not None else (),
+            kv_events=self.kv.freeze(),
+            free_blocks_after_schedule=step.free_after_schedule,
+            free_blocks=self.pool.get_num_free_blocks(),
+        )
+
+    def _general_record(self, step: _Step, update_ns: int) -> Step:
+        sched = self.sched
+        refs = self.refs
+        assert step.entries is not None
+        counts, tokens, others = _layout(step.entries, step.samples)
+        return Step(
+            step=step.index,
+            schedule_ns=step.schedule_ns,
+            update_ns=update_ns,
+            token_budget=self.config.max_num_batched_tokens,
+            arrivals=step.arrivals,
+            scheduled=step.entries,
+            admissions=tuple(step.admissions),
+            preemptions=tuple(step.preemptions),
+            shortfalls=tuple(step.shortfalls),
+            running_stop=step.running_stop,
+            waiting_stop=step.waiting_stop,
+            finishes=tuple(step.finishes),
+            sample_counts=counts,
+            sampled_tokens=tokens,
+            other_samples=others,
+            kv_events=self.kv.freeze(),
+            free_blocks_after_schedule=step.free_after_schedule,
+            free_blocks=self.pool.get_num_free_blocks(),
+            running=tuple(refs[r.request_id] for r in sched.running),
+            waiting=tuple(refs[r.request_id] for r in sched.waiting),
+        )
+
+    def snapshot(self) -> Snapshot:
+        sched = self.sched
+        refs = self.refs
+        reqs = []
+        for rid, r in sched.requests.items():
+            ref = refs[rid]
+            arrival_step, first_scheduled, first_token, hits = self.progress[ref]
+            reqs.append(
+                RequestState(
+                    ref,
+                    rid,
+                    _UNFINISHED.get(r.status.name, Status.WAITING),
+                    r.num_prompt_tokens,
+                    len(r.output_token_ids),
+                    r.num_computed_tokens,
+                    tuple(map(_BLOCK_ID, self._table(rid))),
+                    r.num_preemptions,
+                    r.priority,
+                    float(r.arrival_time),
+                    hits,
+                    r.max_tokens,
+                    arrival_step,
+                    first_scheduled,
+                    first_token,
+                )
+            )
+        reqs.sort(key=lambda r: r.ref)
+        free = tuple(map(_BLOCK_ID, self.pool.free_block_queue.get_all_free_blocks()))
+        cached_ids = sorted(self.block_hash)
+        return Snapshot(
+            step=self.next_step - 1,
+            next_ref=self.next_ref,
+            requests=tuple(reqs),
+            running=tuple(refs[r.request_id] for r in sched.running),
+            waiting=tuple(refs[r.request_id] for r in sched.waiting),
+            free_queue=free,
+            cached_block_ids=tuple(cached_ids),
+            cached_hashes=tuple(map(self.block_hash.__getitem__, cached_ids)),
+        )
+
+
+def _layout(
+    entries: tuple[Scheduled, ...], samples: dict[int, tuple[int, ...]]
+) -> tuple[tuple[int, ...] | None, tuple[int, ...], tuple[Sample, ...]]:
+    """Samples laid out against the step's entries: per-entry counts (None: one each),
+    the tokens in entry order, and samples of requests without an entry (async: the
+    previous batch's, of a request not scheduled again)."""
+    if not samples:
+        return ((0,) * len(entries) if entries else None), (), ()
+    pop = samples.pop
+    per_entry = [pop(e.ref, ()) for e in entries]
+    flat = tuple(t for toks in per_entry for t in toks)
+    others = tuple(Sample(ref, len(toks), toks) for ref, toks in samples.items())
+    counts = tuple(map(len, per_entry))
+    if not others and len(flat) == len(counts) and 0 not in counts:
+        return None, flat, ()
+    return counts, flat, others
+
+
+class _EmptyOutput:
+    num_scheduled_tokens: dict[str, int] = {}
+    total_num_scheduled_tokens = 0
