@@ -224,10 +224,13 @@ def test_vllm_traces_resimulate_and_rebuild_vllms_state(
         aborts += sum(1 for s in steps for f in s.finishes if f.status == 5)
     # The workloads must exercise what the recorder has to get right, its short paths
     # (steps scheduled without the allocation tap, steady decode records) included.
-    assert preemptions > 0 and hits > 0
+    assert hits > 0
     assert lean > 0 and steady > 0
     if not MODES[mode][0]:
-        assert aborts > 0
+        # A multiprocess engine core steps on its own clock while the client adds and
+        # aborts: whether a request is still there to abort, or two overlap enough to
+        # preempt, depends on the machine's load. In-process, the steps are the script's.
+        assert aborts > 0 and preemptions > 0
 
 
 @pytest.mark.slow
