@@ -176,6 +176,10 @@ class Tap(KVTaps):
             snapshot_interval=int(
                 env_number("SCHEDTOP_SNAPSHOT_INTERVAL", DEFAULT_SNAPSHOT_INTERVAL)
             ),
+            # By step count unless asked: inside a production server the trace's bytes and
+            # the step's cost come first, and work-placed snapshots at a few hundred running
+            # requests come 4x as often (docs/benchmarks.md, Recording inside vLLM).
+            snapshot_work=int(env_number("SCHEDTOP_SNAPSHOT_WORK", 0)),
             model=model,
             engine_name=engine_name,
             on_step_record=on_record,
