@@ -2,10 +2,11 @@
 predict a second real run of the same workload under another budget and a KV pool small
 enough to preempt, and compare with what that run measured.
 
-The two runs are real `schedtop run` processes started at the same time, one torch thread
-each: on a shared machine the load changes from minute to minute, and two runs side by
-side see the same machine, where two runs one after the other may not. The errors this
-test measured are in docs/benchmarks.md."""
+The two runs are real `schedtop run` processes, one torch thread each, one after the
+other. Side by side they slowed each other (two vCPUs share more than they seem to), and
+the second run, alone once the first was done, sped up by more than the 20% bound: the
+model, fitted under that contention, could not know. The errors this test measured are in
+docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -59,6 +60,16 @@ def start_run(w: Path, trace: Path, budget: int, blocks: int) -> subprocess.Pope
     )
 
 
+def finish(p: subprocess.Popen[bytes]) -> tuple[int, str]:
+    try:
+        out = p.communicate(timeout=900)[0].decode()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return p.returncode, out
+
+
 def relative_error(predicted: float | None, measured: float | None) -> float:
     assert predicted is not None and measured is not None and measured > 0
     return abs(predicted - measured) / measured
@@ -70,15 +81,8 @@ def relative_error(predicted: float | None, measured: float | None) -> float:
 def test_whatif_predicts_a_real_run_under_another_budget(tmp_path: Path) -> None:
     w = workload(tmp_path / "w.json")
     a, b = tmp_path / "a.trace", tmp_path / "b.trace"
-    runs = [start_run(w, a, 512, 400), start_run(w, b, 128, SMALL_POOL)]
-    try:
-        outputs = [p.communicate(timeout=900)[0].decode() for p in runs]
-    finally:
-        for p in runs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert all(p.returncode == 0 for p in runs), outputs
+    outputs = [finish(start_run(w, a, 512, 400)), finish(start_run(w, b, 128, SMALL_POOL))]
+    assert all(code == 0 for code, _ in outputs), outputs
 
     measured = recorded_metrics(b)
     assert measured.preemptions >= 1  # the small pool did what it is there for
