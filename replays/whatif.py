@@ -248,7 +248,8 @@ class _TimedRun:
         redacted = self.inputs.header.redacted
         plain = BlockHasher(self.config.block_size)
         live: dict[str, int] = {}
-        aborts = sorted((t, ref) for ref, t in base.abort_ns.items())
+        # One step's aborts in the recorded order (they free blocks), not by ref.
+        aborts = sorted((t, scripts[ref].abort_order, ref) for ref, t in base.abort_ns.items())
         limit = 10 * self.inputs.num_steps + 10_000
         nxt = 0  # next arrival (ref)
         done_aborts = 0
@@ -264,7 +265,7 @@ class _TimedRun:
                 engine.add_request(request_of(a, hasher))
                 nxt += 1
             while done_aborts < len(aborts) and aborts[done_aborts][0] <= clock.now:
-                ref = aborts[done_aborts][1]
+                ref = aborts[done_aborts][2]
                 rid = scripts[ref].arrival.request_id
                 if live.get(rid) == ref:
                     engine.abort(rid)

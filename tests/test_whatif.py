@@ -125,6 +125,14 @@ def test_whatif_without_changes_reproduces_a_sim_trace(case: Path, tmp_path: Pat
     assert schedtop("diff", str(trace), str(out)).exit_code == 0
 
 
+def test_whatif_aborts_one_steps_requests_in_the_recorded_order() -> None:
+    """vLLM aborted a request that had just arrived before an older one in one step; the
+    prediction must too (aborts free blocks), as re-simulation does."""
+    trace = Path(__file__).parent / "data" / "vllm_abort_order.trace"
+    r = whatif(trace, None, SIM_MODEL, None)
+    assert r.first_difference is None
+
+
 def test_whatif_reproduces_spec_decoding_and_idle_gaps(tmp_path: Path) -> None:
     w = workload(
         [req("a", 30, 40), req("b", 50, 30, arrival_step=1), req("c", 20, 20, arrival_step=90)],
