@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.records import RequestState, Snapshot
+from engine.records import RequestState, Snapshot, trace_hashes
 
 if TYPE_CHECKING:
     from engine.scheduler import Scheduler
@@ -44,5 +44,5 @@ def snapshot(sched: Scheduler) -> Snapshot:
         waiting=tuple(r.ref for r in sched.waiting),
         free_queue=tuple(kv.pool.free_queue.ids()),
         cached_block_ids=tuple(b for b, _ in cached),
-        cached_hashes=tuple(h for _, h in cached),
+        cached_hashes=trace_hashes([h for _, h in cached]),
     )

@@ -17,13 +17,7 @@ from dataclasses import replace
 from operator import attrgetter, countOf
 from typing import Any
 
-from engine.records import (
-    Arrival,
-    Kind,
-    Snapshot,
-    Status,
-    Step,
-)
+from engine.records import Arrival, Kind, Snapshot, Status, Step, trace_hashes
 from recorder.derive import running_after, waiting_after_fcfs, waiting_after_priority
 
 _DECODE = Kind.DECODE
@@ -149,7 +143,12 @@ class StepCompactor:
         if self.policy == "priority":
             self.order[a.ref] = (a.priority, a.arrival_time, a.request_id)
         if self.redact:
-            return replace(a, prompt_token_ids=None)
+            hashes = a.prompt_block_hashes
+            return replace(
+                a,
+                prompt_token_ids=None,
+                prompt_block_hashes=None if hashes is None else trace_hashes(hashes),
+            )
         return replace(a, prompt_block_hashes=None)
 
     def _decode_prefix(self, rep: Step) -> int:

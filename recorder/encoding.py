@@ -29,6 +29,8 @@ from typing import Any, Generic, TypeVar
 
 import msgpack
 
+from engine.records import HASH_BYTES
+
 T = TypeVar("T")
 
 MAX_RECORD_BYTES = 64 << 20  # a frame declaring a longer body is corrupt
@@ -287,8 +289,12 @@ class _Hashes(Codec[tuple[bytes, ...]]):
         size = v[0]
         if size == 0 or (len(v) - 1) % size:
             raise Bad(f"hash list of {len(v) - 1} bytes does not divide into {size}-byte hashes")
-        # One C-level pass: the hashes are fixed-size fields of a struct.
-        return tuple(map(_FIRST, struct.iter_unpack(f"{size}s", memoryview(v)[1:])))
+        # One C-level pass: the hashes are fixed-size fields of a struct. Longer hashes
+        # (traces before 1.3 kept SHA-256's 32 bytes) are read as their first HASH_BYTES,
+        # so that hashes from any trace compare alike.
+        keep = min(size, HASH_BYTES)
+        form = f"{keep}s{size - keep}x" if size > keep else f"{size}s"
+        return tuple(map(_FIRST, struct.iter_unpack(form, memoryview(v)[1:])))
 
 
 _FIRST = itemgetter(0)

@@ -21,7 +21,7 @@ from recorder.codec import encode
 from recorder.framing import frame, preamble
 from recorder.reader import TraceReader
 from recorder.recorder import Recorder
-from recorder.schema import Kernel, Kind, Snapshot, Step, Timing
+from recorder.schema import Kernel, Kind, Snapshot, Status, Step, Timing
 from recorder.writer import MemoryWriter
 from replays.export import export_perfetto
 from replays.reducer import StepView, apply_with_view
@@ -519,9 +519,26 @@ def test_runner_timings_land_on_the_step_they_measure(demo: Any, tmp_path: Path)
         assert step is not None
 
 
+def cut_inside_a_step_with_requests_left(path: Path) -> int:
+    """A byte offset inside the step record that follows the first step to leave a request
+    preempted and another never scheduled (so that the cut trace has both to show)."""
+    with TraceReader(path) as reader:
+        offsets = reader.index().step_offsets
+        state = State.initial(reader.header)
+        for i, rec in enumerate(reader.steps()):
+            apply_with_view(state, rec)
+            reqs = state.requests.values()
+            if any(r.status == Status.PREEMPTED for r in reqs) and any(
+                r.first_scheduled_step < 0 for r in reqs
+            ):
+                return offsets[i + 1] + 12
+    raise AssertionError("the demo trace never leaves a request preempted")
+
+
 def test_a_cut_trace_exports_its_whole_steps_and_says_so(demo: Any, tmp_path: Path) -> None:
     data = demo[0].read_bytes()
-    path = write_trace(tmp_path, data[: len(data) // 2], "cut.trace")
+    cut = cut_inside_a_step_with_requests_left(demo[0])
+    path = write_trace(tmp_path, data[:cut], "cut.trace")
     events, doc = export(path, tmp_path)
     assert "cut" in doc["otherData"]
     steps = [e for e in events if e["ph"] == "X" and e["pid"] == 1 and e["tid"] == 1]

@@ -17,7 +17,7 @@ from engine.core import EngineCore, StepResult
 from engine.events import EventSink
 from engine.kv.hashing import BlockHasher
 from engine.outputs import ModelRunnerOutput, SchedulerOutput
-from engine.records import Kernel, KVEvents, KVKind, Scheduled, Timing, ns
+from engine.records import HASH_BYTES, Kernel, KVEvents, KVKind, Scheduled, Timing, ns
 from engine.request import Request, SamplingParams
 from engine.sim.api import demo_workload_path
 from engine.sim.runner import SimRunner
@@ -288,9 +288,12 @@ def test_redacted_traces_hold_no_token_ids_but_replay_the_prefix_cache(tmp_path:
         steps = list(reader.steps())
     arrivals = [a for s in steps for a in s.arrivals]
     assert arrivals and all(a.prompt_token_ids is None for a in arrivals)
+    reported = [x.prompt_block_hashes for r in run.reports for x in r.arrivals]
+    # The engine's whole SHA-256 hashes, kept as their first HASH_BYTES.
+    assert all(len(h) == 32 for b in reported for h in b or ())
     assert all(
-        a.prompt_block_hashes == tuple(b)
-        for a, b in zip(arrivals, (x.prompt_block_hashes for r in run.reports for x in r.arrivals))
+        a.prompt_block_hashes == tuple(h[:HASH_BYTES] for h in b)
+        for a, b in zip(arrivals, reported, strict=True)
     )
     assert all(s.sampled_tokens is None for s in steps)
     # A prompt token sequence from the workload appears nowhere in the file.

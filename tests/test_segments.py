@@ -36,6 +36,10 @@ from tui.cli import main
 STEP_NS = 1_000_000_000  # the fake clock: every step takes one second
 
 
+# Requests enough for several segments of MIN_MAX_BYTES, so that the oldest get deleted.
+ROTATING = 96
+
+
 def busy_workload(n: int = 48, seed: int = 3) -> SimWorkload:
     """Shared prefixes, a tight pool: prefix hits, preemptions, many KV events."""
     rng = random.Random(seed)
@@ -105,13 +109,13 @@ def sizes(directory: Path) -> list[int]:
 def test_rotation_keeps_the_bound_and_each_kept_segment_replays_alone(tmp_path: Path) -> None:
     run = tmp_path / "run"
     bound = MIN_MAX_BYTES
-    rec, engine = record_server(run, busy_workload(), max_bytes=bound)
+    rec, engine = record_server(run, busy_workload(ROTATING), max_bytes=bound)
     segs = list_segments(run)
     assert segs[0].seq > 0, "the oldest segments were deleted"
     assert sum(sizes(run)) <= bound
     assert [s.seq for s in segs] == list(range(segs[0].seq, segs[0].seq + len(segs)))
     whole = tmp_path / "whole.trace"
-    record_file(whole, busy_workload())
+    record_file(whole, busy_workload(ROTATING))
     with TraceReader(whole) as r:
         reference = states(r)
     last: int | None = None
@@ -219,7 +223,7 @@ def test_a_missing_middle_segment_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_the_first_segments_deleted_leave_a_mid_run_trace(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    record_server(run, busy_workload(), max_bytes=MIN_MAX_BYTES)
+    record_server(run, busy_workload(ROTATING), max_bytes=MIN_MAX_BYTES)
     first = list_segments(run)[0]
     assert first.seq > 0
     with open_trace(run) as r:
@@ -322,7 +326,7 @@ def test_a_last_segment_its_writer_died_creating_ends_the_trace(tmp_path: Path) 
 
 
 def test_a_live_timeline_follows_rotation_and_deletion(tmp_path: Path) -> None:
-    w = busy_workload()
+    w = busy_workload(ROTATING)
     engine = make_engine(w)
     run = tmp_path / "run"
     rec = ServerRecording(engine, run, max_bytes=MIN_MAX_BYTES, snapshot_interval=16)

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgpack
 import pytest
 
 from engine.kv.events import KVEventKind
+from engine.records import HASH_BYTES, trace_hashes
 from engine.report import Kind as EngineKind
 from engine.report import Reason as EngineReason
 from engine.request import RequestStatus
@@ -43,7 +46,7 @@ from recorder.schema import (
     Timing,
 )
 
-H1, H2 = bytes(range(32)), bytes(range(32, 64))
+H1, H2 = bytes(range(HASH_BYTES)), bytes(range(32, 32 + HASH_BYTES))  # as records keep them
 
 HEADER = Header(
     engine="schedtop 0.1.0 (SimRunner)",
@@ -225,6 +228,16 @@ def test_unknown_keys_and_trailing_item_fields_are_skipped() -> None:
     assert isinstance(decoded, Step)
     assert decoded.admissions == (Admission(1, 2, False),)
     assert decoded.arrivals == STEP.arrivals
+
+
+def test_longer_hashes_of_older_traces_read_as_their_first_bytes() -> None:
+    """Traces before 1.3 kept SHA-256's 32 bytes: read, they compare with newer ones."""
+    whole = (bytes(range(32)), bytes(range(100, 132)))
+    snap = dataclasses.replace(SNAPSHOT, cached_hashes=whole)
+    decoded = decode(RecordType.SNAPSHOT, encode(snap)[1], 0)
+    assert isinstance(decoded, Snapshot)
+    assert decoded.cached_hashes == tuple(h[:HASH_BYTES] for h in whole)
+    assert decoded == dataclasses.replace(snap, cached_hashes=trace_hashes(whole))
 
 
 def test_unknown_record_type_decodes_to_none() -> None:

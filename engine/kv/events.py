@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from engine.records import NO_KV_EVENTS, KVEvent, KVEvents, KVKind
+from engine.records import NO_KV_EVENTS, KVEvent, KVEvents, KVKind, trace_hashes
 
 KVEventKind = KVKind  # the name the KV modules have always used
 
@@ -63,7 +63,8 @@ class KVEventLog:
             self.hit_tokens.append(num_tokens)
 
     def freeze(self) -> KVEvents:
-        """The step's record (evicted hashes are left out: a reducer knows them)."""
+        """The step's record (evicted hashes are left out: a reducer knows them; the
+        cached ones are cut to the records' HASH_BYTES)."""
         if not self.kinds:
             return NO_KV_EVENTS
         return KVEvents(
@@ -71,7 +72,7 @@ class KVEventLog:
             tuple(self.refs),
             tuple(self.sizes),
             tuple(self.block_ids),
-            tuple(self.cached_hashes),
+            trace_hashes(self.cached_hashes),
             tuple(self.hit_tokens),
         )
 

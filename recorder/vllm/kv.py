@@ -21,7 +21,7 @@ from typing import Any, cast
 from engine.config import EngineConfig
 from engine.kv.events import KVEventKind, KVEventLog
 from engine.kv.hashing import ROOT_HASH, hash_block
-from engine.records import Reason
+from engine.records import HASH_BYTES, Reason, trace_hashes
 
 # Outside schedule(); schedule() tapped per allocation; or not; recording has stopped.
 IDLE, FULL, LEAN, STOPPED = 0, 1, 2, 3
@@ -53,8 +53,9 @@ class KVTaps:
         self.pack_block = struct.Struct(f"<{block_size}Q").pack
         self.kv = KVEventLog()
         self.mode = IDLE
-        self.hashes: dict[str, list[bytes]] = {}  # request id -> schedtop hashes of its blocks
-        self.block_hash: dict[int, bytes] = {}  # block id -> schedtop hash, for cached blocks
+        # request id -> schedtop's (whole) hashes of its full blocks, each the next's parent
+        self.hashes: dict[str, list[bytes]] = {}
+        self.block_hash: dict[int, bytes] = {}  # block id -> its hash as traces keep it
         self.cached: dict[str, int] = {}  # request id -> leading blocks of its table cached
         self.refs: dict[str, int] = {}  # request id -> ref, until it finishes
         self.evicted: list[int] = []  # blocks whose hash vLLM dropped, not yet logged
@@ -304,6 +305,7 @@ class KVTaps:
         digest = hashlib.sha256(parent + self.pack_block(*tokens[start * bs : end * bs])).digest()
         hashes.append(digest)
         block_id = blocks[start].block_id
+        digest = digest[:HASH_BYTES]
         self.block_hash[block_id] = digest
         kv = self.kv
         kv.kinds.append(_CACHED)
@@ -348,7 +350,7 @@ class KVTaps:
             return
         ours = self.block_hashes(request, end)
         ids = [b.block_id for b in table[done:end]]
-        new_hashes = ours[done:end]
+        new_hashes = trace_hashes(ours[done:end])
         self.block_hash.update(zip(ids, new_hashes))
         self.kv.add(_CACHED, self.refs[rid], ids, new_hashes)
         self.cached[rid] = end
