@@ -207,6 +207,9 @@ class CheckingMixin(RecordingMixin):
             if block_id and blocks[block_id].ref_cnt != count:
                 live_count = blocks[block_id].ref_cnt
                 return f"block {block_id}: ref count {count} in the trace, {live_count} in vLLM"
+        hashed = {b.block_id for b in blocks if b.block_id and b.block_hash is not None}
+        if set(state.block_hashes) != hashed:
+            return f"hashed blocks: trace {sorted(state.block_hashes)} vLLM {sorted(hashed)}"
         computed = {r.request_id: r.num_computed_tokens for r in state.requests.values()}
         vcomputed = {rid: r.num_computed_tokens for rid, r in sched.requests.items()}
         if computed != vcomputed:

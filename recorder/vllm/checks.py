@@ -35,7 +35,6 @@ REQUIRED = {
     ),
     "kv_cache_manager": ("allocate_slots", "free", "block_pool", "coordinator"),
     "block_pool": (
-        "_maybe_evict_cached_block",
         "cache_full_blocks",
         "get_new_blocks",
         "get_num_free_blocks",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import struct
+from collections.abc import Callable
 from itertools import compress
 from typing import Any, cast
 
@@ -58,36 +59,28 @@ class KVTaps:
         self.block_hash: dict[int, bytes] = {}  # block id -> its hash as traces keep it
         self.cached: dict[str, int] = {}  # request id -> leading blocks of its table cached
         self.refs: dict[str, int] = {}  # request id -> ref, until it finishes
-        self.evicted: list[int] = []  # blocks whose hash vLLM dropped, not yet logged
         # LEAN: what happened to blocks, in order: (request, its blocks, first and end
-        # index) of blocks that got hashes, or (None, new blocks, blocks whose hash that
-        # allocation dropped) for an allocation, whose owner the SchedulerOutput tells.
+        # index) of blocks that got hashes, or (None, new blocks, None, None) for an
+        # allocation, whose owner the SchedulerOutput tells.
         self.lean_order: list[tuple[Any, Any, Any, Any]] = []
         self.raw_allocate: Any = None  # vLLM's allocate_slots
         self.tapped_allocate: Any = None  # the FULL-mode wrapper around it
         self.unwrapped = False  # vLLM's allocate_slots is in place, not the wrapper
+        self.filled = self._filler()
 
     # -- installing --------------------------------------------------------------------------
 
     def install_kv(self) -> None:
         kvm, pool = self.kvm, self.pool
-        free, evict, cache_full = kvm.free, pool._maybe_evict_cached_block, pool.cache_full_blocks
+        free, cache_full = kvm.free, pool.cache_full_blocks
         get_new = pool.get_new_blocks
-        evicted = self.evicted
         lean_order = self.lean_order
 
         def get_new_blocks(num_blocks: int) -> Any:
             blocks = get_new(num_blocks)
             if self.mode == LEAN:  # vLLM calls this only when a request needs blocks
-                lean_order.append((None, blocks, evicted[:] if evicted else None, None))
-                evicted.clear()
+                lean_order.append((None, blocks, None, None))
             return blocks
-
-        def maybe_evict(block: Any) -> bool:
-            gone = bool(evict(block))
-            if gone and self.mode != STOPPED:
-                evicted.append(block.block_id)
-            return gone
 
         def on_filled(request: Any, blocks: Any, start: int, end: int) -> None:
             # vLLM calls cache_full_blocks only when a block of the request has filled:
@@ -96,7 +89,7 @@ class KVTaps:
             if mode == LEAN:  # logged after schedule(), with the allocations' owners
                 lean_order.append((request, blocks, start, end))
             elif mode == IDLE:  # update_from_output (async scheduling caches there)
-                self._filled(request, blocks, start, end)
+                self.filled(request, blocks, start, end)
             # FULL: the allocate_slots tap logs it after the allocation
 
         def cache_full_blocks(request: Any, *args: Any, **kw: Any) -> None:
@@ -145,7 +138,6 @@ class KVTaps:
 
         self.raw_allocate = kvm.allocate_slots
         self.tapped_allocate = self._allocate_tap()
-        pool._maybe_evict_cached_block = maybe_evict
         pool.get_new_blocks = get_new_blocks
         names = list(inspect.signature(cache_full).parameters)
         plain = names == list(_CACHE_FULL_BLOCKS_ARGS)
@@ -168,7 +160,6 @@ class KVTaps:
         allocate = self.kvm.allocate_slots
         tables = self.tables
         cached = self.cached
-        evicted = self.evicted
         refs = self.refs
 
         def allocate_slots(request: Any, num_new_tokens: int, *args: Any, **kw: Any) -> Any:
@@ -187,16 +178,12 @@ class KVTaps:
                         )
                         if wanted != num_new_tokens:  # cut short: say why, as schedtop would
                             step.pending = self._running_share(step, request, num_new_tokens)
-                if evicted:
-                    evicted.clear()
                 out = allocate(request, num_new_tokens, *args, **kw)
                 if out is None:
                     return out  # a preemption follows, and a retry
                 new = out.blocks[0]
-                if evicted:
-                    self._log_evicted()
                 if new:
-                    self.kv.add(_ALLOCATED, refs[rid], [b.block_id for b in new])
+                    self._allocated(refs[rid], [b.block_id for b in new])
                 table = tables()[rid]
                 done = cached.get(rid, 0)
                 if done < len(table) and table[done].block_hash is not None:
@@ -207,7 +194,6 @@ class KVTaps:
             hits = kw.get("new_computed_blocks", args[1] if len(args) > 1 else None)
             num_hit_tokens = kw.get("num_new_computed_tokens", args[0] if args else 0)
             before = len(self._table(rid))
-            evicted.clear()
             out = allocate(request, num_new_tokens, *args, **kw)
             self._on_allocate(request, num_new_tokens, num_hit_tokens, hits, before, out)
             return out
@@ -241,10 +227,16 @@ class KVTaps:
 
     # -- events ------------------------------------------------------------------------------
 
-    def _log_evicted(self) -> None:
-        evicted = self.evicted
-        self.kv.add(_EVICTED, None, list(evicted), [self.block_hash.pop(b) for b in evicted])
-        evicted.clear()
+    def _allocated(self, ref: int, ids: list[int]) -> None:
+        """ALLOCATED for blocks fresh from the free queue, after EVICTED for those of them
+        that held a hash: vLLM drops a block's hash as it hands the block out (in
+        BlockPool.get_new_blocks, the only place it evicts for a supported set-up), so
+        the blocks evicted are the new ones this mirror still knows a hash for."""
+        block_hash = self.block_hash
+        gone = [b for b in ids if b in block_hash]
+        if gone:
+            self.kv.add(_EVICTED, None, gone, [block_hash.pop(b) for b in gone])
+        self.kv.add(_ALLOCATED, ref, ids)
 
     def lean_events(self, out: Any) -> bool:
         """A LEAN schedule()'s KV events, in the order vLLM made them: each allocation
@@ -258,21 +250,20 @@ class KVTaps:
             return bool(new_ids.count(None) == len(new_ids))
         # None: no new blocks (most requests, most steps).
         owners = compress(zip(cached_reqs.req_ids, new_ids), new_ids)
-        refs, filled, kv = self.refs, self._filled, self.kv
+        refs, filled, kv, block_hash = self.refs, self.filled, self.kv, self.block_hash
         for request, blocks, start, end in lean_order:
             if request is not None:
                 filled(request, blocks, start, end)
                 continue
-            # An allocation: `start` holds the hashes it dropped.
             owner = next(owners, None)
             if owner is None:
                 return False
             ids = owner[1][0]
             if len(ids) != len(blocks) or ids[0] != blocks[0].block_id:
                 return False
-            if start:
-                self.evicted[:] = start
-                self._log_evicted()
+            if len(ids) != 1 or ids[0] in block_hash:  # not the one-block, hash-free case
+                self._allocated(refs[owner[0]], ids)
+                continue
             kv.kinds.append(_ALLOCATED)  # KVEventLog.add, inlined
             kv.refs.append(refs[owner[0]])
             kv.sizes.append(len(ids))
@@ -280,40 +271,47 @@ class KVTaps:
         lean_order.clear()
         return next(owners, None) is None
 
-    def _filled(self, request: Any, blocks: list[Any] | None, start: int, end: int) -> None:
-        """CACHED for blocks[start:end] of the request's table, which vLLM just hashed: the
-        common case of `_on_cached` (one block of a decoding request) without walking the
-        table, with the KVEventLog's add and hash_block inlined."""
-        rid = request.request_id
-        cached = self.cached
-        hashes = self.hashes.get(rid)
-        if hashes is None and start == 0:
-            hashes = self.hashes[rid] = []
-        if (
-            end != start + 1
-            or blocks is None
-            or hashes is None
-            or len(hashes) != start
-            or cached.get(rid, 0) != start
-            or end > len(blocks)
-        ):
-            self._on_cached(request)
-            return
-        bs = self.block_size
-        tokens = getattr(request, "_all_token_ids", None) or request.all_token_ids
-        parent = hashes[-1] if start else ROOT_HASH
-        digest = hashlib.sha256(parent + self.pack_block(*tokens[start * bs : end * bs])).digest()
-        hashes.append(digest)
-        block_id = blocks[start].block_id
-        digest = digest[:HASH_BYTES]
-        self.block_hash[block_id] = digest
-        kv = self.kv
-        kv.kinds.append(_CACHED)
-        kv.refs.append(self.refs[rid])
-        kv.sizes.append(1)
-        kv.block_ids.append(block_id)
-        kv.cached_hashes.append(digest)
-        cached[rid] = end
+    def _filler(self) -> Callable[[Any, Any, int, int], None]:
+        """`filled(request, blocks, start, end)`: CACHED for blocks[start:end] of the
+        request's table, which vLLM just hashed. The common case of `_on_cached` (one block
+        of a decoding request) without walking the table, with the KVEventLog's add and
+        hash_block inlined, and its state bound once: a decode step calls it for one
+        request in block_size."""
+        sha256, pack, bs = hashlib.sha256, self.pack_block, self.block_size
+        hashes_of, cached, refs, block_hash = self.hashes, self.cached, self.refs, self.block_hash
+        on_cached = self._on_cached
+
+        def filled(request: Any, blocks: list[Any] | None, start: int, end: int) -> None:
+            rid = request.request_id
+            hashes = hashes_of.get(rid)
+            if hashes is None and start == 0:
+                hashes = hashes_of[rid] = []
+            if (
+                end != start + 1
+                or blocks is None
+                or hashes is None
+                or len(hashes) != start
+                or cached.get(rid, 0) != start
+                or end > len(blocks)
+            ):
+                on_cached(request)
+                return
+            tokens = getattr(request, "_all_token_ids", None) or request.all_token_ids
+            parent = hashes[-1] if start else ROOT_HASH
+            digest = sha256(parent + pack(*tokens[start * bs : end * bs])).digest()
+            hashes.append(digest)
+            block_id = blocks[start].block_id
+            short = digest[:HASH_BYTES]
+            block_hash[block_id] = short
+            kv = self.kv
+            kv.kinds.append(_CACHED)
+            kv.refs.append(refs[rid])
+            kv.sizes.append(1)
+            kv.block_ids.append(block_id)
+            kv.cached_hashes.append(short)
+            cached[rid] = end
+
+        return filled
 
     def _on_allocate(
         self, request: Any, n: int, num_hit_tokens: int, hits: Any, before: int, out: Any
@@ -329,11 +327,9 @@ class KVTaps:
         if hit_ids:
             self.kv.add(_PREFIX_HIT, self.refs[rid], hit_ids, num_tokens=num_hit_tokens)
             self.cached[rid] = before + len(hit_ids)
-        if self.evicted:
-            self._log_evicted()
         new = table[before + len(hit_ids) :]
         if new:
-            self.kv.add(_ALLOCATED, self.refs[rid], [b.block_id for b in new])
+            self._allocated(self.refs[rid], [b.block_id for b in new])
         self._on_cached(request)
         if step is not None:
             self._count_allocation(step, request, n, num_hit_tokens)

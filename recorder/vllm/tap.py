@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from itertools import chain
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, cast
@@ -64,7 +63,6 @@ _UNFINISHED = {
 # C-level reads of vLLM's requests and outputs, for the steady-step checks.
 _PREFILL_CHUNK = attrgetter("is_prefill_chunk")
 _OUTPUT_IDS = attrgetter("_output_token_ids")
-_NEW_TOKENS = attrgetter("new_token_ids")
 _BLOCK_ID = attrgetter("block_id")
 
 
@@ -376,7 +374,6 @@ class Tap(KVTaps):
         self.threshold = threshold
         self.step = _Step(self.next_step, cfg.max_num_batched_tokens, running)
         self.set_mode(LEAN if self.lean_possible(running) else FULL)
-        self.evicted.clear()
         self.lean_order.clear()
 
     def after_schedule(self, out: Any, seconds: float, launched: bool = True) -> None:
@@ -544,9 +541,7 @@ class Tap(KVTaps):
             return False  # a request finished
         # With async scheduling, the previous batch's outputs, in its scheduling order,
         # which must be this step's order.
-        if batch is not step.batch and list(batch.num_scheduled_tokens) != list(
-            step.batch.num_scheduled_tokens
-        ):
+        if batch is not step.batch and not _same_order(batch, step.batch):
             return False
         if len(outputs) == 1:
             (only,) = outputs.values()
@@ -555,10 +550,12 @@ class Tap(KVTaps):
             outs = [o for eo in outputs.values() for o in eo.outputs]
         if len(outs) != n:
             return False
-        # Without speculative decoding a request samples at most one token a step, so n
-        # tokens from n outputs are one each.
-        flat = tuple(chain.from_iterable(map(_NEW_TOKENS, outs)))
-        if len(flat) != n:
+        # Each request was scheduled one token and no drafts, so it sampled at most one:
+        # the first of each output's tokens are all of them (a list comprehension reads
+        # vLLM's outputs three times as fast as chaining their lists).
+        try:
+            flat = tuple([o.new_token_ids[0] for o in outs])
+        except IndexError:  # an output without a token
             return False
         step.steady_tokens = flat
         return True
@@ -635,6 +632,7 @@ class Tap(KVTaps):
         sched = self.sched
         refs = self.refs
         reqs = []
+        tables = self.tables()
         for rid, r in sched.requests.items():
             ref = refs[rid]
             arrival_step, first_scheduled, first_token, hits = self.progress[ref]
@@ -646,7 +644,7 @@ class Tap(KVTaps):
                     r.num_prompt_tokens,
                     len(r.output_token_ids),
                     r.num_computed_tokens,
-                    tuple(map(_BLOCK_ID, self._table(rid))),
+                    tuple(map(_BLOCK_ID, tables.get(rid, ()))),
                     r.num_preemptions,
                     r.priority,
                     float(r.arrival_time),
@@ -688,6 +686,14 @@ def _layout(
     if not others and len(flat) == len(counts) and 0 not in counts:
         return None, flat, ()
     return counts, flat, others
+
+
+def _same_order(a: Any, b: Any) -> bool:
+    """Whether two SchedulerOutputs scheduled the same requests in the same order; when
+    neither admitted a request, by one C-level comparison of their running requests."""
+    if not a.scheduled_new_reqs and not b.scheduled_new_reqs:
+        return bool(a.scheduled_cached_reqs.req_ids == b.scheduled_cached_reqs.req_ids)
+    return list(a.num_scheduled_tokens) == list(b.num_scheduled_tokens)
 
 
 class _EmptyOutput:
