@@ -59,10 +59,12 @@ class KVTaps:
         self.block_hash: dict[int, bytes] = {}  # block id -> its hash as traces keep it
         self.cached: dict[str, int] = {}  # request id -> leading blocks of its table cached
         self.refs: dict[str, int] = {}  # request id -> ref, until it finishes
-        # LEAN: what happened to blocks, in order: (request, its blocks, first and end
-        # index) of blocks that got hashes, or (None, new blocks, None, None) for an
-        # allocation, whose owner the SchedulerOutput tells.
-        self.lean_order: list[tuple[Any, Any, Any, Any]] = []
+        # LEAN: the blocks that filled, in order: (request, its blocks, first and end index
+        # of the blocks that got hashes, blocks allocated in the step before then). The
+        # allocations themselves are read off the SchedulerOutput.
+        self.lean_order: list[tuple[Any, Any, int, int, int]] = []
+        self.free_queue = self.pool.free_block_queue  # vLLM's; its count is an attribute
+        self.lean_free = 0  # LEAN: free blocks when schedule() began
         self.raw_allocate: Any = None  # vLLM's allocate_slots
         self.tapped_allocate: Any = None  # the FULL-mode wrapper around it
         self.unwrapped = False  # vLLM's allocate_slots is in place, not the wrapper
@@ -73,21 +75,17 @@ class KVTaps:
     def install_kv(self) -> None:
         kvm, pool = self.kvm, self.pool
         free, cache_full = kvm.free, pool.cache_full_blocks
-        get_new = pool.get_new_blocks
         lean_order = self.lean_order
-
-        def get_new_blocks(num_blocks: int) -> Any:
-            blocks = get_new(num_blocks)
-            if self.mode == LEAN:  # vLLM calls this only when a request needs blocks
-                lean_order.append((None, blocks, None, None))
-            return blocks
+        queue = self.free_queue
 
         def on_filled(request: Any, blocks: Any, start: int, end: int) -> None:
             # vLLM calls cache_full_blocks only when a block of the request has filled:
             # its blocks[start:end] got hashes.
             mode = self.mode
             if mode == LEAN:  # logged after schedule(), with the allocations' owners
-                lean_order.append((request, blocks, start, end))
+                lean_order.append(
+                    (request, blocks, start, end, self.lean_free - queue.num_free_blocks)
+                )
             elif mode == IDLE:  # update_from_output (async scheduling caches there)
                 self.filled(request, blocks, start, end)
             # FULL: the allocate_slots tap logs it after the allocation
@@ -121,7 +119,10 @@ class KVTaps:
             if block_mask is not None:
                 on_filled(request, None, 0, 0)
             elif self.mode == LEAN:  # on_filled, inlined: a decode step's common case
-                lean_order.append((request, blocks, num_cached_blocks, num_full_blocks))
+                # Blocks only leave the free queue by allocation in a LEAN schedule(): the
+                # count says how many were allocated before this block filled.
+                allocated = self.lean_free - queue.num_free_blocks
+                lean_order.append((request, blocks, num_cached_blocks, num_full_blocks, allocated))
             else:
                 on_filled(request, blocks, num_cached_blocks, num_full_blocks)
 
@@ -138,7 +139,6 @@ class KVTaps:
 
         self.raw_allocate = kvm.allocate_slots
         self.tapped_allocate = self._allocate_tap()
-        pool.get_new_blocks = get_new_blocks
         names = list(inspect.signature(cache_full).parameters)
         plain = names == list(_CACHE_FULL_BLOCKS_ARGS)
         pool.cache_full_blocks = cache_full_blocks_plain if plain else cache_full_blocks
@@ -239,37 +239,42 @@ class KVTaps:
         self.kv.add(_ALLOCATED, ref, ids)
 
     def lean_events(self, out: Any) -> bool:
-        """A LEAN schedule()'s KV events, in the order vLLM made them: each allocation
-        (with the hashes it dropped), whose owner is the next request with new blocks in
-        the SchedulerOutput (scheduling order), and each block that filled. False if the
-        two do not pair up (then the step cannot be recorded from the output)."""
+        """A LEAN schedule()'s KV events, in the order vLLM made them: the allocations, in
+        scheduling order from the SchedulerOutput (each with the hashes it dropped), and
+        between them each block that filled, after as many allocated blocks as had left
+        the free queue when it filled. False if the blocks allocated do not add up (then
+        the step cannot be recorded from the output)."""
         lean_order = self.lean_order
         cached_reqs = out.scheduled_cached_reqs
         new_ids = cached_reqs.new_block_ids
-        if not lean_order:
-            return bool(new_ids.count(None) == len(new_ids))
+        allocated = self.lean_free - self.free_queue.num_free_blocks
+        if not allocated and new_ids.count(None) == len(new_ids):
+            for request, blocks, start, end, _ in lean_order:
+                self.filled(request, blocks, start, end)
+            lean_order.clear()
+            return True
         # None: no new blocks (most requests, most steps).
         owners = compress(zip(cached_reqs.req_ids, new_ids), new_ids)
         refs, filled, kv, block_hash = self.refs, self.filled, self.kv, self.block_hash
-        for request, blocks, start, end in lean_order:
+        done = 0  # blocks whose allocation is logged
+        for request, blocks, start, end, before in [*lean_order, (None, None, 0, 0, allocated)]:
+            while done < before:
+                owner = next(owners, None)
+                if owner is None:
+                    return False
+                ids = owner[1][0]
+                done += len(ids)
+                if len(ids) != 1 or ids[0] in block_hash:  # not the one-block, hash-free case
+                    self._allocated(refs[owner[0]], ids)
+                    continue
+                kv.kinds.append(_ALLOCATED)  # KVEventLog.add, inlined
+                kv.refs.append(refs[owner[0]])
+                kv.sizes.append(1)
+                kv.block_ids.append(ids[0])
             if request is not None:
                 filled(request, blocks, start, end)
-                continue
-            owner = next(owners, None)
-            if owner is None:
-                return False
-            ids = owner[1][0]
-            if len(ids) != len(blocks) or ids[0] != blocks[0].block_id:
-                return False
-            if len(ids) != 1 or ids[0] in block_hash:  # not the one-block, hash-free case
-                self._allocated(refs[owner[0]], ids)
-                continue
-            kv.kinds.append(_ALLOCATED)  # KVEventLog.add, inlined
-            kv.refs.append(refs[owner[0]])
-            kv.sizes.append(len(ids))
-            kv.block_ids.extend(ids)
         lean_order.clear()
-        return next(owners, None) is None
+        return done == allocated and next(owners, None) is None
 
     def _filler(self) -> Callable[[Any, Any, int, int], None]:
         """`filled(request, blocks, start, end)`: CACHED for blocks[start:end] of the

@@ -375,6 +375,7 @@ class Tap(KVTaps):
         self.step = _Step(self.next_step, cfg.max_num_batched_tokens, running)
         self.set_mode(LEAN if self.lean_possible(running) else FULL)
         self.lean_order.clear()
+        self.lean_free = self.free_queue.num_free_blocks
 
     def after_schedule(self, out: Any, seconds: float, launched: bool = True) -> None:
         if self.stopped is not None:
