@@ -31,8 +31,13 @@ def checksum(rtype: int, body: bytes | memoryview) -> int:
     return zlib.crc32(body, zlib.crc32(bytes((rtype,))))
 
 
-def frame(rtype: int, body: bytes) -> bytes:
-    """One whole record: frame header and body."""
+def frame_header(rtype: int, body: bytes) -> bytes:
+    """The 9 bytes that go before `body` in its record."""
     if len(body) > MAX_RECORD_BYTES:
         raise ValueError(f"record of {len(body)} bytes exceeds {MAX_RECORD_BYTES}")
-    return FRAME.pack(len(body), rtype, checksum(rtype, body)) + body
+    return FRAME.pack(len(body), rtype, checksum(rtype, body))
+
+
+def frame(rtype: int, body: bytes) -> bytes:
+    """One whole record: frame header and body."""
+    return frame_header(rtype, body) + body

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from recorder.errors import RecordingError
-from recorder.framing import FRAME_SIZE, frame, preamble
+from recorder.framing import FRAME_SIZE, frame, frame_header, preamble
 
 log = logging.getLogger("schedtop.recorder")
 
@@ -79,9 +79,11 @@ class TraceWriter:
         if self.error is not None or self._closed:
             return self.offset
         start = self.offset
-        data = frame(rtype, body)
-        self._buf += data
-        self.offset += len(data)
+        header = frame_header(rtype, body)  # the body goes in uncopied: a step can be KBs
+        buf = self._buf
+        buf += header
+        buf += body
+        self.offset += len(header) + len(body)
         if boundary and (
             self.live
             or len(self._buf) >= self.flush_bytes
