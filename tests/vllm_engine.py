@@ -186,6 +186,7 @@ class CheckingMixin(RecordingMixin):
         # How many steps so far took the recorder's short paths (the test wants both).
         line = {"step": step.step, "problem": problem, "lean": tap.lean_steps}
         line["steady"] = tap.steady_steps
+        line["mixed"] = tap.mixed_steps
         with self._check_out.open("a") as f:
             f.write(json.dumps(line) + "\n")
 

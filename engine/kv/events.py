@@ -62,6 +62,16 @@ class KVEventLog:
         elif kind is _PREFIX_HIT:
             self.hit_tokens.append(num_tokens)
 
+    def extend(self, other: KVEventLog) -> None:
+        """Append another log's events, in order."""
+        self.kinds += other.kinds
+        self.refs += other.refs
+        self.sizes += other.sizes
+        self.block_ids += other.block_ids
+        self.cached_hashes += other.cached_hashes
+        self.evicted_hashes += other.evicted_hashes
+        self.hit_tokens += other.hit_tokens
+
     def freeze(self) -> KVEvents:
         """The step's record (evicted hashes are left out: a reducer knows them; the
         cached ones are cut to the records' HASH_BYTES)."""

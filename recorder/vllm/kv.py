@@ -4,7 +4,7 @@ and the request it belongs to, as the step's KV events.
 Two modes inside schedule(). FULL wraps `allocate_slots`, so that each allocation is seen
 as it happens, with what the decisions need (budget, cut-short reasons, admission
 failures). LEAN leaves `allocate_slots` alone: when only running requests that decode one
-token each can be scheduled and no allocation can fail (see `Tap.lean_possible`), the
+token each can be scheduled and no allocation can fail (see `Tap.pass_mode`), the
 allocations are read once from vLLM's SchedulerOutput after schedule(), and the blocks
 that got hashes from the block pool's `cache_full_blocks`, which vLLM calls only when a
 block has filled. That keeps Python off the per-request path of a steady decode step.
@@ -24,8 +24,9 @@ from engine.kv.events import KVEventKind, KVEventLog
 from engine.kv.hashing import ROOT_HASH, hash_block
 from engine.records import HASH_BYTES, Reason, trace_hashes
 
-# Outside schedule(); schedule() tapped per allocation; or not; recording has stopped.
-IDLE, FULL, LEAN, STOPPED = 0, 1, 2, 3
+# Outside schedule(); schedule() tapped per allocation; or not; recording has stopped; or
+# not during the running pass, and per allocation from the waiting pass on.
+IDLE, FULL, LEAN, STOPPED, MIXED = 0, 1, 2, 3, 4
 _ALLOCATED, _CACHED, _EVICTED = KVEventKind.ALLOCATED, KVEventKind.CACHED, KVEventKind.EVICTED
 _PREFIX_HIT, _FREED = KVEventKind.PREFIX_HIT, KVEventKind.FREED
 _PLAIN_CACHE_ARGS = {"blocks", "num_cached_blocks", "num_full_blocks"}  # cache_full_blocks'
@@ -64,7 +65,10 @@ class KVTaps:
         # allocations themselves are read off the SchedulerOutput.
         self.lean_order: list[tuple[Any, Any, int, int, int]] = []
         self.free_queue = self.pool.free_block_queue  # vLLM's; its count is an attribute
-        self.lean_free = 0  # LEAN: free blocks when schedule() began
+        self.lean_free = 0  # LEAN, MIXED: free blocks when schedule() began
+        self.pass_blocks = 0  # MIXED: blocks the running pass allocated
+        self.pass_tokens = 0  # MIXED: tokens the running pass scheduled
+        self.pre_kv: KVEventLog | None = None  # MIXED: the log up to the waiting pass
         self.raw_allocate: Any = None  # vLLM's allocate_slots
         self.tapped_allocate: Any = None  # the FULL-mode wrapper around it
         self.unwrapped = False  # vLLM's allocate_slots is in place, not the wrapper
@@ -82,7 +86,7 @@ class KVTaps:
             # vLLM calls cache_full_blocks only when a block of the request has filled:
             # its blocks[start:end] got hashes.
             mode = self.mode
-            if mode == LEAN:  # logged after schedule(), with the allocations' owners
+            if mode in (LEAN, MIXED):  # logged after schedule(), with the owners
                 lean_order.append(
                     (request, blocks, start, end, self.lean_free - queue.num_free_blocks)
                 )
@@ -118,7 +122,7 @@ class KVTaps:
             )
             if block_mask is not None:
                 on_filled(request, None, 0, 0)
-            elif self.mode == LEAN:  # on_filled, inlined: a decode step's common case
+            elif self.mode in (LEAN, MIXED):  # on_filled, inlined: a decode step
                 # Blocks only leave the free queue by allocation in a LEAN schedule(): the
                 # count says how many were allocated before this block filled.
                 allocated = self.lean_free - queue.num_free_blocks
@@ -163,6 +167,11 @@ class KVTaps:
         refs = self.refs
 
         def allocate_slots(request: Any, num_new_tokens: int, *args: Any, **kw: Any) -> Any:
+            if self.mode == MIXED:
+                if request.status is running_status:  # read off the SchedulerOutput later
+                    self.pass_tokens += num_new_tokens
+                    return allocate(request, num_new_tokens, *args, **kw)
+                self.end_running_pass()  # the waiting pass begins: tap it
             rid = request.request_id
             self.alloc_for = rid
             step = self.step
@@ -238,23 +247,50 @@ class KVTaps:
             self.kv.add(_EVICTED, None, gone, [block_hash.pop(b) for b in gone])
         self.kv.add(_ALLOCATED, ref, ids)
 
-    def lean_events(self, out: Any) -> bool:
+    def end_running_pass(self) -> None:
+        """MIXED: the running pass is over (the waiting pass begins, or schedule() ends).
+        What follows is tapped (FULL) and logged apart: it goes after the running pass's
+        events, which only the SchedulerOutput will tell."""
+        self.pass_blocks = self.lean_free - self.free_queue.num_free_blocks
+        self.pre_kv, self.kv = self.kv, KVEventLog()
+        self.mode = FULL
+
+    def mixed_events(self, out: Any) -> bool:
+        """A MIXED schedule()'s KV events: what came before it, the running pass's (as in
+        a LEAN step, from the SchedulerOutput's running requests, which come before the
+        resumed ones), then the waiting pass's, as tapped."""
+        if self.pre_kv is None:
+            self.end_running_pass()  # no allocation for a waiting request
+        assert self.pre_kv is not None
+        waiting_pass, self.kv, self.pre_kv = self.kv, self.pre_kv, None
+        cached_reqs = out.scheduled_cached_reqs
+        m = len(cached_reqs.req_ids) - len(cached_reqs.resumed_req_ids)
+        ok = self.lean_events(out, m, self.pass_blocks)
+        self.kv.extend(waiting_pass)
+        return ok
+
+    def lean_events(self, out: Any, m: int | None = None, allocated: int | None = None) -> bool:
         """A LEAN schedule()'s KV events, in the order vLLM made them: the allocations, in
         scheduling order from the SchedulerOutput (each with the hashes it dropped), and
         between them each block that filled, after as many allocated blocks as had left
         the free queue when it filled. False if the blocks allocated do not add up (then
-        the step cannot be recorded from the output)."""
+        the step cannot be recorded from the output). MIXED: only the first `m` cached
+        requests (the running pass's), which allocated `allocated` blocks."""
         lean_order = self.lean_order
         cached_reqs = out.scheduled_cached_reqs
         new_ids = cached_reqs.new_block_ids
-        allocated = self.lean_free - self.free_queue.num_free_blocks
+        req_ids = cached_reqs.req_ids
+        if m is not None:
+            new_ids, req_ids = new_ids[:m], req_ids[:m]
+        if allocated is None:
+            allocated = self.lean_free - self.free_queue.num_free_blocks
         if not allocated and new_ids.count(None) == len(new_ids):
             for request, blocks, start, end, _ in lean_order:
                 self.filled(request, blocks, start, end)
             lean_order.clear()
             return True
         # None: no new blocks (most requests, most steps).
-        owners = compress(zip(cached_reqs.req_ids, new_ids), new_ids)
+        owners = compress(zip(req_ids, new_ids), new_ids)
         refs, filled, kv, block_hash = self.refs, self.filled, self.kv, self.block_hash
         done = 0  # blocks whose allocation is logged
         for request, blocks, start, end, before in [*lean_order, (None, None, 0, 0, allocated)]:

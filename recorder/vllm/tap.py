@@ -40,7 +40,7 @@ from engine.records import (
 )
 from recorder.recorder import DEFAULT_SNAPSHOT_INTERVAL, Recorder
 from recorder.vllm.checks import engine_config, env_flag, env_number, request_problem
-from recorder.vllm.kv import FULL, IDLE, LEAN, STOPPED, KVTaps
+from recorder.vllm.kv import FULL, IDLE, LEAN, MIXED, STOPPED, KVTaps
 from recorder.writer import TraceWriter
 
 log = logging.getLogger("schedtop.recorder.vllm")
@@ -158,6 +158,7 @@ class Tap(KVTaps):
         self.in_flight = 0  # async: batches scheduled and not updated yet
         self.lean_steps = 0  # steps scheduled without the allocate_slots tap
         self.steady_steps = 0  # steps recorded by the steady shortcut
+        self.mixed_steps = 0  # steps whose running pass was scheduled without the tap
         # The last step was steady: every running request has sampled and is past its
         # prefill, and stays so until it finishes (only admissions add to running).
         self.decoding = False
@@ -261,8 +262,8 @@ class Tap(KVTaps):
         if step is None:
             self.stop("a preemption outside schedule() (reset_prefix_cache with running requests)")
             return
-        if self.mode == LEAN:
-            # lean_possible() rules this out (every running request fits a new block).
+        if self.mode in (LEAN, MIXED):
+            # pass_mode() rules this out (every running request fits a new block).
             self.stop("a preemption in a step recorded without the allocation tap")
             return
         rid = victim.request_id
@@ -345,21 +346,33 @@ class Tap(KVTaps):
         self.hashes.pop(rid, None)
         self.cached.pop(rid, None)
 
-    def lean_possible(self, running: list[Any]) -> bool:
-        """Whether this schedule() can be recorded without the allocate_slots tap: no
+    def pass_mode(self, running: list[Any]) -> int:
+        """How this schedule() is tapped. LEAN, without the allocate_slots tap, when no
         request can be admitted (nothing waits), none cut short (each running request has
         finished its prefill, so wants one token: no speculative decoding here) and no
         allocation can fail (a token needs at most one new block, and there are as many
-        free blocks as running requests), so no preemption."""
+        free blocks as running requests), so no preemption. MIXED when only the first
+        does not hold: the running pass is read off the SchedulerOutput as in LEAN (it
+        cannot cut short or preempt either, and leaves budget over), and the waiting pass
+        (admissions) is tapped. FULL otherwise."""
         sched = self.sched
-        return bool(
-            running
-            and not self.arrivals
-            and not sched.waiting
-            and not getattr(sched, "kv_holding_waiting", None)
-            and self.pool.get_num_free_blocks() >= len(running)
-            and (self.decoding or not any(map(_PREFILL_CHUNK, running)))
-        )
+        if (
+            not running
+            or getattr(sched, "kv_holding_waiting", None)
+            or self.pool.get_num_free_blocks() < len(running)
+            or (not self.decoding and any(map(_PREFILL_CHUNK, running)))
+        ):
+            return FULL
+        if not self.arrivals and not sched.waiting:
+            return LEAN
+        return MIXED if self.config.max_num_batched_tokens > len(running) else FULL
+
+    def end_running_pass(self) -> None:
+        super().end_running_pass()
+        step = self.step
+        if step is not None:  # each running request's allocation was for its tokens
+            step.run_used = self.pass_tokens
+            step.budget -= self.pass_tokens
 
     def before_schedule(self) -> None:
         if self.step is not None:
@@ -373,8 +386,10 @@ class Tap(KVTaps):
             threshold = max(threshold, cfg.max_num_batched_tokens // num_eligible)
         self.threshold = threshold
         self.step = _Step(self.next_step, cfg.max_num_batched_tokens, running)
-        self.set_mode(LEAN if self.lean_possible(running) else FULL)
+        self.set_mode(self.pass_mode(running))
         self.lean_order.clear()
+        self.pre_kv = None
+        self.pass_tokens = 0
         self.lean_free = self.free_queue.num_free_blocks
 
     def after_schedule(self, out: Any, seconds: float, launched: bool = True) -> None:
@@ -384,6 +399,11 @@ class Tap(KVTaps):
         assert step is not None
         sched = self.sched
         lean = self.mode == LEAN
+        if self.mode == MIXED or self.pre_kv is not None:
+            self.mixed_steps += 1
+            if not self.mixed_events(out):
+                self.stop("vLLM's allocations in a step do not match its SchedulerOutput")
+                return
         self.mode = IDLE
         if lean:
             self.lean_steps += 1
