@@ -67,7 +67,6 @@ class KVTaps:
         self.free_queue = self.pool.free_block_queue  # vLLM's; its count is an attribute
         self.lean_free = 0  # LEAN, MIXED: free blocks when schedule() began
         self.pass_blocks = 0  # MIXED: blocks the running pass allocated
-        self.pass_tokens = 0  # MIXED: tokens the running pass scheduled
         self.pre_kv: KVEventLog | None = None  # MIXED: the log up to the waiting pass
         self.raw_allocate: Any = None  # vLLM's allocate_slots
         self.tapped_allocate: Any = None  # the FULL-mode wrapper around it
@@ -147,11 +146,22 @@ class KVTaps:
         plain = names == list(_CACHE_FULL_BLOCKS_ARGS)
         pool.cache_full_blocks = cache_full_blocks_plain if plain else cache_full_blocks
         kvm.free = free_request
+        waiting = self.sched.waiting
+        peek = waiting.peek_request
+
+        def peek_request() -> Any:
+            # vLLM's waiting pass looks at the head of the queue before it admits anything;
+            # the running pass never does: in a MIXED step, the running pass is over.
+            if self.mode == MIXED:
+                self.end_running_pass()
+            return peek()
+
+        waiting.peek_request = peek_request
         kvm.allocate_slots = self.tapped_allocate
 
     def set_mode(self, mode: int) -> None:
-        """FULL puts the allocate_slots wrapper in, LEAN and STOPPED take it out."""
-        lean = mode in (LEAN, STOPPED)
+        """FULL puts the allocate_slots wrapper in, LEAN, MIXED and STOPPED take it out."""
+        lean = mode in (LEAN, STOPPED, MIXED)
         if mode != IDLE and lean != self.unwrapped:
             self.kvm.allocate_slots = self.raw_allocate if lean else self.tapped_allocate
             self.unwrapped = lean
@@ -167,11 +177,6 @@ class KVTaps:
         refs = self.refs
 
         def allocate_slots(request: Any, num_new_tokens: int, *args: Any, **kw: Any) -> Any:
-            if self.mode == MIXED:
-                if request.status is running_status:  # read off the SchedulerOutput later
-                    self.pass_tokens += num_new_tokens
-                    return allocate(request, num_new_tokens, *args, **kw)
-                self.end_running_pass()  # the waiting pass begins: tap it
             rid = request.request_id
             self.alloc_for = rid
             step = self.step
@@ -253,7 +258,7 @@ class KVTaps:
         events, which only the SchedulerOutput will tell."""
         self.pass_blocks = self.lean_free - self.free_queue.num_free_blocks
         self.pre_kv, self.kv = self.kv, KVEventLog()
-        self.mode = FULL
+        self.set_mode(FULL)
 
     def mixed_events(self, out: Any) -> bool:
         """A MIXED schedule()'s KV events: what came before it, the running pass's (as in

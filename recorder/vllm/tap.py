@@ -105,6 +105,7 @@ class _Step:
         "samples",
         "steady_tokens",
         "batch",
+        "unsettled",
     )
 
     def __init__(self, index: int, budget: int, pre_running: list[Any]) -> None:
@@ -131,6 +132,9 @@ class _Step:
         self.samples: dict[int, tuple[int, ...]] = {}  # ref -> tokens that arrived
         self.steady_tokens: tuple[int, ...] | None = None  # steady: one token per entry
         self.batch: Any = None  # steady: the SchedulerOutput schedule() returned
+        # MIXED, in the waiting pass: (ref, wanted, tokens, budget before the running
+        # pass's tokens) per admission, whose shortfall waits for that budget (_settle).
+        self.unsettled: list[tuple[int, int, int, int]] | None = None
 
 
 class Tap(KVTaps):
@@ -222,17 +226,13 @@ class Tap(KVTaps):
         """An admission from waiting (running requests take the fast path)."""
         rid = request.request_id
         wanted = request.num_tokens - num_hits
-        reason = None
-        threshold = self.threshold
-        if 0 < threshold < wanted:
-            reason = Reason.LONG_PREFILL_THRESHOLD
-            if threshold > step.budget:
-                reason = Reason.TOKEN_BUDGET
-        elif wanted > step.budget:
-            reason = Reason.TOKEN_BUDGET
         ref = self.refs[rid]
-        if reason is not None:
-            step.shortfalls.append(Shortfall(ref, wanted, n, reason))
+        if step.unsettled is not None:  # the running pass's share is not known yet
+            step.unsettled.append((ref, wanted, n, step.budget))
+        else:
+            reason = self._short_of(wanted, step.budget)
+            if reason is not None:
+                step.shortfalls.append(Shortfall(ref, wanted, n, reason))
         step.admissions.append(Admission(ref, num_hits, request.status.name == "PREEMPTED"))
         progress = self.progress[ref]
         if progress[1] < 0:
@@ -240,6 +240,30 @@ class Tap(KVTaps):
             progress[3] = num_hits
         step.scheduled[rid] = n
         step.budget -= n
+
+    def _short_of(self, wanted: int, budget: int) -> Reason | None:
+        """Why an admitted request got fewer tokens than it wanted (None: it did not)."""
+        threshold = self.threshold
+        if 0 < threshold < wanted:
+            return Reason.TOKEN_BUDGET if threshold > budget else Reason.LONG_PREFILL_THRESHOLD
+        return Reason.TOKEN_BUDGET if wanted > budget else None
+
+    def _settle(self, step: _Step, out: Any) -> None:
+        """MIXED: the running pass's tokens, now that the SchedulerOutput tells them (all
+        but the admitted and resumed requests' tokens), and the waiting pass's shortfalls
+        with the budget that was really left at each admission."""
+        cached = out.scheduled_cached_reqs
+        counts = out.num_scheduled_tokens
+        others = sum(counts[r] for r in cached.resumed_req_ids)
+        others += sum(counts[r.req_id] for r in out.scheduled_new_reqs)
+        used = out.total_num_scheduled_tokens - others
+        step.run_used = used
+        step.budget -= used
+        for ref, wanted, n, budget in step.unsettled or ():
+            reason = self._short_of(wanted, budget - used)
+            if reason is not None:
+                step.shortfalls.append(Shortfall(ref, wanted, n, reason))
+        step.unsettled = None
 
     def _running_share(self, step: _Step, request: Any, n: int) -> tuple[str, int, Reason | None]:
         """A running request's wanted tokens and why it got fewer (schedtop's rules), as
@@ -369,10 +393,8 @@ class Tap(KVTaps):
 
     def end_running_pass(self) -> None:
         super().end_running_pass()
-        step = self.step
-        if step is not None:  # each running request's allocation was for its tokens
-            step.run_used = self.pass_tokens
-            step.budget -= self.pass_tokens
+        if self.step is not None:  # its tokens are settled after schedule() (_settle)
+            self.step.unsettled = []
 
     def before_schedule(self) -> None:
         if self.step is not None:
@@ -389,7 +411,6 @@ class Tap(KVTaps):
         self.set_mode(self.pass_mode(running))
         self.lean_order.clear()
         self.pre_kv = None
-        self.pass_tokens = 0
         self.lean_free = self.free_queue.num_free_blocks
 
     def after_schedule(self, out: Any, seconds: float, launched: bool = True) -> None:
@@ -404,6 +425,7 @@ class Tap(KVTaps):
             if not self.mixed_events(out):
                 self.stop("vLLM's allocations in a step do not match its SchedulerOutput")
                 return
+            self._settle(step, out)
         self.mode = IDLE
         if lean:
             self.lean_steps += 1
