@@ -51,16 +51,26 @@ class StepCompactor:
         return self.general(rep, time_ns)
 
     def general(self, rep: Step, time_ns: int = 0) -> Step:
-        """`compact` for any step, without the steady-decode shortcut."""
+        """`compact` for any step, without the steady-decode shortcut. A report whose
+        leading decodes are implicit already (num_decodes) keeps them so."""
         arrivals = tuple(map(self._arrival, rep.arrivals)) if rep.arrivals else ()
-        num_decodes = self._decode_prefix(rep)
+        if rep.num_decodes:
+            if rep.running is None or rep.waiting is None or rep.num_decodes > len(self.running):
+                raise ValueError(
+                    f"step {rep.step}: num_decodes={rep.num_decodes} with "
+                    f"{len(self.running)} running requests, or without the queues"
+                )
+            num_decodes, scheduled = rep.num_decodes, rep.scheduled
+        else:
+            num_decodes = self._decode_prefix(rep)
+            scheduled = rep.scheduled[num_decodes:] if num_decodes else rep.scheduled
         running, waiting = self._queues(rep)
         step = replace(
             rep,
             time_ns=time_ns,
             arrivals=arrivals,
             num_decodes=num_decodes,
-            scheduled=rep.scheduled[num_decodes:] if num_decodes else rep.scheduled,
+            scheduled=scheduled,
             sampled_tokens=None if self.redact else rep.sampled_tokens,
             running=running,
             waiting=waiting,
@@ -107,9 +117,12 @@ class StepCompactor:
         )
 
     def _compacted(self, rep: Step, time_ns: int) -> Step:
-        """A steady decode step its reporter made compact itself (recorder.vllm reads it
-        off vLLM's batch with no per-request record): its leading decodes must be the
-        whole running queue, and nothing else may have moved."""
+        """A step whose reporter made its leading decodes implicit itself (recorder.vllm
+        reads them off vLLM's batch with no per-request record). A steady one (its leading
+        decodes are the whole running queue, nothing else moved, no queues reported) is
+        taken as it is; any other goes through `general`."""
+        if rep.running is not None or rep.waiting is not None:
+            return self.general(rep, time_ns)
         if (
             rep.num_decodes != len(self.running)
             or rep.scheduled

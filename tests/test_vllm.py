@@ -195,7 +195,7 @@ def test_vllm_traces_resimulate_and_rebuild_vllms_state(
     root, results = recorded[mode]
     _, is_async = MODES[mode]
     assert set(results) == set(runs_for(mode))
-    preemptions = hits = aborts = lean = steady = mixed = 0
+    preemptions = hits = aborts = lean = steady = mixed = implicit = 0
     for name, result in results.items():
         assert "error" not in result, f"{mode}/{name}: {result['error']}"
         trace = the_trace(root / name)
@@ -215,6 +215,7 @@ def test_vllm_traces_resimulate_and_rebuild_vllms_state(
         lean += checks[-1]["lean"] if checks else 0
         steady += checks[-1]["steady"] if checks else 0
         mixed += checks[-1]["mixed"] if checks else 0
+        implicit += checks[-1]["implicit"] if checks else 0
         result_ = resimulate(trace)
         assert result_.reproduced, (
             f"{mode}/{name}: step {result_.divergence.step if result_.divergence else '?'} "
@@ -227,7 +228,7 @@ def test_vllm_traces_resimulate_and_rebuild_vllms_state(
     # (steps scheduled without the allocation tap, or with it for the waiting pass only,
     # and steady decode records) included.
     assert hits > 0
-    assert lean > 0 and steady > 0 and mixed > 0
+    assert lean > 0 and steady > 0 and mixed > 0 and implicit > 0
     if not MODES[mode][0]:
         # A multiprocess engine core steps on its own clock while the client adds and
         # aborts: whether a request is still there to abort, or two overlap enough to

@@ -187,6 +187,7 @@ class CheckingMixin(RecordingMixin):
         line = {"step": step.step, "problem": problem, "lean": tap.lean_steps}
         line["steady"] = tap.steady_steps
         line["mixed"] = tap.mixed_steps
+        line["implicit"] = tap.implicit_steps
         with self._check_out.open("a") as f:
             f.write(json.dumps(line) + "\n")
 

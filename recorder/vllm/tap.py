@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from itertools import chain, compress, islice, repeat
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, cast
@@ -63,7 +64,9 @@ _UNFINISHED = {
 # C-level reads of vLLM's requests and outputs, for the steady-step checks.
 _PREFILL_CHUNK = attrgetter("is_prefill_chunk")
 _OUTPUT_IDS = attrgetter("_output_token_ids")
+_NEW_TOKENS = attrgetter("new_token_ids")
 _BLOCK_ID = attrgetter("block_id")
+_RID = attrgetter("request_id")
 
 
 class _Facade:
@@ -106,6 +109,7 @@ class _Step:
         "steady_tokens",
         "batch",
         "unsettled",
+        "decode_refs",
     )
 
     def __init__(self, index: int, budget: int, pre_running: list[Any]) -> None:
@@ -135,6 +139,9 @@ class _Step:
         # MIXED, in the waiting pass: (ref, wanted, tokens, budget before the running
         # pass's tokens) per admission, whose shortfall waits for that budget (_settle).
         self.unsettled: list[tuple[int, int, int, int]] | None = None
+        # MIXED: the leading running requests, each decoding one token, left implicit
+        # (the record's num_decodes); `entries` then holds only the rest.
+        self.decode_refs: list[int] = []
 
 
 class Tap(KVTaps):
@@ -163,6 +170,8 @@ class Tap(KVTaps):
         self.lean_steps = 0  # steps scheduled without the allocate_slots tap
         self.steady_steps = 0  # steps recorded by the steady shortcut
         self.mixed_steps = 0  # steps whose running pass was scheduled without the tap
+        self.implicit_steps = 0  # MIXED steps whose leading decodes were left implicit
+        self.awaiting_first: set[int] = set()  # refs of live requests yet to sample
         # The last step was steady: every running request has sampled and is past its
         # prefill, and stays so until it finishes (only admissions add to running).
         self.decoding = False
@@ -315,6 +324,7 @@ class Tap(KVTaps):
         self.refs[rid] = ref
         self.live[rid] = request
         self.progress[ref] = [self.next_step, -1, -1, -1]
+        self.awaiting_first.add(ref)
         sp = request.sampling_params
         prompt = tuple(request.prompt_token_ids or ())
         full = len(prompt) // self.block_size
@@ -347,6 +357,8 @@ class Tap(KVTaps):
         mid_step = step is not None and step.decided
         if mid_step and step is not None and step.entries is None:
             self._build_steady_entries(step)  # before the aborted requests are forgotten
+        elif mid_step and step is not None:
+            self._expand_decodes(step)
         for req in requests:
             ours = _FINISHED.get(req.status.name, Status.FINISHED_ABORTED)
             message = MID_STEP_ABORT if mid_step else ""
@@ -367,6 +379,7 @@ class Tap(KVTaps):
         ref = self.refs.pop(rid, None)
         if ref is not None:
             self.progress.pop(ref, None)
+            self.awaiting_first.discard(ref)
         self.hashes.pop(rid, None)
         self.cached.pop(rid, None)
 
@@ -420,7 +433,8 @@ class Tap(KVTaps):
         assert step is not None
         sched = self.sched
         lean = self.mode == LEAN
-        if self.mode == MIXED or self.pre_kv is not None:
+        mixed = self.mode == MIXED or self.pre_kv is not None
+        if mixed:
             self.mixed_steps += 1
             if not self.mixed_events(out):
                 self.stop("vLLM's allocations in a step do not match its SchedulerOutput")
@@ -439,8 +453,10 @@ class Tap(KVTaps):
             step.run_used = total
         if lean and not self.finishes and self._steady(step, out):
             step.entries = None  # built only if the step turns out not to be steady
+        elif mixed:
+            self._mixed_entries(step, out)
         else:
-            step.entries = self._entries(out)
+            step.entries = self._entries(out.num_scheduled_tokens.items())
         if self.arrivals:
             step.arrivals = tuple(self.arrivals)
             self.arrivals = []
@@ -473,13 +489,14 @@ class Tap(KVTaps):
         step.batch = out
         return True
 
-    def _entries(self, out: Any) -> tuple[Scheduled, ...]:
+    def _entries(self, scheduled: Iterable[tuple[str, int]]) -> tuple[Scheduled, ...]:
+        """Entries for (request id, tokens) in scheduling order."""
         requests = self.sched.requests
         refs = self.refs
         entries: list[Scheduled] = []
         append = entries.append
         chunk, decode, prefill = Kind.CHUNK, Kind.DECODE, Kind.PREFILL
-        for rid, n in out.num_scheduled_tokens.items():
+        for rid, n in scheduled:
             req = requests[rid]
             if req.is_prefill_chunk:
                 kind = chunk
@@ -489,6 +506,44 @@ class Tap(KVTaps):
                 kind = prefill
             append(Scheduled(refs[rid], n, kind, req.num_computed_tokens - n))
         return tuple(entries)
+
+    def _mixed_entries(self, step: _Step, out: Any) -> None:
+        """A MIXED step's entries: the running requests that the running pass gave one
+        DECODE token each, from the first on in running order, left implicit (as a trace
+        keeps them), then the rest, spelled out. Two C-level comparisons in the common
+        case, instead of an entry per running request."""
+        req_ids = out.scheduled_cached_reqs.req_ids
+        m = len(req_ids) - len(out.scheduled_cached_reqs.resumed_req_ids)
+        pre = step.pre_running
+        k = 0
+        if step.run_used == m:  # one token each
+            pre_ids = list(map(_RID, pre))
+            k = min(m, len(pre_ids))
+            if req_ids[:k] != pre_ids[:k]:  # one skipped (async: it is done in flight)
+                k = next(i for i, (a, b) in enumerate(zip(req_ids, pre_ids)) if a != b)
+        decode_refs = list(map(self.refs.__getitem__, req_ids[:k]))
+        awaiting = self.awaiting_first
+        if awaiting and not awaiting.isdisjoint(decode_refs):  # one is a PREFILL (no sample)
+            k, decode_refs = 0, []
+        if k:
+            self.implicit_steps += 1
+        step.decode_refs = decode_refs
+        step.entries = self._entries(islice(out.num_scheduled_tokens.items(), k, None))
+
+    def _expand_decodes(self, step: _Step) -> None:
+        """Spell out a MIXED step's implicit decodes (a request among them is aborted
+        before the step ends: then they are not the running queue's head any more)."""
+        if step.decode_refs and step.entries is not None:
+            decode = Kind.DECODE
+            n = len(step.decode_refs)
+            step.entries = (
+                *(
+                    Scheduled(ref, 1, decode, r.num_computed_tokens - 1)
+                    for ref, r in zip(step.decode_refs, step.pre_running[:n])
+                ),
+                *step.entries,
+            )
+            step.decode_refs = []
 
     def _build_steady_entries(self, step: _Step) -> None:
         """The entries of a step that was steady until now (each running request, one
@@ -551,29 +606,37 @@ class Tap(KVTaps):
                 self.end_step(ns(seconds))
                 return
             self._build_steady_entries(step)
-        samples = step.samples
-        refs = self.refs
-        progress = self.progress
-        index = step.index
-        # vLLM emits outputs in the batch's scheduling order (per client).
-        for engine_outputs in outputs.values():
-            for o in engine_outputs.outputs:
-                tokens = o.new_token_ids
-                ref = refs.get(o.request_id)
-                if ref is None:
-                    continue
-                if tokens:
-                    samples[ref] = tuple(tokens)
-                    first = progress[ref]
-                    if first[2] < 0:
-                        first[2] = index
-                if o.finish_reason is None:
-                    continue
-                req = self.live.get(o.request_id)
-                status = _FINISHED.get(req.status.name if req is not None else "")
-                step.finishes.append(Finish(ref, status or Status.FINISHED_ERROR, ""))
-                self._forget(o.request_id)
+        self._samples(step, outputs)
         self.end_step(ns(seconds))
+
+    def _samples(self, step: _Step, outputs: Any) -> None:
+        """The step's samples (ref -> tokens) and finishes from vLLM's outputs, which come
+        in the batch's scheduling order (per client): C-level passes over them, and a
+        Python loop only over the few that finished."""
+        if len(outputs) == 1:
+            (only,) = outputs.values()
+            outs = only.outputs
+        else:
+            outs = [o for eo in outputs.values() for o in eo.outputs]
+        refs = self.refs
+        samples: dict[Any, tuple[int, ...]] = step.samples
+        tokens = list(map(_NEW_TOKENS, outs))
+        samples.update(compress(zip(map(refs.get, map(_RID, outs)), map(tuple, tokens)), tokens))
+        samples.pop(None, None)  # a request the trace does not know
+        awaiting = self.awaiting_first
+        if awaiting and not awaiting.isdisjoint(samples):
+            index, progress = step.index, self.progress
+            for ref in awaiting.intersection(samples):
+                progress[ref][2] = index
+            awaiting.difference_update(samples)
+        for o in [o for o in outs if o.finish_reason is not None]:
+            done = refs.get(o.request_id)
+            if done is None:
+                continue
+            req = self.live.get(o.request_id)
+            status = _FINISHED.get(req.status.name if req is not None else "")
+            step.finishes.append(Finish(done, status or Status.FINISHED_ERROR, ""))
+            self._forget(o.request_id)
 
     def _steady_samples(self, step: _Step, batch: Any, outputs: Any) -> bool:
         """Whether a steady step's outputs are one token for each of its requests, in its
@@ -647,13 +710,14 @@ class Tap(KVTaps):
         sched = self.sched
         refs = self.refs
         assert step.entries is not None
-        counts, tokens, others = _layout(step.entries, step.samples)
+        counts, tokens, others = _layout(step.decode_refs, step.entries, step.samples)
         return Step(
             step=step.index,
             schedule_ns=step.schedule_ns,
             update_ns=update_ns,
             token_budget=self.config.max_num_batched_tokens,
             arrivals=step.arrivals,
+            num_decodes=len(step.decode_refs),
             scheduled=step.entries,
             admissions=tuple(step.admissions),
             preemptions=tuple(step.preemptions),
@@ -667,8 +731,8 @@ class Tap(KVTaps):
             kv_events=self.kv.freeze(),
             free_blocks_after_schedule=step.free_after_schedule,
             free_blocks=self.pool.get_num_free_blocks(),
-            running=tuple(refs[r.request_id] for r in sched.running),
-            waiting=tuple(refs[r.request_id] for r in sched.waiting),
+            running=tuple(map(refs.__getitem__, map(_RID, sched.running))),
+            waiting=tuple(map(refs.__getitem__, map(_RID, sched.waiting))),
         )
 
     def snapshot(self) -> Snapshot:
@@ -714,16 +778,21 @@ class Tap(KVTaps):
 
 
 def _layout(
-    entries: tuple[Scheduled, ...], samples: dict[int, tuple[int, ...]]
+    decode_refs: list[int], entries: tuple[Scheduled, ...], samples: dict[int, tuple[int, ...]]
 ) -> tuple[tuple[int, ...] | None, tuple[int, ...], tuple[Sample, ...]]:
-    """Samples laid out against the step's entries: per-entry counts (None: one each),
-    the tokens in entry order, and samples of requests without an entry (async: the
-    previous batch's, of a request not scheduled again)."""
+    """Samples laid out against the step's entries (the implicit decodes', then the
+    others'): per-entry counts (None: one each), the tokens in entry order, and samples
+    of requests without an entry (async: the previous batch's, of a request not
+    scheduled again)."""
+    num_entries = len(decode_refs) + len(entries)
     if not samples:
-        return ((0,) * len(entries) if entries else None), (), ()
+        return ((0,) * num_entries if num_entries else None), (), ()
     pop = samples.pop
-    per_entry = [pop(e.ref, ()) for e in entries]
-    flat = tuple(t for toks in per_entry for t in toks)
+    per_entry = [
+        *map(pop, decode_refs, repeat((), len(decode_refs))),
+        *(pop(e.ref, ()) for e in entries),
+    ]
+    flat = tuple(chain.from_iterable(per_entry))
     others = tuple(Sample(ref, len(toks), toks) for ref, toks in samples.items())
     counts = tuple(map(len, per_entry))
     if not others and len(flat) == len(counts) and 0 not in counts:
