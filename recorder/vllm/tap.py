@@ -110,6 +110,8 @@ class _Step:
         "batch",
         "unsettled",
         "decode_refs",
+        "decode_ids",
+        "decode_tokens",
     )
 
     def __init__(self, index: int, budget: int, pre_running: list[Any]) -> None:
@@ -142,6 +144,8 @@ class _Step:
         # MIXED: the leading running requests, each decoding one token, left implicit
         # (the record's num_decodes); `entries` then holds only the rest.
         self.decode_refs: list[int] = []
+        self.decode_ids: list[str] = []  # their request ids
+        self.decode_tokens: tuple[int, ...] | None = None  # one sampled by each, if read so
 
 
 class Tap(KVTaps):
@@ -527,6 +531,7 @@ class Tap(KVTaps):
             k, decode_refs = 0, []
         if k:
             self.implicit_steps += 1
+            step.decode_ids = req_ids[:k]
         step.decode_refs = decode_refs
         step.entries = self._entries(islice(out.num_scheduled_tokens.items(), k, None))
 
@@ -543,7 +548,7 @@ class Tap(KVTaps):
                 ),
                 *step.entries,
             )
-            step.decode_refs = []
+            step.decode_refs, step.decode_ids = [], []
 
     def _build_steady_entries(self, step: _Step) -> None:
         """The entries of a step that was steady until now (each running request, one
@@ -618,6 +623,19 @@ class Tap(KVTaps):
             outs = only.outputs
         else:
             outs = [o for eo in outputs.values() for o in eo.outputs]
+        k = len(step.decode_ids)
+        if k and len(outs) >= k:
+            # The implicit decodes first, as the batch scheduled them (async: the batch
+            # before): their one token each, in one pass, without a sample per request.
+            head = outs[:k]
+            if list(map(_RID, head)) == step.decode_ids:
+                try:
+                    step.decode_tokens = tuple([o.new_token_ids[0] for o in head])
+                except IndexError:  # one without a token
+                    pass
+                else:
+                    self._finishes(head)
+                    outs = outs[k:]
         refs = self.refs
         samples: dict[Any, tuple[int, ...]] = step.samples
         tokens = list(map(_NEW_TOKENS, outs))
@@ -629,6 +647,12 @@ class Tap(KVTaps):
             for ref in awaiting.intersection(samples):
                 progress[ref][2] = index
             awaiting.difference_update(samples)
+        self._finishes(outs)
+
+    def _finishes(self, outs: Any) -> None:
+        step = self.step
+        assert step is not None
+        refs = self.refs
         for o in [o for o in outs if o.finish_reason is not None]:
             done = refs.get(o.request_id)
             if done is None:
@@ -710,7 +734,9 @@ class Tap(KVTaps):
         sched = self.sched
         refs = self.refs
         assert step.entries is not None
-        counts, tokens, others = _layout(step.decode_refs, step.entries, step.samples)
+        counts, tokens, others = _layout(
+            step.decode_refs, step.decode_tokens, step.entries, step.samples
+        )
         return Step(
             step=step.index,
             schedule_ns=step.schedule_ns,
@@ -778,20 +804,27 @@ class Tap(KVTaps):
 
 
 def _layout(
-    decode_refs: list[int], entries: tuple[Scheduled, ...], samples: dict[int, tuple[int, ...]]
+    decode_refs: list[int],
+    decode_tokens: tuple[int, ...] | None,
+    entries: tuple[Scheduled, ...],
+    samples: dict[int, tuple[int, ...]],
 ) -> tuple[tuple[int, ...] | None, tuple[int, ...], tuple[Sample, ...]]:
     """Samples laid out against the step's entries (the implicit decodes', then the
     others'): per-entry counts (None: one each), the tokens in entry order, and samples
     of requests without an entry (async: the previous batch's, of a request not
-    scheduled again)."""
+    scheduled again). `decode_tokens`: the decodes' one token each, read already."""
     num_entries = len(decode_refs) + len(entries)
-    if not samples:
+    if not samples and decode_tokens is None:
         return ((0,) * num_entries if num_entries else None), (), ()
     pop = samples.pop
-    per_entry = [
-        *map(pop, decode_refs, repeat((), len(decode_refs))),
-        *(pop(e.ref, ()) for e in entries),
-    ]
+    rest = [pop(e.ref, ()) for e in entries]
+    if decode_tokens is not None:
+        flat = decode_tokens + tuple(chain.from_iterable(rest))
+        others = tuple(Sample(ref, len(toks), toks) for ref, toks in samples.items())
+        if not others and len(flat) == num_entries and () not in rest:
+            return None, flat, ()
+        return (*repeat(1, len(decode_tokens)), *map(len, rest)), flat, others
+    per_entry = [*map(pop, decode_refs, repeat((), len(decode_refs))), *rest]
     flat = tuple(chain.from_iterable(per_entry))
     others = tuple(Sample(ref, len(toks), toks) for ref, toks in samples.items())
     counts = tuple(map(len, per_entry))
