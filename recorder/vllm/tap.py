@@ -527,8 +527,11 @@ class Tap(KVTaps):
                 k = next(i for i, (a, b) in enumerate(zip(req_ids, pre_ids)) if a != b)
         decode_refs = list(map(self.refs.__getitem__, req_ids[:k]))
         awaiting = self.awaiting_first
-        if awaiting and not awaiting.isdisjoint(decode_refs):  # one is a PREFILL (no sample)
-            k, decode_refs = 0, []
+        if awaiting and not awaiting.isdisjoint(decode_refs):
+            # Not a DECODE before its first sample (async: just admitted, its prefill is
+            # in flight): the implicit decodes stop at the first such request.
+            k = min(map(decode_refs.index, awaiting.intersection(decode_refs)))
+            del decode_refs[k:]
         if k:
             self.implicit_steps += 1
             step.decode_ids = req_ids[:k]
