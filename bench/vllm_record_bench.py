@@ -1,7 +1,7 @@
 """What recording costs inside vLLM: RecordingScheduler against vLLM's plain scheduler.
 
     PYTHONPATH=. .venv-vllm/bin/python bench/vllm_record_bench.py [--steps 200] [--repeats 5]
-        [--running 256 1024]
+        [--running 256 1024] [--no-churn]
 
 Runs in an interpreter that has vLLM (no model: a tiny config.json stands in, as in
 replays/vllm_driver.py). For 256 and 1024 running requests in steady decoding, sync and
@@ -13,6 +13,12 @@ the median round), the trace writer thread's CPU apart, and the trace bytes per 
 (snapshots included). Targets (issue 12): the recorder adds at most
 3% to vLLM's own schedule + update time, and a step of 256 running requests costs at
 most 2 KiB of trace.
+
+Steady decoding is the issue's definition, and the recorder's best case: no request
+arrives or finishes. A server always has some; the "churn" rows measure that too: the
+requests' lengths are staggered so that about one finishes each step, and a new one (an
+8-token prompt) arrives for each that finished, so the running batch stays full and the
+scheduler admits a request every step.
 """
 
 from __future__ import annotations
@@ -56,16 +62,24 @@ class Bench:
     """One scheduler with `n` requests decoding, stepped like vLLM's engine core."""
 
     def __init__(
-        self, n: int, is_async: bool, recording: bool, trace: Path | None, steps: int
+        self,
+        n: int,
+        is_async: bool,
+        recording: bool,
+        trace: Path | None,
+        steps: int,
+        churn: bool = False,
     ) -> None:
+        self.n, self.churn, self.next_id = n, churn, n
         # Room for every request's whole run: a full pool would preempt and shrink the batch.
-        blocks_each = (8 + steps + 2 * BLOCK_SIZE) // BLOCK_SIZE + 1
+        length = 2 * n + 64 if churn else steps
+        blocks_each = (8 + length + 2 * BLOCK_SIZE) // BLOCK_SIZE + 1
         cfg = EngineConfig(
             block_size=BLOCK_SIZE,
             num_blocks=n * blocks_each + 64,
             max_num_batched_tokens=max(2048, n),
             max_num_seqs=n,
-            max_model_len=8 + steps + 4 * BLOCK_SIZE,
+            max_model_len=8 + length + 4 * BLOCK_SIZE,
             async_scheduling=is_async,
         )
         vllm_config, kv = vllm_configs(cfg)
@@ -88,18 +102,34 @@ class Bench:
         self.rng = random.Random(0)
         self.queue: list[tuple[Any, Any]] = []
         init_none_hash(sha256)
-        hasher = get_request_block_hasher(BLOCK_SIZE, sha256)
+        self.hasher = get_request_block_hasher(BLOCK_SIZE, sha256)
         for i in range(n):
-            self.sched.add_request(
-                Request(
-                    request_id=f"req-{i}",
-                    prompt_token_ids=[self.rng.randrange(32000) for _ in range(8)],
-                    sampling_params=SamplingParams(max_tokens=100_000, ignore_eos=True),
-                    pooling_params=None,
-                    arrival_time=float(i),
-                    block_hasher=hasher,
-                )
+            # Churn: the first requests finish one a step from step 32 on, and later
+            # ones after 2n tokens, by when the first n have all been replaced.
+            self.add(f"req-{i}", 32 + i if churn else 100_000)
+
+    def add(self, rid: str, max_tokens: int) -> None:
+        self.sched.add_request(
+            Request(
+                request_id=rid,
+                prompt_token_ids=[self.rng.randrange(32000) for _ in range(8)],
+                sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                pooling_params=None,
+                arrival_time=float(self.next_id),
+                block_hasher=self.hasher,
             )
+        )
+
+    def refill(self) -> float:
+        """Churn: a new request for each that finished (CPU seconds of add_request, which
+        the recorder taps too)."""
+        sched, spent = self.sched, 0.0
+        while len(sched.running) + len(sched.waiting) < self.n:
+            self.next_id += 1
+            t0 = time.thread_time()
+            self.add(f"new-{self.next_id}", 2 * self.n)
+            spent += time.thread_time() - t0
+        return spent
 
     def _output(self, out: Any) -> Any:
         ids = list(out.num_scheduled_tokens)
@@ -115,6 +145,7 @@ class Bench:
         """One engine-core step; the CPU seconds this thread spent in schedule() and
         update (CPU time, not wall time: the machine may be shared)."""
         clock = time.thread_time
+        spent = self.refill() if self.churn else 0.0
         t0 = clock()
         out = self.sched.schedule()
         t1 = clock()
@@ -122,14 +153,14 @@ class Bench:
         if not self.is_async:
             t2 = clock()
             self.sched.update_from_output(out, mro)
-            return (t1 - t0) + (clock() - t2)
+            return spent + (t1 - t0) + (clock() - t2)
         self.queue.append((out, mro))
         if len(self.queue) < 2:
-            return t1 - t0
+            return spent + t1 - t0
         old, old_mro = self.queue.pop(0)
         t2 = clock()
         self.sched.update_from_output(old, old_mro)
-        return (t1 - t0) + (clock() - t2)
+        return spent + (t1 - t0) + (clock() - t2)
 
     def writer_cpu(self) -> float:
         """CPU seconds the trace writer's thread has used (0 without one)."""
@@ -146,12 +177,15 @@ class Bench:
         return int(tap.writer.offset)
 
 
-def measure(n: int, is_async: bool, steps: int, repeats: int, tmp: Path) -> dict[str, float]:
-    total = 20 + steps * repeats
-    plain = Bench(n, is_async, False, None, total)
-    rec = Bench(n, is_async, True, tmp / f"bench-{n}-{is_async}.trace", total)
+def measure(
+    n: int, is_async: bool, steps: int, repeats: int, tmp: Path, churn: bool = False
+) -> dict[str, float]:
+    warmup = 64 + n if churn else 20  # churn: until the first requests are all replaced
+    total = warmup + steps * repeats
+    plain = Bench(n, is_async, False, None, total, churn)
+    rec = Bench(n, is_async, True, tmp / f"bench-{n}-{is_async}-{churn}.trace", total, churn)
     for b in (plain, rec):
-        for _ in range(20):  # admit everyone (prefill), reach steady decoding
+        for _ in range(warmup):  # admit everyone (prefill), reach steady decoding
             b.step()
     # As vLLM's engine core does once it has started (vllm.utils.gc_utils.freeze_gc_heap):
     # a full collection of the two schedulers' heaps would otherwise land, 0.4 s at a
@@ -178,7 +212,9 @@ def measure(n: int, is_async: bool, steps: int, repeats: int, tmp: Path) -> dict
     rec.sched.shutdown()
     gc.unfreeze()
     for b in (plain, rec):  # every request still decoding: the batch never shrank
-        assert len(b.sched.running) == n and not b.sched.waiting, "the pool ran out"
+        if not churn:
+            assert len(b.sched.running) == n and not b.sched.waiting, "the pool ran out"
+        assert all(r.num_preemptions == 0 for r in b.sched.requests.values()), "preempted"
     return {
         "plain_us": plain_us * 1e6,
         "rec_us": rec_us * 1e6,
@@ -197,6 +233,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--running", type=int, nargs="+", default=[256, 1024])
+    ap.add_argument("--no-churn", action="store_true", help="steady decoding only (no churn rows)")
     args = ap.parse_args()
     import vllm
 
@@ -205,20 +242,22 @@ def main() -> None:
         "step by step in turn; CPU time of schedule() + update_from_output() per step"
     )
     print(
-        f"{'running':>8} {'scheduler':>15} {'vLLM us/step':>13} {'recording':>10} "
+        f"{'running':>8} {'load':>7} {'scheduler':>15} {'vLLM us/step':>13} {'recording':>10} "
         f"{'overhead':>9} {'best':>7} {'median':>7} {'writer':>7} {'bytes/step':>11}"
     )
     with tempfile.TemporaryDirectory() as tmp:
-        for n in args.running:
-            for is_async in (False, True):
-                r = measure(n, is_async, args.steps, args.repeats, Path(tmp))
-                name = "AsyncScheduler" if is_async else "Scheduler"
-                print(
-                    f"{n:>8} {name:>15} {r['plain_us']:>13.0f} {r['rec_us']:>10.0f} "
-                    f"{r['overhead']:>+9.1%} {r['best']:>+7.1%} {r['median']:>+7.1%} "
-                    f"{r['writer']:>+7.1%} {r['bytes']:>11.0f}",
-                    flush=True,
-                )
+        for churn in (False,) if args.no_churn else (False, True):
+            for n in args.running:
+                for is_async in (False, True):
+                    r = measure(n, is_async, args.steps, args.repeats, Path(tmp), churn)
+                    name = "AsyncScheduler" if is_async else "Scheduler"
+                    load = "churn" if churn else "steady"
+                    print(
+                        f"{n:>8} {load:>7} {name:>15} {r['plain_us']:>13.0f} {r['rec_us']:>10.0f} "
+                        f"{r['overhead']:>+9.1%} {r['best']:>+7.1%} {r['median']:>+7.1%} "
+                        f"{r['writer']:>+7.1%} {r['bytes']:>11.0f}",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":
