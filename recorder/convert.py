@@ -57,8 +57,9 @@ class StepCompactor:
         if rep.num_decodes:
             if rep.running is None or rep.waiting is None or rep.num_decodes > len(self.running):
                 raise ValueError(
-                    f"step {rep.step}: num_decodes={rep.num_decodes} with "
-                    f"{len(self.running)} running requests, or without the queues"
+                    f"step {rep.step}: a report with num_decodes={rep.num_decodes} and other "
+                    "changes must give both queues, and at most as many decodes as the "
+                    f"{len(self.running)} running requests"
                 )
             num_decodes, scheduled = rep.num_decodes, rep.scheduled
         else:

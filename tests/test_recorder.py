@@ -17,7 +17,17 @@ from engine.core import EngineCore, StepResult
 from engine.events import EventSink
 from engine.kv.hashing import BlockHasher
 from engine.outputs import ModelRunnerOutput, SchedulerOutput
-from engine.records import HASH_BYTES, Kernel, KVEvents, KVKind, Scheduled, Timing, ns
+from engine.records import (
+    HASH_BYTES,
+    Admission,
+    Kernel,
+    Kind,
+    KVEvents,
+    KVKind,
+    Scheduled,
+    Timing,
+    ns,
+)
 from engine.request import Request, SamplingParams
 from engine.sim.api import demo_workload_path
 from engine.sim.runner import SimRunner
@@ -607,5 +617,33 @@ def test_a_compact_step_that_is_not_the_running_queue_is_refused() -> None:
     compactor.running = (0, 1, 2)
     with pytest.raises(ValueError, match="num_decodes=2 must be a steady decode of all 3"):
         compactor.compact(Step(step=5, num_decodes=2, sampled_tokens=(7, 8)))
-    with pytest.raises(ValueError, match="steady decode"):
+    with pytest.raises(ValueError, match="must give both queues"):
         compactor.compact(Step(step=5, num_decodes=3, sampled_tokens=(7, 8, 9), running=(0,)))
+    with pytest.raises(ValueError, match="at most as many decodes"):
+        compactor.compact(Step(step=5, num_decodes=4, running=(0, 1, 2), waiting=()))
+
+
+def test_a_reporter_s_implicit_decodes_stay_implicit_beside_an_admission() -> None:
+    """recorder.vllm reports a step with an admission with its leading decodes implicit
+    already: the compactor keeps them so, and still leaves out queues it can derive."""
+    from recorder.convert import StepCompactor
+
+    compactor = StepCompactor("fcfs", False)
+    compactor.running, compactor.waiting = (0, 1, 2), (3, 4)
+    admitted = Scheduled(3, 8, Kind.PREFILL, 0)
+    rep = Step(
+        step=5,
+        num_decodes=3,
+        scheduled=(admitted,),
+        admissions=(Admission(3, 0, False),),
+        sampled_tokens=(7, 8, 9, 10),
+        running=(0, 1, 2, 3),
+        waiting=(4,),
+    )
+    step = compactor.compact(rep, 99)
+    assert (step.num_decodes, step.scheduled, step.time_ns) == (3, (admitted,), 99)
+    assert step.running is None and step.waiting is None  # derived by readers
+    assert (compactor.running, compactor.waiting) == ((0, 1, 2, 3), (4,))
+    odd = dataclasses.replace(rep, step=6, running=(1, 0, 2, 3), waiting=(4,))
+    compactor.running, compactor.waiting = (0, 1, 2), (3, 4)
+    assert compactor.compact(odd).running == (1, 0, 2, 3)  # not derivable: kept
