@@ -1,13 +1,15 @@
 """Taps on vLLM's KV cache manager and block pool: every block movement, with block ids
 and the request it belongs to, as the step's KV events.
 
-Two modes inside schedule(). FULL wraps `allocate_slots`, so that each allocation is seen
-as it happens, with what the decisions need (budget, cut-short reasons, admission
+Three modes inside schedule(). FULL wraps `allocate_slots`, so that each allocation is
+seen as it happens, with what the decisions need (budget, cut-short reasons, admission
 failures). LEAN leaves `allocate_slots` alone: when only running requests that decode one
 token each can be scheduled and no allocation can fail (see `Tap.pass_mode`), the
 allocations are read once from vLLM's SchedulerOutput after schedule(), and the blocks
 that got hashes from the block pool's `cache_full_blocks`, which vLLM calls only when a
-block has filled. That keeps Python off the per-request path of a steady decode step.
+block has filled. MIXED is LEAN for the running pass and FULL from the waiting pass on
+(requests wait, so some may be admitted): the tap goes in when vLLM first looks at the
+waiting queue. That keeps Python off the per-request path of a decode step.
 """
 
 from __future__ import annotations
