@@ -104,18 +104,7 @@ class StepCompactor:
             or countOf(map(_KIND, rep.scheduled), _DECODE) != n
         ):
             return None
-        return Step(
-            step=rep.step,
-            time_ns=time_ns,
-            schedule_ns=rep.schedule_ns,
-            update_ns=rep.update_ns,
-            token_budget=rep.token_budget,
-            num_decodes=n,
-            sampled_tokens=None if self.redact else rep.sampled_tokens,
-            kv_events=rep.kv_events,
-            free_blocks_after_schedule=rep.free_blocks_after_schedule,
-            free_blocks=rep.free_blocks,
-        )
+        return self._decodes_only(rep, n, time_ns)
 
     def _compacted(self, rep: Step, time_ns: int) -> Step:
         """A step whose reporter made its leading decodes implicit itself (recorder.vllm
@@ -132,20 +121,23 @@ class StepCompactor:
             or rep.admissions
             or rep.preemptions
             or rep.shortfalls
-            or rep.running is not None
-            or rep.waiting is not None
         ):
             raise ValueError(
                 f"step {rep.step}: a step reported with num_decodes={rep.num_decodes} must be "
                 f"a steady decode of all {len(self.running)} running requests"
             )
+        return self._decodes_only(rep, rep.num_decodes, time_ns)
+
+    def _decodes_only(self, rep: Step, n: int, time_ns: int) -> Step:
+        """The record of a steady decode step: `n` leading decodes, their samples, the KV
+        events and free counts, nothing else (the queues did not move)."""
         return Step(
             step=rep.step,
             time_ns=time_ns,
             schedule_ns=rep.schedule_ns,
             update_ns=rep.update_ns,
             token_budget=rep.token_budget,
-            num_decodes=rep.num_decodes,
+            num_decodes=n,
             sample_counts=rep.sample_counts,
             sampled_tokens=None if self.redact else rep.sampled_tokens,
             kv_events=rep.kv_events,
