@@ -542,26 +542,16 @@ class Tap(KVTaps):
         """Spell out a MIXED step's implicit decodes (a request among them is aborted
         before the step ends: then they are not the running queue's head any more)."""
         if step.decode_refs and step.entries is not None:
-            decode = Kind.DECODE
             n = len(step.decode_refs)
-            step.entries = (
-                *(
-                    Scheduled(ref, 1, decode, r.num_computed_tokens - 1)
-                    for ref, r in zip(step.decode_refs, step.pre_running[:n])
-                ),
-                *step.entries,
-            )
+            decodes = _decode_entries(step.decode_refs, step.pre_running[:n])
+            step.entries = (*decodes, *step.entries)
             step.decode_refs, step.decode_ids = [], []
 
     def _build_steady_entries(self, step: _Step) -> None:
         """The entries of a step that was steady until now (each running request, one
         DECODE token), for a step that turns out not to be."""
-        refs = self.refs
-        decode = Kind.DECODE
-        step.entries = tuple(
-            Scheduled(refs[r.request_id], 1, decode, r.num_computed_tokens - 1)
-            for r in step.pre_running
-        )
+        refs = map(self.refs.__getitem__, map(_RID, step.pre_running))
+        step.entries = _decode_entries(refs, step.pre_running)
 
     def _running_stop(self, step: _Step) -> QueueStop | None:
         fcfs = self.config.policy == "fcfs"
@@ -621,22 +611,15 @@ class Tap(KVTaps):
         """The step's samples (ref -> tokens) and finishes from vLLM's outputs, which come
         in the batch's scheduling order (per client): C-level passes over them, and a
         Python loop only over the few that finished."""
-        if len(outputs) == 1:
-            (only,) = outputs.values()
-            outs = only.outputs
-        else:
-            outs = [o for eo in outputs.values() for o in eo.outputs]
+        outs = _flat_outputs(outputs)
         k = len(step.decode_ids)
         if k and len(outs) >= k:
             # The implicit decodes first, as the batch scheduled them (async: the batch
             # before): their one token each, in one pass, without a sample per request.
             head = outs[:k]
             if list(map(_RID, head)) == step.decode_ids:
-                try:
-                    step.decode_tokens = tuple([o.new_token_ids[0] for o in head])
-                except IndexError:  # one without a token
-                    pass
-                else:
+                step.decode_tokens = _one_token_each(head)
+                if step.decode_tokens is not None:
                     self._finishes(head)
                     outs = outs[k:]
         refs = self.refs
@@ -676,22 +659,11 @@ class Tap(KVTaps):
         # which must be this step's order.
         if batch is not step.batch and not _same_order(batch, step.batch):
             return False
-        if len(outputs) == 1:
-            (only,) = outputs.values()
-            outs = only.outputs
-        else:
-            outs = [o for eo in outputs.values() for o in eo.outputs]
+        outs = _flat_outputs(outputs)
         if len(outs) != n:
             return False
-        # Each request was scheduled one token and no drafts, so it sampled at most one:
-        # the first of each output's tokens are all of them (a list comprehension reads
-        # vLLM's outputs three times as fast as chaining their lists).
-        try:
-            flat = tuple([o.new_token_ids[0] for o in outs])
-        except IndexError:  # an output without a token
-            return False
-        step.steady_tokens = flat
-        return True
+        step.steady_tokens = _one_token_each(outs)
+        return step.steady_tokens is not None
 
     def end_step(self, update_ns: int) -> None:
         step = self.step
@@ -834,6 +806,34 @@ def _layout(
     if not others and len(flat) == len(counts) and 0 not in counts:
         return None, flat, ()
     return counts, flat, others
+
+
+def _flat_outputs(outputs: Any) -> Any:
+    """vLLM's outputs of one update, all clients', in order (a client's come in the
+    batch's scheduling order)."""
+    if len(outputs) == 1:
+        (only,) = outputs.values()
+        return only.outputs
+    return [o for eo in outputs.values() for o in eo.outputs]
+
+
+def _one_token_each(outs: Any) -> tuple[int, ...] | None:
+    """The tokens of outputs of requests each scheduled one token and no drafts, so each
+    sampled at most one: the first of each output's (a list comprehension reads vLLM's
+    outputs three times as fast as chaining their lists). None if one has none."""
+    try:
+        return tuple([o.new_token_ids[0] for o in outs])
+    except IndexError:
+        return None
+
+
+def _decode_entries(refs: Iterable[int], requests: Iterable[Any]) -> tuple[Scheduled, ...]:
+    """DECODE entries of one token each for vLLM's `requests` (after schedule(), which
+    counted the token as computed already)."""
+    decode = Kind.DECODE
+    return tuple(
+        Scheduled(ref, 1, decode, r.num_computed_tokens - 1) for ref, r in zip(refs, requests)
+    )
 
 
 def _same_order(a: Any, b: Any) -> bool:
