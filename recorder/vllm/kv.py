@@ -61,6 +61,9 @@ class KVTaps:
         self.hashes: dict[str, list[bytes]] = {}
         self.block_hash: dict[int, bytes] = {}  # block id -> its hash as traces keep it
         self.cached: dict[str, int] = {}  # request id -> leading blocks of its table cached
+        # request id -> the block ids of its table, as the events say: read instead of
+        # vLLM's block objects, which a step has pushed out of the CPU's caches.
+        self.block_ids: dict[str, list[int]] = {}
         self.refs: dict[str, int] = {}  # request id -> ref, until it finishes
         # LEAN: the blocks that filled, in order: (request, its blocks, first and end index
         # of the blocks that got hashes, blocks allocated in the step before then). The
@@ -82,6 +85,7 @@ class KVTaps:
         free, cache_full = kvm.free, pool.cache_full_blocks
         lean_order = self.lean_order
         queue = self.free_queue
+        block_ids = self.block_ids
 
         def on_filled(request: Any, blocks: Any, start: int, end: int) -> None:
             # vLLM calls cache_full_blocks only when a block of the request has filled:
@@ -135,12 +139,13 @@ class KVTaps:
             if self.mode == STOPPED:
                 free(request)
                 return
-            table = self._table(request.request_id)
-            ids = [b.block_id for b in reversed(table)]
+            rid = request.request_id
+            ids = block_ids.pop(rid, None)
             free(request)
             if ids:
-                self.kv.add(_FREED, self.refs[request.request_id], ids)
-            self.cached.pop(request.request_id, None)
+                ids.reverse()  # vLLM frees a table tail first
+                self.kv.add(_FREED, self.refs[rid], ids)
+            self.cached.pop(rid, None)
 
         self.raw_allocate = kvm.allocate_slots
         self.tapped_allocate = self._allocate_tap()
@@ -199,7 +204,7 @@ class KVTaps:
                     return out  # a preemption follows, and a retry
                 new = out.blocks[0]
                 if new:
-                    self._allocated(refs[rid], [b.block_id for b in new])
+                    self._allocated(rid, refs[rid], [b.block_id for b in new])
                 table = tables()[rid]
                 done = cached.get(rid, 0)
                 if done < len(table) and table[done].block_hash is not None:
@@ -243,7 +248,7 @@ class KVTaps:
 
     # -- events ------------------------------------------------------------------------------
 
-    def _allocated(self, ref: int, ids: list[int]) -> None:
+    def _allocated(self, rid: str, ref: int, ids: list[int]) -> None:
         """ALLOCATED for blocks fresh from the free queue, after EVICTED for those of them
         that held a hash: vLLM drops a block's hash as it hands the block out (in
         BlockPool.get_new_blocks, the only place it evicts for a supported set-up), so
@@ -253,6 +258,7 @@ class KVTaps:
         if gone:
             self.kv.add(_EVICTED, None, gone, [block_hash.pop(b) for b in gone])
         self.kv.add(_ALLOCATED, ref, ids)
+        self.block_ids.setdefault(rid, []).extend(ids)
 
     def end_running_pass(self) -> None:
         """MIXED: the running pass is over (the waiting pass begins, or schedule() ends).
@@ -299,21 +305,26 @@ class KVTaps:
         # None: no new blocks (most requests, most steps).
         owners = compress(zip(req_ids, new_ids), new_ids)
         refs, filled, kv, block_hash = self.refs, self.filled, self.kv, self.block_hash
+        tables = self.block_ids
         done = 0  # blocks whose allocation is logged
         for request, blocks, start, end, before in [*lean_order, (None, None, 0, 0, allocated)]:
             while done < before:
                 owner = next(owners, None)
                 if owner is None:
                     return False
-                ids = owner[1][0]
+                rid, ids = owner[0], owner[1][0]
                 done += len(ids)
                 if len(ids) != 1 or ids[0] in block_hash:  # not the one-block, hash-free case
-                    self._allocated(refs[owner[0]], ids)
+                    self._allocated(rid, refs[rid], ids)
                     continue
                 kv.kinds.append(_ALLOCATED)  # KVEventLog.add, inlined
-                kv.refs.append(refs[owner[0]])
+                kv.refs.append(refs[rid])
                 kv.sizes.append(1)
                 kv.block_ids.append(ids[0])
+                try:
+                    tables[rid].append(ids[0])
+                except KeyError:
+                    tables[rid] = [ids[0]]
             if request is not None:
                 filled(request, blocks, start, end)
         lean_order.clear()
@@ -327,20 +338,23 @@ class KVTaps:
         request in block_size."""
         sha256, pack, bs = hashlib.sha256, self.pack_block, self.block_size
         hashes_of, cached, refs, block_hash = self.hashes, self.cached, self.refs, self.block_hash
-        on_cached = self._on_cached
+        tables, on_cached = self.block_ids, self._on_cached
 
         def filled(request: Any, blocks: list[Any] | None, start: int, end: int) -> None:
             rid = request.request_id
             hashes = hashes_of.get(rid)
             if hashes is None and start == 0:
                 hashes = hashes_of[rid] = []
+            ids = tables.get(rid)
             if (
                 end != start + 1
                 or blocks is None
                 or hashes is None
                 or len(hashes) != start
                 or cached.get(rid, 0) != start
-                or end > len(blocks)
+                or ids is None
+                or len(ids) != len(blocks)  # the mirror is vLLM's table (or ask vLLM)
+                or end > len(ids)
             ):
                 on_cached(request)
                 return
@@ -348,7 +362,7 @@ class KVTaps:
             parent = hashes[-1] if start else ROOT_HASH
             digest = sha256(parent + pack(*tokens[start * bs : end * bs])).digest()
             hashes.append(digest)
-            block_id = blocks[start].block_id
+            block_id = ids[start]
             short = digest[:HASH_BYTES]
             block_hash[block_id] = short
             kv = self.kv
@@ -374,10 +388,11 @@ class KVTaps:
         hit_ids = [b.block_id for b in hits.blocks[0]] if hits is not None and hits.blocks else []
         if hit_ids:
             self.kv.add(_PREFIX_HIT, self.refs[rid], hit_ids, num_tokens=num_hit_tokens)
+            self.block_ids.setdefault(rid, []).extend(hit_ids)
             self.cached[rid] = before + len(hit_ids)
         new = table[before + len(hit_ids) :]
         if new:
-            self._allocated(self.refs[rid], [b.block_id for b in new])
+            self._allocated(rid, self.refs[rid], [b.block_id for b in new])
         self._on_cached(request)
         if step is not None:
             self._count_allocation(step, request, n, num_hit_tokens)

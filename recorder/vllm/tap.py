@@ -740,7 +740,7 @@ class Tap(KVTaps):
         sched = self.sched
         refs = self.refs
         reqs = []
-        tables = self.tables()
+        tables = self.block_ids
         for rid, r in sched.requests.items():
             ref = refs[rid]
             arrival_step, first_scheduled, first_token, hits = self.progress[ref]
@@ -750,9 +750,9 @@ class Tap(KVTaps):
                     rid,
                     _UNFINISHED.get(r.status.name, Status.WAITING),
                     r.num_prompt_tokens,
-                    len(r.output_token_ids),
+                    len(_OUTPUT_IDS(r)),
                     r.num_computed_tokens,
-                    tuple(map(_BLOCK_ID, tables.get(rid, ()))),
+                    tuple(tables.get(rid, ())),
                     r.num_preemptions,
                     r.priority,
                     float(r.arrival_time),
