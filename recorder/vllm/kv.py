@@ -18,7 +18,8 @@ import hashlib
 import inspect
 import struct
 from collections.abc import Callable
-from itertools import compress
+from itertools import compress, repeat
+from operator import itemgetter
 from typing import Any, cast
 
 from engine.config import EngineConfig
@@ -31,6 +32,7 @@ from engine.records import HASH_BYTES, Reason, trace_hashes
 IDLE, FULL, LEAN, STOPPED, MIXED = 0, 1, 2, 3, 4
 _ALLOCATED, _CACHED, _EVICTED = KVEventKind.ALLOCATED, KVEventKind.CACHED, KVEventKind.EVICTED
 _PREFIX_HIT, _FREED = KVEventKind.PREFIX_HIT, KVEventKind.FREED
+_FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 _PLAIN_CACHE_ARGS = {"blocks", "num_cached_blocks", "num_full_blocks"}  # cache_full_blocks'
 _CACHE_FULL_BLOCKS_ARGS = (  # BlockPool.cache_full_blocks's parameters in vLLM 0.33
     "request",
@@ -76,7 +78,7 @@ class KVTaps:
         self.raw_allocate: Any = None  # vLLM's allocate_slots
         self.tapped_allocate: Any = None  # the FULL-mode wrapper around it
         self.unwrapped = False  # vLLM's allocate_slots is in place, not the wrapper
-        self.filled = self._filler()
+        self.fill = self._filler()
 
     # -- installing --------------------------------------------------------------------------
 
@@ -297,17 +299,28 @@ class KVTaps:
             new_ids, req_ids = new_ids[:m], req_ids[:m]
         if allocated is None:
             allocated = self.lean_free - self.free_queue.num_free_blocks
+        fills = self.fill(lean_order) if lean_order else []
+        kv = self.kv
         if not allocated and new_ids.count(None) == len(new_ids):
-            for request, blocks, start, end, _ in lean_order:
-                self.filled(request, blocks, start, end)
+            if None not in fills:  # the common case: the columns in one go each
+                k = len(fills)
+                kv.kinds += repeat(_CACHED, k)
+                kv.sizes += repeat(1, k)
+                kv.refs += map(_FIRST, fills)
+                kv.block_ids += map(_SECOND, fills)
+                kv.cached_hashes += map(_THIRD, fills)
+            else:
+                for entry, done in zip(lean_order, fills):
+                    self._log_fill(entry[0], done)
             lean_order.clear()
             return True
         # None: no new blocks (most requests, most steps).
         owners = compress(zip(req_ids, new_ids), new_ids)
-        refs, filled, kv, block_hash = self.refs, self.filled, self.kv, self.block_hash
-        tables = self.block_ids
+        refs, block_hash, tables = self.refs, self.block_hash, self.block_ids
         done = 0  # blocks whose allocation is logged
-        for request, blocks, start, end, before in [*lean_order, (None, None, 0, 0, allocated)]:
+        fills.append(None)
+        last = (None, None, 0, 0, allocated)  # the allocations after the last block filled
+        for (request, _, _, _, before), filled in zip([*lean_order, last], fills):
             while done < before:
                 owner = next(owners, None)
                 if owner is None:
@@ -326,54 +339,77 @@ class KVTaps:
                 except KeyError:
                     tables[rid] = [ids[0]]
             if request is not None:
-                filled(request, blocks, start, end)
+                self._log_fill(request, filled)
         lean_order.clear()
         return done == allocated and next(owners, None) is None
 
-    def _filler(self) -> Callable[[Any, Any, int, int], None]:
-        """`filled(request, blocks, start, end)`: CACHED for blocks[start:end] of the
-        request's table, which vLLM just hashed. The common case of `_on_cached` (one block
-        of a decoding request) without walking the table, with the KVEventLog's add and
-        hash_block inlined, and its state bound once: a decode step calls it for one
-        request in block_size."""
+    def _log_fill(self, request: Any, done: tuple[int, int, bytes] | None) -> None:
+        """The CACHED event of one entry `fill` did (None: one it left to _on_cached)."""
+        if done is None:
+            self._on_cached(request)
+            return
+        kv = self.kv
+        kv.kinds.append(_CACHED)  # KVEventLog.add, inlined
+        kv.refs.append(done[0])
+        kv.sizes.append(1)
+        kv.block_ids.append(done[1])
+        kv.cached_hashes.append(done[2])
+
+    def _filler(self) -> Callable[[list[Any]], list[Any]]:
+        """`fill(entries)`: for each (request, blocks, start, end, ...) of blocks[start:end]
+        of a request's table that vLLM just hashed, schedtop's hash of the block, as
+        (ref, block id, hash as traces keep it), or None where the entry is not the
+        common case (one block of a request whose earlier blocks are all known) and
+        `_on_cached` must look at it (the last item of an entry is not read). The state is
+        updated; the caller logs the events in
+        vLLM's order. One loop over the step's filled blocks, with hash_block inlined and
+        the state bound once: a decode step fills a block for one request in block_size."""
         sha256, pack, bs = hashlib.sha256, self.pack_block, self.block_size
         hashes_of, cached, refs, block_hash = self.hashes, self.cached, self.refs, self.block_hash
-        tables, on_cached = self.block_ids, self._on_cached
+        tables = self.block_ids
 
-        def filled(request: Any, blocks: list[Any] | None, start: int, end: int) -> None:
-            rid = request.request_id
-            hashes = hashes_of.get(rid)
-            if hashes is None and start == 0:
-                hashes = hashes_of[rid] = []
-            ids = tables.get(rid)
-            if (
-                end != start + 1
-                or blocks is None
-                or hashes is None
-                or len(hashes) != start
-                or cached.get(rid, 0) != start
-                or ids is None
-                or len(ids) != len(blocks)  # the mirror is vLLM's table (or ask vLLM)
-                or end > len(ids)
-            ):
-                on_cached(request)
-                return
-            tokens = getattr(request, "_all_token_ids", None) or request.all_token_ids
-            parent = hashes[-1] if start else ROOT_HASH
-            digest = sha256(parent + pack(*tokens[start * bs : end * bs])).digest()
-            hashes.append(digest)
-            block_id = ids[start]
-            short = digest[:HASH_BYTES]
-            block_hash[block_id] = short
-            kv = self.kv
-            kv.kinds.append(_CACHED)
-            kv.refs.append(refs[rid])
-            kv.sizes.append(1)
-            kv.block_ids.append(block_id)
-            kv.cached_hashes.append(short)
-            cached[rid] = end
+        def fill(entries: list[Any]) -> list[Any]:
+            out: list[Any] = []
+            add = out.append
+            for request, blocks, start, end, _ in entries:
+                rid = request.request_id
+                ids = tables.get(rid)
+                if (
+                    end != start + 1
+                    or blocks is None
+                    or ids is None
+                    or len(ids) != len(blocks)  # the mirror is vLLM's table (or ask vLLM)
+                    or end > len(ids)
+                    or cached.get(rid, 0) != start
+                ):
+                    add(None)
+                    continue
+                hashes = hashes_of.get(rid)
+                if hashes is None and not start:
+                    hashes = hashes_of[rid] = []
+                elif hashes is None or len(hashes) != start:
+                    add(None)
+                    continue
+                tokens = getattr(request, "_all_token_ids", None) or request.all_token_ids
+                parent = hashes[-1] if start else ROOT_HASH
+                digest = sha256(parent + pack(*tokens[start * bs : end * bs])).digest()
+                hashes.append(digest)
+                block_id = ids[start]
+                short = digest[:HASH_BYTES]
+                block_hash[block_id] = short
+                cached[rid] = end
+                add((refs[rid], block_id, short))
+            return out
 
-        return filled
+        return fill
+
+    def filled(self, request: Any, blocks: list[Any] | None, start: int, end: int) -> None:
+        """CACHED for blocks[start:end] of the request's table, which vLLM just hashed."""
+        (done,) = self.fill([(request, blocks, start, end, 0)])
+        if done is None:
+            self._on_cached(request)
+        else:
+            self.kv.add(_CACHED, done[0], [done[1]], [done[2]])
 
     def _on_allocate(
         self, request: Any, n: int, num_hit_tokens: int, hits: Any, before: int, out: Any
