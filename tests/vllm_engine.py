@@ -204,7 +204,7 @@ class CheckingMixin(RecordingMixin):
         live = {rid: tuple(b.block_id for b in tap._table(rid)) for rid in sched.requests}
         if {k: v for k, v in tables.items() if v} != {k: v for k, v in live.items() if v}:
             return f"block tables: trace {tables} vLLM {live}"
-        mirror = {k: tuple(v) for k, v in tap.block_ids.items() if v}
+        mirror = {k: tuple(v.ids) for k, v in tap.kvreqs.items() if v.ids}
         if mirror != {k: v for k, v in live.items() if v}:
             return f"block tables: the recorder's mirror {mirror} vLLM {live}"
         blocks = pool.blocks

@@ -45,6 +45,20 @@ _CACHE_FULL_BLOCKS_ARGS = (  # BlockPool.cache_full_blocks's parameters in vLLM 
 )
 
 
+class KVReq:
+    """The KV side of one live request, as the recording sees it."""
+
+    __slots__ = ("ref", "ids", "hashes", "cached")
+
+    def __init__(self, ref: int) -> None:
+        self.ref = ref  # the request's ref in the trace
+        self.ids: list[int] = []  # its table's block ids (vLLM's table, mirrored from events)
+        # schedtop's (whole) hashes of its full blocks, each the next's parent: they
+        # outlive a preemption (the tokens stay)
+        self.hashes: list[bytes] = []
+        self.cached = 0  # leading blocks of its table that are cached
+
+
 class KVTaps:
     """The KV side of the recording state (`Tap` adds the decisions)."""
 
@@ -59,13 +73,10 @@ class KVTaps:
         self.pack_block = struct.Struct(f"<{block_size}Q").pack
         self.kv = KVEventLog()
         self.mode = IDLE
-        # request id -> schedtop's (whole) hashes of its full blocks, each the next's parent
-        self.hashes: dict[str, list[bytes]] = {}
         self.block_hash: dict[int, bytes] = {}  # block id -> its hash as traces keep it
-        self.cached: dict[str, int] = {}  # request id -> leading blocks of its table cached
-        # request id -> the block ids of its table, as the events say: read instead of
-        # vLLM's block objects, which a step has pushed out of the CPU's caches.
-        self.block_ids: dict[str, list[int]] = {}
+        # request id -> its blocks and hashes, from when it arrives until it finishes: one
+        # lookup for a block that fills (a step has pushed most of them out of the caches)
+        self.kvreqs: dict[str, KVReq] = {}
         self.refs: dict[str, int] = {}  # request id -> ref, until it finishes
         # LEAN: the blocks that filled, in order: (request, its blocks, first and end index
         # of the blocks that got hashes, blocks allocated in the step before then). The
@@ -87,7 +98,7 @@ class KVTaps:
         free, cache_full = kvm.free, pool.cache_full_blocks
         lean_order = self.lean_order
         queue = self.free_queue
-        block_ids = self.block_ids
+        kvreqs = self.kvreqs
 
         def on_filled(request: Any, blocks: Any, start: int, end: int) -> None:
             # vLLM calls cache_full_blocks only when a block of the request has filled:
@@ -141,13 +152,12 @@ class KVTaps:
             if self.mode == STOPPED:
                 free(request)
                 return
-            rid = request.request_id
-            ids = block_ids.pop(rid, None)
+            st = kvreqs.get(request.request_id)
             free(request)
-            if ids:
+            if st is not None and st.ids:
+                ids, st.ids, st.cached = st.ids, [], 0
                 ids.reverse()  # vLLM frees a table tail first
-                self.kv.add(_FREED, self.refs[rid], ids)
-            self.cached.pop(rid, None)
+                self.kv.add(_FREED, st.ref, ids)
 
         self.raw_allocate = kvm.allocate_slots
         self.tapped_allocate = self._allocate_tap()
@@ -182,8 +192,7 @@ class KVTaps:
         running_status = VllmStatus.RUNNING
         allocate = self.kvm.allocate_slots
         tables = self.tables
-        cached = self.cached
-        refs = self.refs
+        kvreqs = self.kvreqs
 
         def allocate_slots(request: Any, num_new_tokens: int, *args: Any, **kw: Any) -> Any:
             rid = request.request_id
@@ -205,10 +214,11 @@ class KVTaps:
                 if out is None:
                     return out  # a preemption follows, and a retry
                 new = out.blocks[0]
+                st = kvreqs[rid]
                 if new:
-                    self._allocated(rid, refs[rid], [b.block_id for b in new])
+                    self._allocated(st, [b.block_id for b in new])
                 table = tables()[rid]
-                done = cached.get(rid, 0)
+                done = st.cached
                 if done < len(table) and table[done].block_hash is not None:
                     self._on_cached(request)
                 if step is not None:
@@ -250,7 +260,7 @@ class KVTaps:
 
     # -- events ------------------------------------------------------------------------------
 
-    def _allocated(self, rid: str, ref: int, ids: list[int]) -> None:
+    def _allocated(self, st: KVReq, ids: list[int]) -> None:
         """ALLOCATED for blocks fresh from the free queue, after EVICTED for those of them
         that held a hash: vLLM drops a block's hash as it hands the block out (in
         BlockPool.get_new_blocks, the only place it evicts for a supported set-up), so
@@ -259,8 +269,8 @@ class KVTaps:
         gone = [b for b in ids if b in block_hash]
         if gone:
             self.kv.add(_EVICTED, None, gone, [block_hash.pop(b) for b in gone])
-        self.kv.add(_ALLOCATED, ref, ids)
-        self.block_ids.setdefault(rid, []).extend(ids)
+        self.kv.add(_ALLOCATED, st.ref, ids)
+        st.ids += ids
 
     def end_running_pass(self) -> None:
         """MIXED: the running pass is over (the waiting pass begins, or schedule() ends).
@@ -316,7 +326,7 @@ class KVTaps:
             return True
         # None: no new blocks (most requests, most steps).
         owners = compress(zip(req_ids, new_ids), new_ids)
-        refs, block_hash, tables = self.refs, self.block_hash, self.block_ids
+        block_hash, kvreqs = self.block_hash, self.kvreqs
         done = 0  # blocks whose allocation is logged
         fills.append(None)
         last = (None, None, 0, 0, allocated)  # the allocations after the last block filled
@@ -325,19 +335,16 @@ class KVTaps:
                 owner = next(owners, None)
                 if owner is None:
                     return False
-                rid, ids = owner[0], owner[1][0]
+                st, ids = kvreqs[owner[0]], owner[1][0]
                 done += len(ids)
                 if len(ids) != 1 or ids[0] in block_hash:  # not the one-block, hash-free case
-                    self._allocated(rid, refs[rid], ids)
+                    self._allocated(st, ids)
                     continue
                 kv.kinds.append(_ALLOCATED)  # KVEventLog.add, inlined
-                kv.refs.append(refs[rid])
+                kv.refs.append(st.ref)
                 kv.sizes.append(1)
                 kv.block_ids.append(ids[0])
-                try:
-                    tables[rid].append(ids[0])
-                except KeyError:
-                    tables[rid] = [ids[0]]
+                st.ids.append(ids[0])
             if request is not None:
                 self._log_fill(request, filled)
         lean_order.clear()
@@ -365,40 +372,34 @@ class KVTaps:
         vLLM's order. One loop over the step's filled blocks, with hash_block inlined and
         the state bound once: a decode step fills a block for one request in block_size."""
         sha256, pack, bs = hashlib.sha256, self.pack_block, self.block_size
-        hashes_of, cached, refs, block_hash = self.hashes, self.cached, self.refs, self.block_hash
-        tables = self.block_ids
+        kvreqs, block_hash = self.kvreqs, self.block_hash
 
         def fill(entries: list[Any]) -> list[Any]:
             out: list[Any] = []
             add = out.append
             for request, blocks, start, end, _ in entries:
-                rid = request.request_id
-                ids = tables.get(rid)
+                st = kvreqs.get(request.request_id)
                 if (
-                    end != start + 1
+                    st is None
+                    or end != start + 1
                     or blocks is None
-                    or ids is None
-                    or len(ids) != len(blocks)  # the mirror is vLLM's table (or ask vLLM)
-                    or end > len(ids)
-                    or cached.get(rid, 0) != start
+                    or st.cached != start
+                    or len(st.hashes) != start
+                    or len(st.ids) != len(blocks)  # the mirror is vLLM's table (or ask vLLM)
+                    or end > len(blocks)
                 ):
                     add(None)
                     continue
-                hashes = hashes_of.get(rid)
-                if hashes is None and not start:
-                    hashes = hashes_of[rid] = []
-                elif hashes is None or len(hashes) != start:
-                    add(None)
-                    continue
+                hashes = st.hashes
                 tokens = getattr(request, "_all_token_ids", None) or request.all_token_ids
                 parent = hashes[-1] if start else ROOT_HASH
                 digest = sha256(parent + pack(*tokens[start * bs : end * bs])).digest()
                 hashes.append(digest)
-                block_id = ids[start]
+                block_id = st.ids[start]
                 short = digest[:HASH_BYTES]
                 block_hash[block_id] = short
-                cached[rid] = end
-                add((refs[rid], block_id, short))
+                st.cached = end
+                add((st.ref, block_id, short))
             return out
 
         return fill
@@ -421,14 +422,15 @@ class KVTaps:
                 step.wait_fail = self._admission_failure(request, n, num_hit_tokens, hits)
             return
         table = self._table(rid)
+        st = self.kvreqs[rid]
         hit_ids = [b.block_id for b in hits.blocks[0]] if hits is not None and hits.blocks else []
         if hit_ids:
-            self.kv.add(_PREFIX_HIT, self.refs[rid], hit_ids, num_tokens=num_hit_tokens)
-            self.block_ids.setdefault(rid, []).extend(hit_ids)
-            self.cached[rid] = before + len(hit_ids)
+            self.kv.add(_PREFIX_HIT, st.ref, hit_ids, num_tokens=num_hit_tokens)
+            st.ids += hit_ids
+            st.cached = before + len(hit_ids)
         new = table[before + len(hit_ids) :]
         if new:
-            self._allocated(rid, self.refs[rid], [b.block_id for b in new])
+            self._allocated(st, [b.block_id for b in new])
         self._on_cached(request)
         if step is not None:
             self._count_allocation(step, request, n, num_hit_tokens)
@@ -437,7 +439,8 @@ class KVTaps:
         """CACHED for the request's table blocks that got a hash since the last look."""
         rid = request.request_id
         table = self._table(rid)
-        done = self.cached.get(rid, 0)
+        st = self.kvreqs[rid]
+        done = st.cached
         end = done
         while end < len(table) and table[end].block_hash is not None:
             end += 1
@@ -447,12 +450,12 @@ class KVTaps:
         ids = [b.block_id for b in table[done:end]]
         new_hashes = trace_hashes(ours[done:end])
         self.block_hash.update(zip(ids, new_hashes))
-        self.kv.add(_CACHED, self.refs[rid], ids, new_hashes)
-        self.cached[rid] = end
+        self.kv.add(_CACHED, st.ref, ids, new_hashes)
+        st.cached = end
 
     def block_hashes(self, request: Any, count: int) -> list[bytes]:
         """schedtop's hashes of the request's first `count` full blocks."""
-        hashes = self.hashes.setdefault(request.request_id, [])
+        hashes = self.kvreqs[request.request_id].hashes
         if len(hashes) < count:
             # vLLM's own list, when it has one: its read-only view slices in Python.
             tokens = getattr(request, "_all_token_ids", None) or request.all_token_ids

@@ -41,7 +41,7 @@ from engine.records import (
 )
 from recorder.recorder import DEFAULT_SNAPSHOT_INTERVAL, Recorder
 from recorder.vllm.checks import engine_config, env_flag, env_number, request_problem
-from recorder.vllm.kv import FULL, IDLE, LEAN, MIXED, STOPPED, KVTaps
+from recorder.vllm.kv import FULL, IDLE, LEAN, MIXED, STOPPED, KVReq, KVTaps
 from recorder.writer import TraceWriter
 
 log = logging.getLogger("schedtop.recorder.vllm")
@@ -326,6 +326,7 @@ class Tap(KVTaps):
         ref = self.next_ref
         self.next_ref += 1
         self.refs[rid] = ref
+        self.kvreqs[rid] = KVReq(ref)
         self.live[rid] = request
         self.progress[ref] = [self.next_step, -1, -1, -1]
         self.awaiting_first.add(ref)
@@ -384,8 +385,7 @@ class Tap(KVTaps):
         if ref is not None:
             self.progress.pop(ref, None)
             self.awaiting_first.discard(ref)
-        self.hashes.pop(rid, None)
-        self.cached.pop(rid, None)
+        self.kvreqs.pop(rid, None)
 
     def pass_mode(self, running: list[Any]) -> int:
         """How this schedule() is tapped. LEAN, without the allocate_slots tap, when no
@@ -740,7 +740,7 @@ class Tap(KVTaps):
         sched = self.sched
         refs = self.refs
         reqs = []
-        tables = self.block_ids
+        kvreqs = self.kvreqs
         for rid, r in sched.requests.items():
             ref = refs[rid]
             arrival_step, first_scheduled, first_token, hits = self.progress[ref]
@@ -752,7 +752,7 @@ class Tap(KVTaps):
                     r.num_prompt_tokens,
                     len(_OUTPUT_IDS(r)),
                     r.num_computed_tokens,
-                    tuple(tables.get(rid, ())),
+                    tuple(kvreqs[rid].ids),
                     r.num_preemptions,
                     r.priority,
                     float(r.arrival_time),
