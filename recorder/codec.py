@@ -59,7 +59,16 @@ from recorder.schema import (
     Timing,
 )
 
-__all__ = ["MAX_RECORD_BYTES", "MAX_STR_LEN", "decode", "encode", "pack_ints", "unpack_ints"]
+__all__ = [
+    "MAX_RECORD_BYTES",
+    "MAX_STR_LEN",
+    "STEADY_FIELDS",
+    "decode",
+    "encode",
+    "encode_steady",
+    "pack_ints",
+    "unpack_ints",
+]
 
 # -- the format's tables --------------------------------------------------------------------------
 
@@ -231,6 +240,24 @@ STEP = Body(
         (24, "spec_proposed", Items(SPEC_PROPOSED)),
     ],
 )
+# The fields of a steady decode step's record (StepCompactor._decodes_only), in field
+# order; the rest hold their defaults. encode_steady(*values) encodes such a step as
+# encode(Step(...)) does, without building it (the recorder inside vLLM writes one a step).
+STEADY_FIELDS = (
+    "step",
+    "time_ns",
+    "schedule_ns",
+    "update_ns",
+    "token_budget",
+    "num_decodes",
+    "sample_counts",
+    "sampled_tokens",
+    "kv_events",
+    "free_blocks_after_schedule",
+    "free_blocks",
+)
+encode_steady = STEP.encoder_of(STEADY_FIELDS)
+
 SNAPSHOT = Body(
     Snapshot,
     [

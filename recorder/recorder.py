@@ -19,15 +19,16 @@ from bisect import bisect_right
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from engine.core import EngineCore
 from engine.events import NULL_SINK, ClientReport, EventSink, report_client
-from engine.records import Step
-from recorder.codec import MAX_RECORD_BYTES, encode
+from engine.records import KVEvents, Step
+from recorder.codec import MAX_RECORD_BYTES, STEADY_FIELDS, encode, encode_steady
 from recorder.convert import StepCompactor, scalar_config
 from recorder.errors import RecordingError
 from recorder.paths import new_trace_path
-from recorder.schema import Client, End, Footer, Header, Record, Snapshot
+from recorder.schema import Client, End, Footer, Header, Record, RecordType, Snapshot
 from recorder.writer import TraceSink, TraceWriter
 
 log = logging.getLogger("schedtop.recorder")
@@ -172,11 +173,79 @@ class Recorder:
             try:
                 self._record(report)
             except Exception as e:
-                if self.strict:
-                    raise
-                log.exception("recording failed at step %d", report.step)
-                self.error = f"step {report.step}: {type(e).__name__}: {e}"
+                self._failed(report.step, e)
         self._downstream.on_step(report)
+
+    def on_steady_step(
+        self,
+        step: int,
+        schedule_ns: int,
+        update_ns: int,
+        token_budget: int,
+        num_decodes: int,
+        sample_counts: tuple[int, ...] | None,
+        sampled_tokens: tuple[int, ...],
+        kv_events: KVEvents,
+        free_blocks_after_schedule: int,
+        free_blocks: int,
+    ) -> None:
+        """`on_step` for a steady decode step (all `num_decodes` running requests decode,
+        nothing else moves) that its reporter has made compact already (recorder.vllm,
+        where a step's cost counts against vLLM's): the same record, encoded from its
+        fields, without building it or passing it through the compactor."""
+        if self.error is not None:
+            return
+        if self._downstream is not NULL_SINK or num_decodes != len(self._compactor.running):
+            # Not a steady step after all: the compactor says what is wrong with it.
+            self.on_step(
+                Step(
+                    step=step,
+                    schedule_ns=schedule_ns,
+                    update_ns=update_ns,
+                    token_budget=token_budget,
+                    num_decodes=num_decodes,
+                    sample_counts=sample_counts,
+                    sampled_tokens=sampled_tokens,
+                    kv_events=kv_events,
+                    free_blocks_after_schedule=free_blocks_after_schedule,
+                    free_blocks=free_blocks,
+                )
+            )
+            return
+        try:
+            if self.sink.error is not None:
+                self.error = self.sink.error
+                return
+            time_ns = self._clock() - self._t0
+            tokens = None if self._compactor.redact else sampled_tokens
+            fields = (
+                step,
+                time_ns,
+                schedule_ns,
+                update_ns,
+                token_budget,
+                num_decodes,
+                sample_counts,
+                tokens,
+                kv_events,
+                free_blocks_after_schedule,
+                free_blocks,
+            )
+            due = self._due(1 + num_decodes + len(kv_events.block_ids))  # replay_work
+            if self.on_step_record is not None:
+                named: dict[str, Any] = dict(zip(STEADY_FIELDS, fields))
+                self.on_step_record(Step(**named))
+            offset = self.sink.append(RecordType.STEP, encode_steady(*fields), boundary=not due)
+            self._written(offset, due)
+        except Exception as e:
+            self._failed(step, e)
+
+    def _failed(self, step: int, e: Exception) -> None:
+        """A recording that fails stops, with one warning (the engine goes on)."""
+        if self.strict:
+            raise e
+        log.exception("recording failed at step %d", step)
+        self.error = f"step {step}: {type(e).__name__}: {e}"
 
     def on_client(self, report: ClientReport) -> None:
         """A server's view of one HTTP request: a CLIENT record between two steps."""
@@ -221,21 +290,35 @@ class Recorder:
             return
         time_ns = self._clock() - self._t0
         step = self._compactor.compact(report, time_ns)
-        self._work += replay_work(step)
-        self._steps += 1
-        snapshot_due = self._steps >= self.snapshot_interval or (
-            0 < self.snapshot_work <= self._work
-        )
+        snapshot_due = self._due(replay_work(step))
         if self.on_step_record is not None:
             self.on_step_record(step)
         offset = self._append(step, boundary=not snapshot_due)
+        counts = (len(report.arrivals), len(report.finishes), len(report.preemptions))
+        self._written(offset, snapshot_due, *counts)
+
+    def _due(self, work: int) -> bool:
+        """Counts a step and its replay work; whether a snapshot follows it."""
+        self._work += work
+        self._steps += 1
+        return self._steps >= self.snapshot_interval or (0 < self.snapshot_work <= self._work)
+
+    def _written(
+        self,
+        offset: int,
+        snapshot_due: bool,
+        arrivals: int = 0,
+        finishes: int = 0,
+        preemptions: int = 0,
+    ) -> None:
+        """A step record is in the sink at `offset`: index and count it, snapshot if due."""
         self._step_offsets.append(offset)
         self._step_ends.append(self.sink.offset)
         counts = self._counts
         counts[0] += 1
-        counts[1] += len(report.arrivals)
-        counts[2] += len(report.finishes)
-        counts[3] += len(report.preemptions)
+        counts[1] += arrivals
+        counts[2] += finishes
+        counts[3] += preemptions
         if snapshot_due:
             self._write_snapshot(self.engine.snapshot())
 

@@ -7,6 +7,8 @@ import dataclasses
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.kv.events import KVEventKind
 from engine.records import HASH_BYTES, trace_hashes
@@ -281,3 +283,49 @@ def test_every_schema_record_has_a_codec() -> None:
         RecordType.FOOTER,
         RecordType.CLIENT,
     }
+
+
+# -- the steady-step encoder (recorder.vllm writes one a step with it) --------------------------
+
+_counts = st.integers(min_value=0, max_value=2**40)
+_tokens = st.lists(st.integers(min_value=0, max_value=2**33), max_size=40).map(tuple)
+
+
+@st.composite
+def _steady_fields(draw: st.DrawFn) -> tuple[object, ...]:
+    n = draw(st.integers(min_value=0, max_value=40))
+    tokens = draw(st.one_of(st.just(()), st.lists(st.integers(0, 70000), min_size=n, max_size=n)))
+    cached = draw(st.integers(0, 3))
+    kv = KVEvents(
+        kinds=(KVEventKind.CACHED,) * cached,
+        refs=tuple(range(cached)),
+        sizes=(1,) * cached,
+        block_ids=tuple(range(10, 10 + cached)),
+        hashes=tuple(bytes([i]) * HASH_BYTES for i in range(cached)),
+    )
+    return (
+        draw(_counts),
+        draw(_counts),
+        draw(_counts),
+        draw(_counts),
+        draw(_counts),
+        n,
+        draw(st.sampled_from([None, (0,) * n])),
+        tuple(tokens),
+        kv,
+        draw(_counts),
+        draw(_counts),
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(_steady_fields())
+def test_the_steady_encoder_writes_the_bytes_of_the_general_one(fields: tuple) -> None:
+    step = Step(**dict(zip(codec.STEADY_FIELDS, fields)))
+    assert codec.encode_steady(*fields) == encode(step)[1]
+    assert decode(RecordType.STEP, codec.encode_steady(*fields), 0) == step
+
+
+def test_an_encoder_of_fields_out_of_order_is_refused() -> None:
+    with pytest.raises(ValueError, match="field order"):
+        codec.STEP.encoder_of(("time_ns", "step"))

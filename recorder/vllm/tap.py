@@ -26,6 +26,7 @@ from engine.records import (
     Arrival,
     Finish,
     Kind,
+    KVEvents,
     Preemption,
     QueueStop,
     Reason,
@@ -669,43 +670,49 @@ class Tap(KVTaps):
         step = self.step
         assert step is not None
         self.step = None
-        if step.entries is None:
-            record = self._steady_record(step, update_ns)
-        else:
-            record = self._general_record(step, update_ns)
-        self.decoding = step.entries is None
+        steady = step.entries is None
+        kv_events = self.kv.freeze()
+        record = None if steady else self._general_record(step, update_ns, kv_events)
+        self.decoding = steady
         if self.kv:  # frozen into the record: the next step starts a new log
             self.kv = KVEventLog()
         self.next_step += 1
-        if self.recorder is not None and self.stopped is None:
-            self.recorder.on_step(record)
-            if self.recorder.error is not None:
-                self.stop(self.recorder.error)
-            elif not self.sched.has_unfinished_requests() or (
-                time.monotonic() - self.last_flush >= self.flush_interval
-            ):
-                self.flush()  # idle, or due: a reader sees every step so far
+        recorder = self.recorder
+        if recorder is None or self.stopped is not None:
+            return
+        if record is None:
+            self._steady_record(recorder, step, update_ns, kv_events)
+        else:
+            recorder.on_step(record)
+        if recorder.error is not None:
+            self.stop(recorder.error)
+        elif not self.sched.has_unfinished_requests() or (
+            time.monotonic() - self.last_flush >= self.flush_interval
+        ):
+            self.flush()  # idle, or due: a reader sees every step so far
 
-    def _steady_record(self, step: _Step, update_ns: int) -> Step:
+    def _steady_record(
+        self, recorder: Recorder, step: _Step, update_ns: int, kv_events: KVEvents
+    ) -> None:
         """Already in the trace's compact form: the leading decodes are every running
         request, the queues did not move. An async step with no update yet has no tokens."""
         self.steady_steps += 1
         n = len(step.pre_running)
         tokens = step.steady_tokens
-        return Step(
-            step=step.index,
-            schedule_ns=step.schedule_ns,
-            update_ns=update_ns,
-            token_budget=self.config.max_num_batched_tokens,
-            num_decodes=n,
-            sample_counts=None if tokens is not None else (0,) * n,
-            sampled_tokens=tokens if tokens is not None else (),
-            kv_events=self.kv.freeze(),
-            free_blocks_after_schedule=step.free_after_schedule,
-            free_blocks=self.pool.get_num_free_blocks(),
+        recorder.on_steady_step(
+            step.index,
+            step.schedule_ns,
+            update_ns,
+            self.config.max_num_batched_tokens,
+            n,
+            None if tokens is not None else (0,) * n,
+            tokens if tokens is not None else (),
+            kv_events,
+            step.free_after_schedule,
+            self.pool.get_num_free_blocks(),
         )
 
-    def _general_record(self, step: _Step, update_ns: int) -> Step:
+    def _general_record(self, step: _Step, update_ns: int, kv_events: KVEvents) -> Step:
         sched = self.sched
         refs = self.refs
         assert step.entries is not None
@@ -729,7 +736,7 @@ class Tap(KVTaps):
             sample_counts=counts,
             sampled_tokens=tokens,
             other_samples=others,
-            kv_events=self.kv.freeze(),
+            kv_events=kv_events,
             free_blocks_after_schedule=step.free_after_schedule,
             free_blocks=self.pool.get_num_free_blocks(),
             running=tuple(map(refs.__getitem__, map(_RID, sched.running))),
