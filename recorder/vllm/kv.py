@@ -385,7 +385,6 @@ class KVTaps:
                     or blocks is None
                     or st.cached != start
                     or len(st.hashes) != start
-                    or len(st.ids) != len(blocks)  # the mirror is vLLM's table (or ask vLLM)
                     or end > len(blocks)
                 ):
                     add(None)
@@ -395,7 +394,7 @@ class KVTaps:
                 parent = hashes[-1] if start else ROOT_HASH
                 digest = sha256(parent + pack(*tokens[start * bs : end * bs])).digest()
                 hashes.append(digest)
-                block_id = st.ids[start]
+                block_id = blocks[start].block_id  # vLLM has just hashed it: in the cache
                 short = digest[:HASH_BYTES]
                 block_hash[block_id] = short
                 st.cached = end
