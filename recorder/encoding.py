@@ -336,7 +336,7 @@ def _defaults(cls: type) -> dict[str, Any]:
 class Struct(Codec[T]):
     """A dataclass as a msgpack array of its fields in declaration order."""
 
-    __slots__ = ("cls", "names", "codecs", "defaults", "required", "_values", "_encoders")
+    __slots__ = ("cls", "names", "codecs", "defaults", "required", "_values", "_custom")
 
     def __init__(
         self,
@@ -358,15 +358,22 @@ class Struct(Codec[T]):
             sum(1 for d in self.defaults if d is _MISSING) if required is None else required
         )
         self._values = attrgetter(*self.names)
-        # Scalars encode as themselves: skip the call for them (snapshots have thousands).
-        self._encoders = tuple(None if type(c).enc is Codec.enc else c.enc for c in self.codecs)
+        # Scalars encode as themselves: only the other fields' codecs are called (a
+        # snapshot has a structure per request, most of whose fields are scalars).
+        self._custom = tuple(
+            (i, c.enc) for i, c in enumerate(self.codecs) if type(c).enc is not Codec.enc
+        )
 
     def enc(self, v: T) -> list[Any]:
         values = self._values(v)
         end = len(values)
         while end > self.required and values[end - 1] == self.defaults[end - 1]:
             end -= 1
-        return [x if enc is None else enc(x) for enc, x in zip(self._encoders, values[:end])]
+        out = list(values[:end])
+        for i, enc in self._custom:
+            if i < end:
+                out[i] = enc(out[i])
+        return out
 
     def dec(self, v: Any) -> T:
         if type(v) is not tuple:

@@ -27,8 +27,12 @@ def preamble(major: int = FORMAT_MAJOR, minor: int = FORMAT_MINOR) -> bytes:
     return PREAMBLE.pack(MAGIC, major, minor)
 
 
+# The CRC-32 of each type tag, where a record's checksum starts.
+_TAG_CRC = tuple(zlib.crc32(bytes((tag,))) for tag in range(256))
+
+
 def checksum(rtype: int, body: bytes | memoryview) -> int:
-    return zlib.crc32(body, zlib.crc32(bytes((rtype,))))
+    return zlib.crc32(body, _TAG_CRC[rtype])
 
 
 def frame_header(rtype: int, body: bytes) -> bytes:
