@@ -309,9 +309,11 @@ class KVTaps:
             new_ids, req_ids = new_ids[:m], req_ids[:m]
         if allocated is None:
             allocated = self.lean_free - self.free_queue.num_free_blocks
-        fills = self.fill(lean_order) if lean_order else []
-        kv = self.kv
         if not allocated and new_ids.count(None) == len(new_ids):
+            if not lean_order:  # most steps: no block allocated or filled
+                return True
+            fills = self.fill(lean_order)
+            kv = self.kv
             if None not in fills:  # the common case: the columns in one go each
                 k = len(fills)
                 kv.kinds += repeat(_CACHED, k)
@@ -324,6 +326,8 @@ class KVTaps:
                     self._log_fill(entry[0], done)
             lean_order.clear()
             return True
+        fills = self.fill(lean_order) if lean_order else []
+        kv = self.kv
         # None: no new blocks (most requests, most steps).
         owners = compress(zip(req_ids, new_ids), new_ids)
         block_hash, kvreqs = self.block_hash, self.kvreqs
