@@ -31,6 +31,10 @@ class KVEventLog:
         "hit_tokens",
     )
 
+    # CACHED hashes come whole (the engine's) and are cut to the records' HASH_BYTES at
+    # freeze; a log fed hashes cut already (recorder.vllm's) sets this False.
+    whole_hashes = True
+
     def __init__(self) -> None:
         self.kinds: list[KVKind] = []  # one per event
         self.refs: list[int] = []  # one per event but EVICTED: whose table changed
@@ -82,7 +86,7 @@ class KVEventLog:
             tuple(self.refs),
             tuple(self.sizes),
             tuple(self.block_ids),
-            trace_hashes(self.cached_hashes),
+            trace_hashes(self.cached_hashes) if self.whole_hashes else tuple(self.cached_hashes),
             tuple(self.hit_tokens),
         )
 

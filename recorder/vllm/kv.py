@@ -45,6 +45,13 @@ _CACHE_FULL_BLOCKS_ARGS = (  # BlockPool.cache_full_blocks's parameters in vLLM 
 )
 
 
+class CutHashLog(KVEventLog):
+    """The step's KV events, with CACHED hashes added as records keep them already."""
+
+    __slots__ = ()
+    whole_hashes = False
+
+
 class KVReq:
     """The KV side of one live request, as the recording sees it."""
 
@@ -71,7 +78,7 @@ class KVTaps:
         self.block_size = block_size
         # A full block's tokens as hash_block (engine.kv.hashing) packs them.
         self.pack_block = struct.Struct(f"<{block_size}Q").pack
-        self.kv = KVEventLog()
+        self.kv: KVEventLog = CutHashLog()
         self.mode = IDLE
         self.block_hash: dict[int, bytes] = {}  # block id -> its hash as traces keep it
         # request id -> its blocks and hashes, from when it arrives until it finishes: one
@@ -277,7 +284,7 @@ class KVTaps:
         What follows is tapped (FULL) and logged apart: it goes after the running pass's
         events, which only the SchedulerOutput will tell."""
         self.pass_blocks = self.lean_free - self.free_queue.num_free_blocks
-        self.pre_kv, self.kv = self.kv, KVEventLog()
+        self.pre_kv, self.kv = self.kv, CutHashLog()
         self.set_mode(FULL)
 
     def mixed_events(self, out: Any) -> bool:

@@ -20,7 +20,6 @@ from typing import Any, cast
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.events import NULL_SINK
-from engine.kv.events import KVEventLog
 from engine.records import (
     Admission,
     Arrival,
@@ -42,7 +41,7 @@ from engine.records import (
 )
 from recorder.recorder import DEFAULT_SNAPSHOT_INTERVAL, Recorder
 from recorder.vllm.checks import engine_config, env_flag, env_number, request_problem
-from recorder.vllm.kv import FULL, IDLE, LEAN, MIXED, STOPPED, KVReq, KVTaps
+from recorder.vllm.kv import FULL, IDLE, LEAN, MIXED, STOPPED, CutHashLog, KVReq, KVTaps
 from recorder.writer import TraceWriter
 
 log = logging.getLogger("schedtop.recorder.vllm")
@@ -675,7 +674,7 @@ class Tap(KVTaps):
         record = None if steady else self._general_record(step, update_ns, kv_events)
         self.decoding = steady
         if self.kv:  # frozen into the record: the next step starts a new log
-            self.kv = KVEventLog()
+            self.kv = CutHashLog()
         self.next_step += 1
         recorder = self.recorder
         if recorder is None or self.stopped is not None:
