@@ -374,14 +374,13 @@ class KVTaps:
         kv.cached_hashes.append(done[2])
 
     def _filler(self) -> Callable[[list[Any]], list[Any]]:
-        """`fill(entries)`: for each (request, blocks, start, end, ...) of blocks[start:end]
-        of a request's table that vLLM just hashed, schedtop's hash of the block, as
-        (ref, block id, hash as traces keep it), or None where the entry is not the
-        common case (one block of a request whose earlier blocks are all known) and
-        `_on_cached` must look at it (the last item of an entry is not read). The state is
-        updated; the caller logs the events in
-        vLLM's order. One loop over the step's filled blocks, with hash_block inlined and
-        the state bound once: a decode step fills a block for one request in block_size."""
+        """`fill(entries)`: for each (request, blocks, start, end, _) whose blocks[start:end]
+        vLLM just hashed, schedtop's hash of the block as (ref, block id, hash as traces
+        keep it), or None where the entry is not the common case (one block of a request
+        whose earlier blocks are all known) and `_on_cached` must look at it. The state
+        is updated; the caller logs the events in vLLM's order. One loop over a step's
+        filled blocks, with hash_block inlined and the state bound once: a decode step
+        fills a block for one request in block_size."""
         sha256, pack, bs = hashlib.sha256, self.pack_block, self.block_size
         kvreqs, block_hash = self.kvreqs, self.block_hash
 
