@@ -38,6 +38,8 @@ DEFAULT_SNAPSHOT_INTERVAL = 256
 # (below it a seek costs a few ms whatever the spacing; see default_snapshot_work).
 SNAPSHOT_WORK_PER_BLOCK = 3
 MIN_SNAPSHOT_WORK = 16384
+# With a snapshot budget, snapshots are at least this many steps apart however cheap.
+MIN_BUDGET_STEPS = 64
 
 
 def default_snapshot_work(num_blocks: int) -> int:
@@ -72,7 +74,12 @@ class Recorder:
 
     A snapshot follows a step when `snapshot_interval` steps, or `snapshot_work` units of
     replay work (None: default_snapshot_work for the pool; 0: steps only), have passed
-    since the last snapshot or the start.
+    since the last snapshot or the start. With a `snapshot_budget` (a share, e.g. 0.0025),
+    one also follows, at least MIN_BUDGET_STEPS steps after the last, as soon as the
+    engine's own time since then (the steps' schedule_ns + update_ns) is enough for the
+    last snapshot's cost (CPU time, building and writing it) to be that share of it: the
+    snapshots' cost is then bounded however large the KV pool (a snapshot lists every
+    free and cached block) and however light the steps.
 
     `install=False` leaves `engine.sink` alone (an owner passes reports on itself);
     `continue_from` makes this the next segment of another recording (its clock and start
@@ -86,12 +93,14 @@ class Recorder:
         redact_prompts: bool = False,
         snapshot_interval: int = DEFAULT_SNAPSHOT_INTERVAL,
         snapshot_work: int | None = None,
+        snapshot_budget: float = 0.0,
         model: str | None = None,
         engine_name: str | None = None,
         strict: bool = False,
         on_step_record: Callable[[Step], None] | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
         wall_clock: Callable[[], int] = time.time_ns,
+        cpu_clock: Callable[[], int] = time.thread_time_ns,
         install: bool = True,
         continue_from: Recorder | None = None,
     ) -> None:
@@ -101,6 +110,8 @@ class Recorder:
             snapshot_work = default_snapshot_work(engine.config.num_blocks)
         if snapshot_work < 0:
             raise ValueError(f"snapshot_work={snapshot_work}: must be >= 0")
+        if not 0 <= snapshot_budget < 1:
+            raise ValueError(f"snapshot_budget={snapshot_budget}: must be in [0, 1)")
         mid_run = engine.step_index > 0
         if mid_run and engine.scheduler.has_unreported:
             raise ValueError(
@@ -113,6 +124,12 @@ class Recorder:
         self.snapshot_work = snapshot_work
         self._work = 0  # replay work since the last snapshot
         self._steps = 0  # steps since the last snapshot
+        self.snapshot_budget = snapshot_budget
+        self._engine_ns = 0  # the engine's schedule + update time since the last snapshot
+        # The last snapshot's cost over the budget: the engine time that pays for the next
+        # (0 before the first, which comes MIN_BUDGET_STEPS in and measures it).
+        self._snapshot_due_ns = 0
+        self._cpu_clock = cpu_clock
         self.strict = strict
         self.on_step_record = on_step_record  # sees every Step record before it is written
         self.error: str | None = None  # why recording stopped, once it has
@@ -231,7 +248,8 @@ class Recorder:
                 free_blocks_after_schedule,
                 free_blocks,
             )
-            due = self._due(1 + num_decodes + len(kv_events.block_ids))  # replay_work
+            # The work is replay_work's for this record.
+            due = self._due(1 + num_decodes + len(kv_events.block_ids), schedule_ns + update_ns)
             if self.on_step_record is not None:
                 named: dict[str, Any] = dict(zip(STEADY_FIELDS, fields))
                 self.on_step_record(Step(**named))
@@ -290,18 +308,24 @@ class Recorder:
             return
         time_ns = self._clock() - self._t0
         step = self._compactor.compact(report, time_ns)
-        snapshot_due = self._due(replay_work(step))
+        snapshot_due = self._due(replay_work(step), step.schedule_ns + step.update_ns)
         if self.on_step_record is not None:
             self.on_step_record(step)
         offset = self._append(step, boundary=not snapshot_due)
         counts = (len(report.arrivals), len(report.finishes), len(report.preemptions))
         self._written(offset, snapshot_due, *counts)
 
-    def _due(self, work: int) -> bool:
-        """Counts a step and its replay work; whether a snapshot follows it."""
+    def _due(self, work: int, engine_ns: int) -> bool:
+        """Counts a step, its replay work and the engine's time in it; whether a snapshot
+        follows it."""
         self._work += work
         self._steps += 1
-        return self._steps >= self.snapshot_interval or (0 < self.snapshot_work <= self._work)
+        if self._steps >= self.snapshot_interval or 0 < self.snapshot_work <= self._work:
+            return True
+        if not self.snapshot_budget:
+            return False
+        self._engine_ns += engine_ns
+        return self._steps >= MIN_BUDGET_STEPS and self._engine_ns >= self._snapshot_due_ns
 
     def _written(
         self,
@@ -320,10 +344,14 @@ class Recorder:
         counts[2] += finishes
         counts[3] += preemptions
         if snapshot_due:
+            started = self._cpu_clock() if self.snapshot_budget else 0
             self._write_snapshot(self.engine.snapshot())
+            if self.snapshot_budget:
+                cost = self._cpu_clock() - started
+                self._snapshot_due_ns = int(cost / self.snapshot_budget)
 
     def _write_snapshot(self, snap: Snapshot) -> None:
-        self._work = self._steps = 0
+        self._work = self._steps = self._engine_ns = 0
         self._snapshots.append((snap.step, self._append(snap, boundary=True)))
 
     def _append(self, record: Record, boundary: bool = False) -> int:

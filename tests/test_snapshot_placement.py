@@ -3,18 +3,28 @@ section 1), and a seek from any of them gives the state that stepping from the s
 
 from __future__ import annotations
 
+import itertools
 import random
 from pathlib import Path
 
 import pytest
 
 from recorder.reader import TraceReader
-from recorder.recorder import MIN_SNAPSHOT_WORK, SNAPSHOT_WORK_PER_BLOCK
+from recorder.recorder import MIN_BUDGET_STEPS, MIN_SNAPSHOT_WORK, SNAPSHOT_WORK_PER_BLOCK, Recorder
 from recorder.schema import FORMAT_MAJOR, Snapshot, Step
+from recorder.writer import MemoryWriter
 from replays.reducer import replay
 from replays.resim import resimulate
 from replays.timeline import Timeline
-from tests.helpers import Recorded, open_reader, record, req, workload, write_trace
+from tests.helpers import (
+    Recorded,
+    make_engine,
+    open_reader,
+    record,
+    req,
+    workload,
+    write_trace,
+)
 
 BUDGET = 300  # replay work between snapshots in these tests
 
@@ -145,3 +155,51 @@ def test_a_1_1_trace_without_snapshot_work_still_opens_and_seeks(tmp_path: Path)
 def test_a_negative_budget_is_refused() -> None:
     with pytest.raises(ValueError, match="snapshot_work=-1"):
         record(workload([req("a", 20)]), snapshot_work=-1)
+
+
+def expected_by_budget(steps: list[Step], interval: int, budget: float, cost: int) -> list[int]:
+    """Snapshot placement by cost, written out: at most `interval` steps apart, and at
+    least MIN_BUDGET_STEPS apart once the steps' engine time since the last pays for the
+    last snapshot's `cost` at `budget` (the first has no cost to pay for)."""
+    out: list[int] = []
+    count = engine_ns = due = 0
+    for s in steps:
+        count += 1
+        if count < interval:
+            engine_ns += s.schedule_ns + s.update_ns
+        if count >= interval or (count >= MIN_BUDGET_STEPS and engine_ns >= due):
+            out.append(s.step)
+            count = engine_ns = 0
+            due = int(cost / budget)
+    return out
+
+
+def budgeted(cost: int, interval: int) -> Recorded:
+    """Four requests decoding for ~400 steps; each snapshot "costs" `cost` ns of CPU."""
+    ticks = itertools.count(0, cost)
+    reqs = [req(f"b{i}", 24, max_tokens=400) for i in range(4)]
+    return record(
+        workload(reqs),
+        snapshot_interval=interval,
+        snapshot_work=0,
+        snapshot_budget=0.01,
+        cpu_clock=lambda: next(ticks),
+    )
+
+
+@pytest.mark.parametrize("cost", [1, 2_000_000, 10**12])
+def test_a_budget_places_snapshots_by_their_cost(tmp_path: Path, cost: int) -> None:
+    path = write_trace(tmp_path, budgeted(cost, interval=300).data)
+    snaps, steps = snapshots_and_steps(path)
+    assert snaps == expected_by_budget(steps, 300, 0.01, cost)
+    gaps = [b - a for a, b in zip([-1, *snaps], snaps)]
+    assert min(gaps) >= MIN_BUDGET_STEPS
+    if cost == 1:  # free snapshots: as often as allowed
+        assert gaps[:3] == [MIN_BUDGET_STEPS] * 3
+    if cost == 10**12:  # never affordable after the first: the step cap places the rest
+        assert gaps[1:] and all(g == 300 for g in gaps[1:])
+
+
+def test_a_budget_out_of_range_is_refused() -> None:
+    with pytest.raises(ValueError, match="snapshot_budget"):
+        Recorder(make_engine(workload([req("x", 8)])), MemoryWriter(), snapshot_budget=1.5)

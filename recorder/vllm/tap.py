@@ -39,14 +39,24 @@ from engine.records import (
     Step,
     ns,
 )
-from recorder.recorder import DEFAULT_SNAPSHOT_INTERVAL, Recorder
-from recorder.vllm.checks import engine_config, env_flag, env_number, request_problem
+from recorder.recorder import Recorder
+from recorder.vllm.checks import (
+    UnsupportedVllm,
+    engine_config,
+    env_flag,
+    env_number,
+    request_problem,
+)
 from recorder.vllm.kv import FULL, IDLE, LEAN, MIXED, STOPPED, CutHashLog, KVReq, KVTaps
 from recorder.writer import TraceWriter
 
 log = logging.getLogger("schedtop.recorder.vllm")
 
 MID_STEP_ABORT = "aborted after schedule"  # Finish.message of an abort between schedule and update
+# Snapshot placement inside vLLM: by cost, snapshots taking at most this share of vLLM's
+# own schedule + update time, and at most this many steps apart.
+SNAPSHOT_BUDGET = 0.005
+SNAPSHOT_INTERVAL = 4096
 
 # vLLM's finished statuses by name (their values differ between releases).
 _FINISHED = {
@@ -185,22 +195,32 @@ class Tap(KVTaps):
     def open(self, path: Path, engine_name: str, model: str, on_record: Any) -> None:
         self.writer = TraceWriter(path, live=False, flush_interval_s=self.flush_interval)
         facade = _Facade(self.config, self.snapshot)
-        self.recorder = Recorder(
+        try:
+            self.recorder = self._recorder(facade, model, engine_name, on_record)
+        except ValueError as e:
+            raise UnsupportedVllm(
+                f"schedtop's recorder settings (SCHEDTOP_SNAPSHOT_*): {e}"
+            ) from None
+        self.install_kv()
+
+    def _recorder(self, facade: _Facade, model: str, engine_name: str, on_record: Any) -> Recorder:
+        assert self.writer is not None
+        return Recorder(
             cast(EngineCore, facade),
             self.writer,
             redact_prompts=self.redact,
-            snapshot_interval=int(
-                env_number("SCHEDTOP_SNAPSHOT_INTERVAL", DEFAULT_SNAPSHOT_INTERVAL)
-            ),
-            # By step count unless asked: inside a production server the trace's bytes and
-            # the step's cost come first, and work-placed snapshots at a few hundred running
-            # requests come 4x as often (docs/benchmarks.md, Recording inside vLLM).
+            snapshot_interval=int(env_number("SCHEDTOP_SNAPSHOT_INTERVAL", SNAPSHOT_INTERVAL)),
+            # Not by replay work unless asked: inside a production server the trace's bytes
+            # and the step's cost come first, and work-placed snapshots at a few hundred
+            # running requests come 4x as often (docs/benchmarks.md, Recording inside vLLM).
             snapshot_work=int(env_number("SCHEDTOP_SNAPSHOT_WORK", 0)),
+            # By cost: a snapshot lists every free and cached block, so at a fixed step count
+            # a large pool under light load spent more on snapshots than on its steps.
+            snapshot_budget=env_number("SCHEDTOP_SNAPSHOT_BUDGET", SNAPSHOT_BUDGET),
             model=model,
             engine_name=engine_name,
             on_step_record=on_record,
         )
-        self.install_kv()
 
     def close(self) -> None:
         if self.recorder is not None:
