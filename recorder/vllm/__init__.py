@@ -21,7 +21,9 @@ so that prefix hits re-simulate. vLLM is imported lazily and is never a dependen
 
 Environment: SCHEDTOP_TRACE_DIR (where traces go), SCHEDTOP_REDACT_PROMPTS=1 (hashes and
 lengths instead of token ids), SCHEDTOP_FLUSH_INTERVAL_S (default 1.0),
-SCHEDTOP_SNAPSHOT_INTERVAL (default 256). One file per data-parallel rank. Set-ups whose
+SCHEDTOP_SNAPSHOT_INTERVAL (at most this many steps apart, default 4096) and
+SCHEDTOP_SNAPSHOT_BUDGET (snapshots placed by their cost, at most this share of vLLM's
+schedule + update time, default 0.0025). One file per data-parallel rank. Set-ups whose
 decisions schedtop's scheduler does not model are refused at start-up; requests that use
 such features stop the recording with a warning (the file keeps every step before).
 

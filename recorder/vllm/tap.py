@@ -55,7 +55,7 @@ log = logging.getLogger("schedtop.recorder.vllm")
 MID_STEP_ABORT = "aborted after schedule"  # Finish.message of an abort between schedule and update
 # Snapshot placement inside vLLM: by cost, snapshots taking at most this share of vLLM's
 # own schedule + update time, and at most this many steps apart.
-SNAPSHOT_BUDGET = 0.005
+SNAPSHOT_BUDGET = 0.0025
 SNAPSHOT_INTERVAL = 4096
 
 # vLLM's finished statuses by name (their values differ between releases).
