@@ -108,7 +108,9 @@ def recorder_for(
         sink,
         redact_prompts=header.redacted,
         snapshot_interval=header.snapshot_interval,
-        snapshot_work=header.snapshot_work,
+        # The trace's bounds; with no work bound (recorder.vllm places snapshots by cost,
+        # up to 4096 steps apart), the engine's default one, so the output seeks well.
+        snapshot_work=header.snapshot_work or None,
         model=header.model,
         on_step_record=checker,
     )

@@ -223,7 +223,9 @@ class _TimedRun:
                     sink,
                     redact_prompts=header.redacted,
                     snapshot_interval=header.snapshot_interval,
-                    snapshot_work=header.snapshot_work,
+                    # With no work bound in the trace (recorder.vllm's, placed by cost),
+                    # the engine's default one, so that the output seeks well.
+                    snapshot_work=header.snapshot_work or None,
                     model=header.model,
                     on_step_record=checker,
                     clock=self.clock.settle,
