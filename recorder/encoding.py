@@ -476,13 +476,7 @@ class Body(Generic[T]):
         )
 
     def encode(self, record: T) -> bytes:
-        # `is not` first: most defaults are shared singletons ((), None, small ints).
-        out = {
-            key: codec.enc(value)
-            for (key, codec, default), value in zip(self._plan, self._values(record))
-            if value is not default and value != default
-        }
-        return _packer.pack(out)  # type: ignore[no-any-return]
+        return _pack_map(self._plan, self._values(record))
 
     def encoder_of(self, names: Sequence[str]) -> Callable[..., bytes]:
         """An encoder of records whose other fields all hold their defaults, from the
@@ -495,12 +489,7 @@ class Body(Generic[T]):
         plan = tuple(self._plan[i] for i in picked)
 
         def encode(*values: Any) -> bytes:
-            out = {
-                key: codec.enc(value)
-                for (key, codec, default), value in zip(plan, values)
-                if value is not default and value != default
-            }
-            return _packer.pack(out)  # type: ignore[no-any-return]
+            return _pack_map(plan, values)
 
         return encode
 
@@ -526,6 +515,17 @@ class Body(Generic[T]):
             )
             raise Bad(f"required field {name} (key {key}) is missing")
         return self.cls(**kwargs)  # the dataclass fills in the defaults
+
+
+def _pack_map(plan: Sequence[tuple[int, Codec[Any], Any]], values: Sequence[Any]) -> bytes:
+    """A body: the map from key to encoded value of the fields that differ from their
+    defaults (`is not` first: most defaults are shared singletons: (), None, small ints)."""
+    out = {
+        key: codec.enc(value)
+        for (key, codec, default), value in zip(plan, values)
+        if value is not default and value != default
+    }
+    return _packer.pack(out)  # type: ignore[no-any-return]
 
 
 def unpack_body(body: bytes) -> Any:

@@ -212,47 +212,34 @@ class Recorder:
         fields, without building it or passing it through the compactor."""
         if self.error is not None:
             return
+        fields = [
+            step,
+            0,  # time_ns: the recorder's clock, read below
+            schedule_ns,
+            update_ns,
+            token_budget,
+            num_decodes,
+            sample_counts,
+            sampled_tokens,
+            kv_events,
+            free_blocks_after_schedule,
+            free_blocks,
+        ]
         if self._downstream is not NULL_SINK or num_decodes != len(self._compactor.running):
             # Not a steady step after all: the compactor says what is wrong with it.
-            self.on_step(
-                Step(
-                    step=step,
-                    schedule_ns=schedule_ns,
-                    update_ns=update_ns,
-                    token_budget=token_budget,
-                    num_decodes=num_decodes,
-                    sample_counts=sample_counts,
-                    sampled_tokens=sampled_tokens,
-                    kv_events=kv_events,
-                    free_blocks_after_schedule=free_blocks_after_schedule,
-                    free_blocks=free_blocks,
-                )
-            )
+            self.on_step(_steady_step(fields))
             return
         try:
             if self.sink.error is not None:
                 self.error = self.sink.error
                 return
-            time_ns = self._clock() - self._t0
-            tokens = None if self._compactor.redact else sampled_tokens
-            fields = (
-                step,
-                time_ns,
-                schedule_ns,
-                update_ns,
-                token_budget,
-                num_decodes,
-                sample_counts,
-                tokens,
-                kv_events,
-                free_blocks_after_schedule,
-                free_blocks,
-            )
+            fields[_TIME] = self._clock() - self._t0
+            if self._compactor.redact:
+                fields[_TOKENS] = None
             # The work is replay_work's for this record.
             due = self._due(1 + num_decodes + len(kv_events.block_ids), schedule_ns + update_ns)
             if self.on_step_record is not None:
-                named: dict[str, Any] = dict(zip(STEADY_FIELDS, fields))
-                self.on_step_record(Step(**named))
+                self.on_step_record(_steady_step(fields))
             offset = self.sink.append(RecordType.STEP, encode_steady(*fields), boundary=not due)
             self._written(offset, due)
         except Exception as e:
@@ -396,6 +383,15 @@ class Recorder:
             num_preemptions=preemptions,
             end_time_ns=self._clock() - self._t0,
         )
+
+
+_TIME, _TOKENS = STEADY_FIELDS.index("time_ns"), STEADY_FIELDS.index("sampled_tokens")
+
+
+def _steady_step(fields: list[Any]) -> Step:
+    """The Step record of a steady step's fields (in STEADY_FIELDS order)."""
+    named: dict[str, Any] = dict(zip(STEADY_FIELDS, fields))
+    return Step(**named)
 
 
 def client_record(report: ClientReport, after_step: int, time_ns: int) -> Client:

@@ -416,10 +416,7 @@ class KVTaps:
     def filled(self, request: Any, blocks: list[Any] | None, start: int, end: int) -> None:
         """CACHED for blocks[start:end] of the request's table, which vLLM just hashed."""
         (done,) = self.fill([(request, blocks, start, end, 0)])
-        if done is None:
-            self._on_cached(request)
-        else:
-            self.kv.add(_CACHED, done[0], [done[1]], [done[2]])
+        self._log_fill(request, done)
 
     def _on_allocate(
         self, request: Any, n: int, num_hit_tokens: int, hits: Any, before: int, out: Any
