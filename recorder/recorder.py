@@ -17,6 +17,7 @@ import time
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 from engine.core import EngineCore
 from engine.events import NULL_SINK, ClientReport, EventSink, report_client
 from engine.records import KVEvents, Step
+from recorder.background import Background
 from recorder.codec import MAX_RECORD_BYTES, STEADY_FIELDS, encode, encode_steady
 from recorder.convert import StepCompactor, scalar_config
 from recorder.errors import RecordingError
@@ -81,6 +83,10 @@ class Recorder:
     snapshots' cost is then bounded however large the KV pool (a snapshot lists every
     free and cached block) and however light the steps.
 
+    `background=True` encodes and appends the records on a thread of its own (see
+    recorder.background), in order: the engine's thread only builds them. Then `flush`
+    and `drain` are the ways to make what was recorded reach the sink.
+
     `install=False` leaves `engine.sink` alone (an owner passes reports on itself);
     `continue_from` makes this the next segment of another recording (its clock and start
     time; refs are the engine's own, so they continue; the segment starts with a snapshot)."""
@@ -103,6 +109,7 @@ class Recorder:
         cpu_clock: Callable[[], int] = time.thread_time_ns,
         install: bool = True,
         continue_from: Recorder | None = None,
+        background: bool = False,
     ) -> None:
         if snapshot_interval < 1:
             raise ValueError(f"snapshot_interval={snapshot_interval}: must be >= 1")
@@ -112,6 +119,8 @@ class Recorder:
             raise ValueError(f"snapshot_work={snapshot_work}: must be >= 0")
         if not 0 <= snapshot_budget < 1:
             raise ValueError(f"snapshot_budget={snapshot_budget}: must be in [0, 1)")
+        if background and strict:
+            raise ValueError("strict recording raises on the engine's thread: not in background")
         mid_run = engine.step_index > 0
         if mid_run and engine.scheduler.has_unreported:
             raise ValueError(
@@ -154,6 +163,8 @@ class Recorder:
             header = dataclasses.replace(header, engine=engine_name)
         self.header = header
         self._append(header, boundary=True)
+        # Started after the header: from here on only its thread appends to the sink.
+        self._bg = Background() if background else None
         if mid_run:
             snap = engine.snapshot()
             self._compactor.adopt(snap)
@@ -240,10 +251,20 @@ class Recorder:
             due = self._due(1 + num_decodes + len(kv_events.block_ids), schedule_ns + update_ns)
             if self.on_step_record is not None:
                 self.on_step_record(_steady_step(fields))
-            offset = self.sink.append(RecordType.STEP, encode_steady(*fields), boundary=not due)
-            self._written(offset, due)
+            if self._bg is None:
+                self._append_steady(fields, not due)
+            else:
+                self._bg.put(self._append_steady, fields, not due)
+            self._written(due)
         except Exception as e:
             self._failed(step, e)
+
+    def _append_steady(self, fields: list[Any], boundary: bool) -> None:
+        try:
+            body = encode_steady(*fields)
+            self._index_step(self.sink.append(RecordType.STEP, body, boundary=boundary))
+        except Exception as e:
+            self._failed(fields[0], e)
 
     def _failed(self, step: int, e: Exception) -> None:
         """A recording that fails stops, with one warning (the engine goes on)."""
@@ -256,7 +277,7 @@ class Recorder:
         """A server's view of one HTTP request: a CLIENT record between two steps."""
         if self.error is None and not self._closed:
             try:
-                self._append(
+                self._put(
                     client_record(report, self.engine.step_index - 1, self._now_ns()),
                     boundary=True,
                 )
@@ -270,6 +291,29 @@ class Recorder:
     def _now_ns(self) -> int:
         return self._clock() - self._t0
 
+    def flush(self) -> None:
+        """Have the sink write what it holds (TraceWriter.flush). In the background, the
+        flush is queued behind the records so far and the thread is woken, not waited
+        for: see `drain`."""
+        flush = getattr(self.sink, "flush", None)
+        if self._bg is None:
+            if flush is not None:
+                flush()
+            return
+        if flush is not None:
+            self._bg.put(flush)
+        self._bg.wake()
+
+    def drain(self) -> None:
+        """Wait until every record so far is in the sink (in the background: appended)."""
+        if self._bg is not None:
+            self._bg.drain()
+
+    @property
+    def background_thread(self) -> Any:
+        """The thread that encodes and appends the records (None: the engine's own)."""
+        return None if self._bg is None else self._bg.thread
+
     def close(self) -> None:
         """Write the footer (if recording went well), flush, fsync and close. Idempotent."""
         if self._closed:
@@ -277,6 +321,8 @@ class Recorder:
         self._closed = True
         if self.engine.sink is self:
             self.engine.sink = self._downstream
+        if self._bg is not None:
+            self._bg.close()  # every record queued is appended: the footer indexes them
         try:
             if self.error is None and self.sink.error is None:
                 offset = self._append(self._footer())
@@ -298,9 +344,9 @@ class Recorder:
         snapshot_due = self._due(replay_work(step), step.schedule_ns + step.update_ns)
         if self.on_step_record is not None:
             self.on_step_record(step)
-        offset = self._append(step, boundary=not snapshot_due)
+        self._put(step, not snapshot_due, self._index_step)
         counts = (len(report.arrivals), len(report.finishes), len(report.preemptions))
-        self._written(offset, snapshot_due, *counts)
+        self._written(snapshot_due, *counts)
 
     def _due(self, work: int, engine_ns: int) -> bool:
         """Counts a step, its replay work and the engine's time in it; whether a snapshot
@@ -315,16 +361,9 @@ class Recorder:
         return self._steps >= MIN_BUDGET_STEPS and self._engine_ns >= self._snapshot_due_ns
 
     def _written(
-        self,
-        offset: int,
-        snapshot_due: bool,
-        arrivals: int = 0,
-        finishes: int = 0,
-        preemptions: int = 0,
+        self, snapshot_due: bool, arrivals: int = 0, finishes: int = 0, preemptions: int = 0
     ) -> None:
-        """A step record is in the sink at `offset`: index and count it, snapshot if due."""
-        self._step_offsets.append(offset)
-        self._step_ends.append(self.sink.offset)
+        """A step record is on its way to the sink: count it, snapshot if due."""
         counts = self._counts
         counts[0] += 1
         counts[1] += arrivals
@@ -339,7 +378,54 @@ class Recorder:
 
     def _write_snapshot(self, snap: Snapshot) -> None:
         self._work = self._steps = self._engine_ns = 0
-        self._snapshots.append((snap.step, self._append(snap, boundary=True)))
+        # Encoded here even in the background: a snapshot's cost, which places the next
+        # one under a budget, is measured on this thread.
+        rtype, body = encode(snap)
+        self._put_bytes(rtype, body, partial(self._index_snapshot, snap.step))
+
+    # -- appending: on the engine's thread, or in order on the background one ------------------
+
+    def _put(
+        self, record: Record, boundary: bool = False, then: Callable[[int], None] | None = None
+    ) -> None:
+        """Encode and append `record`; `then(offset)` indexes it."""
+        if self._bg is None:
+            offset = self._append(record, boundary)
+            if then is not None:
+                then(offset)
+        else:
+            self._bg.put(self._append_job, record, boundary, then)
+
+    def _append_job(
+        self, record: Record, boundary: bool, then: Callable[[int], None] | None
+    ) -> None:
+        try:
+            offset = self._append(record, boundary)
+            if then is not None:
+                then(offset)
+        except Exception as e:
+            self._failed(getattr(record, "step", getattr(record, "after_step", -1)), e)
+
+    def _put_bytes(self, rtype: int, body: bytes, then: Callable[[int], None]) -> None:
+        """Append an encoded record at a step boundary; `then(offset)` indexes it."""
+        if self._bg is None:
+            then(self.sink.append(rtype, body, boundary=True))
+        else:
+            self._bg.put(self._append_bytes_job, rtype, body, then)
+
+    def _append_bytes_job(self, rtype: int, body: bytes, then: Callable[[int], None]) -> None:
+        try:
+            then(self.sink.append(rtype, body, boundary=True))
+        except Exception as e:
+            self._failed(-1, e)
+
+    def _index_step(self, offset: int) -> None:
+        """The step record just appended at `offset` (it ends where the next begins)."""
+        self._step_offsets.append(offset)
+        self._step_ends.append(self.sink.offset)
+
+    def _index_snapshot(self, step: int, offset: int) -> None:
+        self._snapshots.append((step, offset))
 
     def _append(self, record: Record, boundary: bool = False) -> int:
         rtype, body = encode(record)

@@ -220,6 +220,9 @@ class Tap(KVTaps):
             model=model,
             engine_name=engine_name,
             on_step_record=on_record,
+            # Encoding a record costs about as much as all else the recorder does in a
+            # step; on a thread of its own it overlaps vLLM's model step.
+            background=True,
         )
 
     def close(self) -> None:
@@ -238,8 +241,8 @@ class Tap(KVTaps):
             self.mode = STOPPED
 
     def flush(self) -> None:
-        if self.writer is not None and self.stopped is None:
-            self.writer.flush()
+        if self.recorder is not None and self.stopped is None:
+            self.recorder.flush()
         self.last_flush = time.monotonic()
 
     # -- the decisions -------------------------------------------------------------------------
