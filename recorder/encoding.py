@@ -275,8 +275,12 @@ class _Hashes(Codec[tuple[bytes, ...]]):
     def enc(self, v: tuple[bytes, ...]) -> bytes:
         if not v:
             return b""
+        try:
+            joined = b"".join(v)
+        except TypeError:  # hashes computed on first use (recorder.vllm): bytes() gives each
+            v = tuple(map(bytes, v))
+            joined = b"".join(v)
         size = len(v[0])
-        joined = b"".join(v)
         if not 0 < size < 256 or set(map(len, v)) != {size}:
             raise ValueError("hashes must all have the same length, 1 to 255 bytes")
         return bytes((size,)) + joined

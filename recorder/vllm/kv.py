@@ -14,7 +14,6 @@ waiting queue. That keeps Python off the per-request path of a decode step.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import struct
 from collections.abc import Callable
@@ -25,7 +24,8 @@ from typing import Any, cast
 from engine.config import EngineConfig
 from engine.kv.events import KVEventKind, KVEventLog
 from engine.kv.hashing import ROOT_HASH, hash_block
-from engine.records import HASH_BYTES, Reason, trace_hashes
+from engine.records import Reason
+from recorder.vllm.lazyhash import LazyHash, short, whole
 
 # Outside schedule(); schedule() tapped per allocation; or not; recording has stopped; or
 # not during the running pass, and per allocation from the waiting pass on.
@@ -61,8 +61,9 @@ class KVReq:
         self.ref = ref  # the request's ref in the trace
         self.ids: list[int] = []  # its table's block ids (vLLM's table, mirrored from events)
         # schedtop's (whole) hashes of its full blocks, each the next's parent: they
-        # outlive a preemption (the tokens stay)
-        self.hashes: list[bytes] = []
+        # outlive a preemption (the tokens stay); those of blocks filled while decoding
+        # are computed when first needed
+        self.hashes: list[bytes | LazyHash] = []
         self.cached = 0  # leading blocks of its table that are cached
 
 
@@ -80,7 +81,8 @@ class KVTaps:
         self.pack_block = struct.Struct(f"<{block_size}Q").pack
         self.kv: KVEventLog = CutHashLog()
         self.mode = IDLE
-        self.block_hash: dict[int, bytes] = {}  # block id -> its hash as traces keep it
+        # block id -> its hash as traces keep it (or its LazyHash, of which bytes() is that)
+        self.block_hash: dict[int, bytes | LazyHash] = {}
         # request id -> its blocks and hashes, from when it arrives until it finishes: one
         # lookup for a block that fills (a step has pushed most of them out of the caches)
         self.kvreqs: dict[str, KVReq] = {}
@@ -275,7 +277,7 @@ class KVTaps:
         block_hash = self.block_hash
         gone = [b for b in ids if b in block_hash]
         if gone:
-            self.kv.add(_EVICTED, None, gone, [block_hash.pop(b) for b in gone])
+            self.kv.add(_EVICTED, None, gone, _as_bytes([block_hash.pop(b) for b in gone]))
         self.kv.add(_ALLOCATED, st.ref, ids)
         st.ids += ids
 
@@ -375,13 +377,13 @@ class KVTaps:
 
     def _filler(self) -> Callable[[list[Any]], list[Any]]:
         """`fill(entries)`: for each (request, blocks, start, end, _) whose blocks[start:end]
-        vLLM just hashed, schedtop's hash of the block as (ref, block id, hash as traces
-        keep it), or None where the entry is not the common case (one block of a request
-        whose earlier blocks are all known) and `_on_cached` must look at it. The state
-        is updated; the caller logs the events in vLLM's order. One loop over a step's
-        filled blocks, with hash_block inlined and the state bound once: a decode step
-        fills a block for one request in block_size."""
-        sha256, pack, bs = hashlib.sha256, self.pack_block, self.block_size
+        vLLM just hashed, schedtop's hash of the block as (ref, block id, its LazyHash),
+        or None where the entry is not the common case (one block of a request whose
+        earlier blocks are all known) and `_on_cached` must look at it. The state is
+        updated; the caller logs the events in vLLM's order. One loop over a step's
+        filled blocks, with the state bound once: a decode step fills a block for one
+        request in block_size. The hashes are left to the encoding thread (LazyHash)."""
+        pack, bs = self.pack_block, self.block_size
         kvreqs, block_hash = self.kvreqs, self.block_hash
 
         def fill(entries: list[Any]) -> list[Any]:
@@ -402,13 +404,12 @@ class KVTaps:
                 hashes = st.hashes
                 tokens = getattr(request, "_all_token_ids", None) or request.all_token_ids
                 parent = hashes[-1] if start else ROOT_HASH
-                digest = sha256(parent + pack(*tokens[start * bs : end * bs])).digest()
-                hashes.append(digest)
+                lazy = LazyHash(parent, tokens, start * bs, end * bs, pack)
+                hashes.append(lazy)
                 block_id = blocks[start].block_id  # vLLM has just hashed it: in the cache
-                short = digest[:HASH_BYTES]
-                block_hash[block_id] = short
+                block_hash[block_id] = lazy
                 st.cached = end
-                add((st.ref, block_id, short))
+                add((st.ref, block_id, lazy))
             return out
 
         return fill
@@ -454,19 +455,19 @@ class KVTaps:
             return
         ours = self.block_hashes(request, end)
         ids = [b.block_id for b in table[done:end]]
-        new_hashes = trace_hashes(ours[done:end])
+        new_hashes = list(map(short, ours[done:end]))
         self.block_hash.update(zip(ids, new_hashes))
         self.kv.add(_CACHED, st.ref, ids, new_hashes)
         st.cached = end
 
-    def block_hashes(self, request: Any, count: int) -> list[bytes]:
-        """schedtop's hashes of the request's first `count` full blocks."""
+    def block_hashes(self, request: Any, count: int) -> list[bytes | LazyHash]:
+        """schedtop's hashes of the request's first `count` full blocks (or more)."""
         hashes = self.kvreqs[request.request_id].hashes
         if len(hashes) < count:
             # vLLM's own list, when it has one: its read-only view slices in Python.
             tokens = getattr(request, "_all_token_ids", None) or request.all_token_ids
             bs = self.block_size
-            parent = hashes[-1] if hashes else ROOT_HASH
+            parent = whole(hashes[-1]) if hashes else ROOT_HASH
             for i in range(len(hashes), count):
                 parent = hash_block(parent, list(tokens[i * bs : (i + 1) * bs]))
                 hashes.append(parent)
@@ -497,5 +498,10 @@ class KVTaps:
         """Every cached hash is dropped: EVICTED for each, as the reducer expects."""
         if self.block_hash:
             ids = sorted(self.block_hash)
-            self.kv.add(_EVICTED, None, ids, [self.block_hash[b] for b in ids])
+            self.kv.add(_EVICTED, None, ids, _as_bytes([self.block_hash[b] for b in ids]))
             self.block_hash.clear()
+
+
+def _as_bytes(hashes: list[bytes | LazyHash]) -> list[bytes]:
+    """Hashes for the event log as they are: the encoder takes bytes() of a LazyHash."""
+    return cast(list[bytes], hashes)

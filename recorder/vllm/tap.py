@@ -48,6 +48,7 @@ from recorder.vllm.checks import (
     request_problem,
 )
 from recorder.vllm.kv import FULL, IDLE, LEAN, MIXED, STOPPED, CutHashLog, KVReq, KVTaps
+from recorder.vllm.lazyhash import computed, whole
 from recorder.writer import TraceWriter
 
 log = logging.getLogger("schedtop.recorder.vllm")
@@ -219,7 +220,7 @@ class Tap(KVTaps):
             snapshot_budget=env_number("SCHEDTOP_SNAPSHOT_BUDGET", SNAPSHOT_BUDGET),
             model=model,
             engine_name=engine_name,
-            on_step_record=on_record,
+            on_step_record=None if on_record is None else lambda s: on_record(computed(s)),
             # Encoding a record costs about as much as all else the recorder does in a
             # step; on a thread of its own it overlaps vLLM's model step.
             background=True,
@@ -374,7 +375,7 @@ class Tap(KVTaps):
                     ignore_eos=False,  # vLLM clears eos_token_id instead
                 ),
                 prompt,
-                tuple(self.block_hashes(request, full)) if self.redact else None,
+                tuple(map(whole, self.block_hashes(request, full)[:full])) if self.redact else None,
             )
         )
 
@@ -803,7 +804,8 @@ class Tap(KVTaps):
             waiting=tuple(refs[r.request_id] for r in sched.waiting),
             free_queue=free,
             cached_block_ids=tuple(cached_ids),
-            cached_hashes=tuple(map(self.block_hash.__getitem__, cached_ids)),
+            # bytes(): those computed on first use are, now (most already were, encoded)
+            cached_hashes=tuple(map(bytes, map(self.block_hash.__getitem__, cached_ids))),
         )
 
 
