@@ -6,8 +6,10 @@
 `RecordingScheduler` is vLLM's own scheduler (the async or the sync one, whichever vLLM
 would have chosen) with taps on the calls the engine core makes. It decides nothing: it
 watches each step and writes schedtop's trace format (header, steps, snapshots, footer)
-through the same converter and background writer as schedtop's engine, so `replay`,
-`stats`, `find`, `export`, `resim` and `diff` work on the file unchanged.
+through the same converter and writer as schedtop's engine, so `replay`, `stats`, `find`,
+`export`, `resim` and `diff` work on the file unchanged. vLLM's engine thread only builds
+the records: a thread of the recorder's own encodes and appends them (and computes the
+hashes of blocks that filled while decoding), off the scheduler's serial path.
 
 What the taps see, per step: arrivals (with vLLM's request ids, which start with the
 client's id), the scheduled requests in order, admissions with prefix hits, preemptions
@@ -28,8 +30,8 @@ decisions schedtop's scheduler does not model are refused at start-up; requests 
 such features stop the recording with a warning (the file keeps every step before).
 
 Modules: `checks` (what is refused, vLLM's config under schedtop's names), `kv` (the KV
-cache manager and block pool taps), `tap` (the decisions and the step records),
-`scheduler` (the class vLLM is given).
+cache manager and block pool taps), `lazyhash` (block hashes computed on first use),
+`tap` (the decisions and the step records), `scheduler` (the class vLLM is given).
 """
 
 from recorder.vllm.checks import (
