@@ -325,8 +325,9 @@ def token_bytes(tokens: list[int]) -> bytes:
     return pack_ints(tokens)[1:]
 
 
+@pytest.mark.parametrize("background", [False, True])
 def test_disk_full_stops_recording_and_the_engine_goes_on(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, background: bool
 ) -> None:
     budget = [6000]
 
@@ -342,10 +343,12 @@ def test_disk_full_stops_recording_and_the_engine_goes_on(
     path = tmp_path / "full.trace"
     w = load_workload(demo_workload_path())
     with caplog.at_level(logging.WARNING, logger="schedtop.recorder"):
-        run = record(w, TraceWriter(path, write=write))
+        run = record(w, TraceWriter(path, write=write), background=background)
     assert len(run.states) > 100  # the engine ran to the end
     assert run.recorder.error and "No space left on device" in run.recorder.error
     assert "recording stopped" in caplog.text and caplog.text.count("recording stopped") == 1
+    if background:  # the encoding thread is gone too
+        assert not run.recorder.background_thread.is_alive()
     with TraceReader(path) as reader:
         steps = list(reader.steps())
         assert not reader.closed_cleanly
