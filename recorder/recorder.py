@@ -380,44 +380,38 @@ class Recorder:
         self._work = self._steps = self._engine_ns = 0
         # Encoded here even in the background: a snapshot's cost, which places the next
         # one under a budget, is measured on this thread.
-        rtype, body = encode(snap)
-        self._put_bytes(rtype, body, partial(self._index_snapshot, snap.step))
+        self._put(snap, True, partial(self._index_snapshot, snap.step), encode(snap))
 
     # -- appending: on the engine's thread, or in order on the background one ------------------
 
     def _put(
-        self, record: Record, boundary: bool = False, then: Callable[[int], None] | None = None
+        self,
+        record: Record,
+        boundary: bool = False,
+        then: Callable[[int], None] | None = None,
+        encoded: tuple[int, bytes] | None = None,
     ) -> None:
-        """Encode and append `record`; `then(offset)` indexes it."""
+        """Append `record` (`encoded`: its type and body, encoded already); `then(offset)`
+        indexes it."""
         if self._bg is None:
-            offset = self._append(record, boundary)
-            if then is not None:
-                then(offset)
+            self._append_then(record, boundary, then, encoded)
         else:
-            self._bg.put(self._append_job, record, boundary, then)
+            self._bg.put(self._append_then, record, boundary, then, encoded)
 
-    def _append_job(
-        self, record: Record, boundary: bool, then: Callable[[int], None] | None
+    def _append_then(
+        self,
+        record: Record,
+        boundary: bool,
+        then: Callable[[int], None] | None,
+        encoded: tuple[int, bytes] | None,
     ) -> None:
         try:
-            offset = self._append(record, boundary)
+            rtype, body = encoded or encode(record)
+            offset = self.sink.append(rtype, body, boundary=boundary)
             if then is not None:
                 then(offset)
         except Exception as e:
             self._failed(getattr(record, "step", getattr(record, "after_step", -1)), e)
-
-    def _put_bytes(self, rtype: int, body: bytes, then: Callable[[int], None]) -> None:
-        """Append an encoded record at a step boundary; `then(offset)` indexes it."""
-        if self._bg is None:
-            then(self.sink.append(rtype, body, boundary=True))
-        else:
-            self._bg.put(self._append_bytes_job, rtype, body, then)
-
-    def _append_bytes_job(self, rtype: int, body: bytes, then: Callable[[int], None]) -> None:
-        try:
-            then(self.sink.append(rtype, body, boundary=True))
-        except Exception as e:
-            self._failed(-1, e)
 
     def _index_step(self, offset: int) -> None:
         """The step record just appended at `offset` (it ends where the next begins)."""
