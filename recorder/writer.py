@@ -1,6 +1,8 @@
 """The trace file writer: buffered, written inline or by a flusher thread, fsynced at close.
 
-The engine's thread encodes and appends to a buffer. A small flush (live mode: one step)
+The engine's thread (or, with Recorder(background=True), the recorder's encoding thread:
+"the engine's thread" below means whichever appends) encodes and appends to a buffer.
+A small flush (live mode: one step)
 is written inline while the disk is quick, which costs less than waking a thread; a
 large one, or any flush after a slow write, goes to a flusher thread, and the engine
 waits only if the flusher is still writing an earlier batch and more than `max_backlog`
@@ -32,7 +34,8 @@ SLOW_WRITE_S = 0.002  # a write slower than this sends the following ones to the
 
 
 class TraceWriter:
-    """Appends framed records to a new trace file, from one thread (the engine's).
+    """Appends framed records to a new trace file, from one thread (the engine's, or the
+    recorder's encoding thread).
 
     Invariant: `offset` is the file offset the next record will have; `flushed` counts the
     bytes the OS has accepted, a prefix of the file that any reader can see."""
