@@ -13,9 +13,8 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.request import Request
-from recorder.reader import TraceReader
 from recorder.recorder import Recorder
-from recorder.schema import Arrival, Step
+from recorder.schema import Arrival, Header, Step
 from recorder.vllm import MID_STEP_ABORT
 from recorder.writer import NullWriter, TraceWriter
 from replays.diff import differing_fields
@@ -99,10 +98,15 @@ class Checker:
 
 
 def recorder_for(
-    engine: EngineCore, reader: TraceReader, out: str | Path | None, checker: Checker
+    engine: EngineCore,
+    header: Header,
+    out: str | Path | None,
+    checker: Checker | None,
+    **options: Any,
 ) -> Recorder:
+    """A recorder of a re-simulation of the trace with `header` into `out` (None: no file),
+    with the trace's settings; `options` go to the Recorder as well."""
     sink = TraceWriter(out, live=False) if out is not None else NullWriter()
-    header = reader.header
     return Recorder(
         engine,
         sink,
@@ -113,6 +117,7 @@ def recorder_for(
         snapshot_work=header.snapshot_work or None,
         model=header.model,
         on_step_record=checker,
+        **options,
     )
 
 

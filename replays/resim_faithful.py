@@ -87,7 +87,7 @@ def run_faithful(
     runner = _FaithfulRunner(config)
     engine = EngineCore(config, runner)
     checker = Checker()
-    recorder = recorder_for(engine, reader, out, checker)
+    recorder = recorder_for(engine, reader.header, out, checker)
     hasher = BlockHasher(config.block_size)
     records = reader.steps()
     nxt = next(records, None)

@@ -54,7 +54,7 @@ def _run(
 ) -> ResimResult:
     runner = ScriptedRunner(config)
     engine = EngineCore(config, runner)
-    recorder = recorder_for(engine, reader, out, checker)
+    recorder = recorder_for(engine, reader.header, out, checker)
     plain = BlockHasher(config.block_size)
     by_step: dict[int, list[int]] = {}
     aborts: dict[int, list[int]] = {}

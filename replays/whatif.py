@@ -28,11 +28,9 @@ from engine.kv.hashing import BlockHasher
 from engine.outputs import ModelRunnerOutput, SchedulerOutput
 from engine.records import Timing
 from recorder.reader import TraceReader
-from recorder.recorder import Recorder
 from recorder.schema import Header
-from recorder.writer import NullWriter, TraceWriter
 from replays.costmodel import CostModel, fit_model, step_work
-from replays.resim_base import Checker, ResimError, config_for, request_of
+from replays.resim_base import Checker, ResimError, config_for, recorder_for, request_of
 from replays.scripts import (
     RecordedHasher,
     RequestScript,
@@ -217,19 +215,7 @@ class _TimedRun:
                 recorded = stack.enter_context(TraceReader(self.inputs.path))
                 checker = Checker(recorded.steps())
             if out is not None or checker is not None:
-                sink = TraceWriter(out, live=False) if out is not None else NullWriter()
-                recorder = Recorder(
-                    self.engine,
-                    sink,
-                    redact_prompts=header.redacted,
-                    snapshot_interval=header.snapshot_interval,
-                    # With no work bound in the trace (recorder.vllm's, placed by cost),
-                    # the engine's default one, so that the output seeks well.
-                    snapshot_work=header.snapshot_work or None,
-                    model=header.model,
-                    on_step_record=checker,
-                    clock=self.clock.settle,
-                )
+                recorder = recorder_for(self.engine, header, out, checker, clock=self.clock.settle)
                 stack.callback(recorder.close)
             self._drive()
         first = None
