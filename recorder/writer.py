@@ -2,11 +2,11 @@
 
 The engine's thread (or, with Recorder(background=True), the recorder's encoding thread:
 "the engine's thread" below means whichever appends) encodes and appends to a buffer.
-A small flush (live mode: one step)
-is written inline while the disk is quick, which costs less than waking a thread; a
-large one, or any flush after a slow write, goes to a flusher thread, and the engine
-waits only if the flusher is still writing an earlier batch and more than `max_backlog`
-bytes are queued. So a slow disk costs the engine at most one flush.
+A small flush (live mode: one step) is written inline while the disk is quick, which
+costs less than waking a thread; a large one, or any flush after a slow write, goes to
+a flusher thread, and the engine waits only if the flusher is still writing an earlier
+batch and more than `max_backlog` bytes are queued. So a slow disk costs the engine at
+most one flush.
 If a write fails (disk full, say) recording stops with one warning and the engine goes
 on: later records are dropped, the file keeps every record written whole before it.
 """

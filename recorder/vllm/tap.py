@@ -804,7 +804,7 @@ class Tap(KVTaps):
             waiting=tuple(refs[r.request_id] for r in sched.waiting),
             free_queue=free,
             cached_block_ids=tuple(cached_ids),
-            # bytes(): those computed on first use are, now (most already were, encoded)
+            # bytes(): a LazyHash the encoding thread has not reached yet is computed here
             cached_hashes=tuple(map(bytes, map(self.block_hash.__getitem__, cached_ids))),
         )
 
