@@ -17,23 +17,24 @@ Peers are optional: one that is not installed is skipped, and the bench says so.
 transformers comes with the dev extras. llama.cpp is not a dependency of this project:
 build llama-cpp-python from source in a venv of its own, outside the repository (about
 10 minutes on 2 cores; it compiles llama.cpp), and optionally llama.cpp's server from the
-same sources:
+same sources (paths relative to the repository; SRC is any scratch directory):
 
-    python3 -m venv /work/venv-llamacpp
-    CMAKE_BUILD_PARALLEL_LEVEL=1 nice -n 19 /work/venv-llamacpp/bin/pip install \
+    SRC=$(mktemp -d)
+    python3 -m venv ../venv-llamacpp
+    CMAKE_BUILD_PARALLEL_LEVEL=1 nice -n 19 ../venv-llamacpp/bin/pip install \
         llama-cpp-python==0.3.36
     # the server (optional): llama.cpp as vendored in the same sdist
-    pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d /tmp/src
-    tar xzf /tmp/src/llama_cpp_python-0.3.36.tar.gz -C /tmp/src
-    cmake -S /tmp/src/llama_cpp_python-0.3.36/vendor/llama.cpp -B /work/llama-server-build \
+    pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d "$SRC"
+    tar xzf "$SRC"/llama_cpp_python-0.3.36.tar.gz -C "$SRC"
+    cmake -S "$SRC"/llama_cpp_python-0.3.36/vendor/llama.cpp -B ../llama-server-build \
         -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF \
         -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF
-    nice -n 19 cmake --build /work/llama-server-build --target llama-server -j1
+    nice -n 19 cmake --build ../llama-server-build --target llama-server -j1
 
     .venv/bin/python bench/engine_bench.py [--quick] [--repeats 2] [--threads N] \
-        [--llamacpp-python /work/venv-llamacpp/bin/python] \
-        [--llamacpp-server /work/llama-server-build/bin/llama-server]
+        [--llamacpp-python ../venv-llamacpp/bin/python] \
+        [--llamacpp-server ../llama-server-build/bin/llama-server]
 """
 
 from __future__ import annotations
