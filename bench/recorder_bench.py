@@ -185,9 +185,9 @@ def real_model_row(steps: int, tmp: Path) -> str:
     its own CPU time (inside on_step) is the precise figure; the wall ratio is there to
     show nothing else moved."""
     try:
+        from engine.config import RunnerOptions
         from engine.model.llm_engine import LLMEngine
         from engine.model.loader import default_model_path, load_model
-        from engine.model.options import RunnerOptions
         from engine.request import SamplingParams
 
         default_model_path()

@@ -1,13 +1,22 @@
-"""The one engine configuration: frozen, validated once, knob names as vLLM spells them.
+"""The one configuration of the engine and its runner: every knob declared once, with vLLM's
+names.
 
-Lower layers (Scheduler, KVCacheManager) take plain values from it; only this module
-knows about validation, so a bad value is reported once, with the field's name.
+Each knob is a field of EngineConfig (the scheduler and the KV cache) or RunnerOptions (how
+the model runs), declared with `knob(default, help, ...)`: its type is the field's, its range
+is engine.limits' entry of the same name, and `KNOBS` describes them all. The command
+line's flags (`run`, `sim`, `serve`), `--set`, workload files' `config` keys, validation
+and docs/workload-format.md's table are all derived from these declarations. Both classes
+are frozen and validated once, in `__post_init__`, with ValueErrors naming the field.
+Plain Python: the command line and the simulation import it without torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +25,34 @@ from engine.limits import RANGES, check_range
 POLICIES = ("fcfs", "priority")
 SPEC_METHODS = ("ngram",)
 _SPEC_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
+MAX_MODEL_LEN = 8192  # the default max_model_len, and its cap by a model's context
+
+
+def knob(
+    default: Any,
+    help: str,
+    *,
+    flag: str | bool = True,
+    vllm: bool = True,
+    choices: tuple[str, ...] = (),
+    aliases: tuple[str, ...] = (),
+    shown: str = "",
+    run_key: bool = True,
+) -> Any:
+    """A config field declared as a knob (Knob documents each argument)."""
+    info = {
+        "help": help,
+        "flag": flag,
+        "vllm": vllm,
+        "choices": choices,
+        "aliases": aliases,
+        "shown": shown,
+        "run_key": run_key,
+    }
+    return dataclasses.field(default=default, metadata={"knob": info})
 
 
 @dataclass(frozen=True)
@@ -81,38 +118,70 @@ class SpeculativeConfig:
 class EngineConfig:
     """Scheduler and KV-cache knobs. Every field is settable with `--set KEY=VALUE`."""
 
-    block_size: int = 16  # tokens per KV block
-    num_blocks: int = 1024  # KV blocks in the pool, including the null block 0
-    max_num_batched_tokens: int = 2048  # per-step token budget
-    max_num_seqs: int = 256  # cap on running requests
-    max_num_active_seqs: int | None = None  # cap on admission into running (None: max_num_seqs)
-    max_model_len: int = 8192  # prompt + output tokens, at most
-    long_prefill_token_threshold: int = 0  # per-request tokens per step; 0 = off
-    long_prefill_token_threshold_adaptive: bool = False  # floor the cap at budget / requests
-    policy: str = "fcfs"  # "fcfs" or "priority" (lower value runs first)
-    enable_prefix_caching: bool = True  # reuse full KV blocks by content hash
-    enable_chunked_prefill: bool = True  # False: a prompt that does not fit the budget waits
-    watermark: float = 0.0  # fraction of blocks kept free when admitting beside running requests
-    scheduler_reserve_full_isl: bool = True  # admit only if the whole sequence fits in KV
-    num_speculative_tokens: int = 0  # draft tokens proposed per decode step (0 = off)
-    speculative_config: SpeculativeConfig | None = None  # the drafter (None: simulated, in sim)
-    async_scheduling: bool = False  # schedule step N+1 before step N's samples are back
+    block_size: int = knob(16, "Tokens per KV block.")
+    num_blocks: int = knob(
+        1024,
+        "KV blocks in the pool, including the null block 0 (the simulation's pool; a model's "
+        "comes from its memory budget or num_gpu_blocks_override).",
+        flag=False,
+        vllm=False,
+        run_key=False,
+    )
+    max_num_batched_tokens: int = knob(2048, "Token budget per step.")
+    max_num_seqs: int = knob(256, "Cap on running requests.")
+    max_num_active_seqs: int | None = knob(
+        None, "Cap on admission into running.", vllm=False, shown="max_num_seqs"
+    )
+    max_model_len: int = knob(
+        MAX_MODEL_LEN,
+        "Prompt + output tokens, at most.",
+        vllm=False,
+        shown="the model's context, at most 8192",
+    )
+    long_prefill_token_threshold: int = knob(
+        0, "Tokens one request may compute per step (0: no cap).", shown="0 (off)"
+    )
+    long_prefill_token_threshold_adaptive: bool = knob(
+        False, "Floor the long-prefill cap at the budget over the requests.", vllm=False
+    )
+    policy: str = knob(
+        "fcfs",
+        "Scheduling policy: fcfs, or priority (lower `priority` runs first).",
+        flag="scheduling_policy",
+        choices=POLICIES,
+        aliases=("scheduling_policy",),
+    )
+    enable_prefix_caching: bool = knob(True, "Reuse KV blocks of shared prefixes.")
+    enable_chunked_prefill: bool = knob(
+        True, "Split long prompts over steps; off: a prompt that does not fit the budget waits."
+    )
+    watermark: float = knob(
+        0.0, "Fraction of blocks kept free when admitting beside running requests.", vllm=False
+    )
+    scheduler_reserve_full_isl: bool = knob(
+        True, "Admit a request only if its whole prompt fits in the KV cache.", vllm=False
+    )
+    num_speculative_tokens: int = knob(
+        0,
+        "Draft tokens per decode step (from speculative_config; alone: simulated drafts).",
+        flag=False,
+        vllm=False,
+        shown="0 (off)",
+    )
+    speculative_config: SpeculativeConfig | None = knob(
+        None,
+        "Speculative decoding as vLLM spells it (JSON), e.g. "
+        '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
+        '"prompt_lookup_min": 1}.',
+        shown="none (off)",
+    )
+    async_scheduling: bool = knob(
+        False, "Schedule the next step before the last one's samples are back."
+    )
 
     def __post_init__(self) -> None:
         self._spec_config()
-        self._check_types()
-        for name in _FIELD_TYPES:
-            value = getattr(self, name)
-            if name in RANGES and value is not None:
-                check_range(name, value)
-        _require(self.block_size > 0, "block_size", self.block_size, "must be > 0")
-        _require(
-            self.num_blocks >= 2,
-            "num_blocks",
-            self.num_blocks,
-            "must be >= 2 (block 0 is the null block)",
-        )
-        _require(self.max_num_seqs > 0, "max_num_seqs", self.max_num_seqs, "must be > 0")
+        check_fields(self)
         _require(
             self.max_num_batched_tokens >= self.max_num_seqs,
             "max_num_batched_tokens",
@@ -121,26 +190,18 @@ class EngineConfig:
         )
         if self.max_num_active_seqs is not None:
             _require(
-                0 < self.max_num_active_seqs <= self.max_num_seqs,
+                self.max_num_active_seqs <= self.max_num_seqs,
                 "max_num_active_seqs",
                 self.max_num_active_seqs,
                 f"must be in [1, max_num_seqs={self.max_num_seqs}]",
             )
-        _require(self.max_model_len > 1, "max_model_len", self.max_model_len, "must be > 1")
         _require(
-            0 <= self.long_prefill_token_threshold <= self.max_model_len,
+            self.long_prefill_token_threshold <= self.max_model_len,
             "long_prefill_token_threshold",
             self.long_prefill_token_threshold,
             f"must be in [0, max_model_len={self.max_model_len}]",
         )
-        _require(self.policy in POLICIES, "policy", self.policy, f"must be one of {POLICIES}")
         _require(0.0 <= self.watermark < 1.0, "watermark", self.watermark, "must be in [0, 1)")
-        _require(
-            self.num_speculative_tokens >= 0,
-            "num_speculative_tokens",
-            self.num_speculative_tokens,
-            "must be >= 0",
-        )
         if self.async_scheduling:
             _require(
                 self.num_speculative_tokens == 0,
@@ -158,12 +219,12 @@ class EngineConfig:
             )
 
     def _spec_config(self) -> None:
-        """Accept the JSON object (a workload) or its text (a trace header); the drafter's k is the
-        scheduler's lookahead, so the two spellings must agree."""
+        """Accept the JSON object (a workload) or its text (a trace header, a flag); the
+        drafter's k is the scheduler's lookahead, so the two spellings must agree."""
         spec = self.speculative_config
         if spec is None:
             return
-        if isinstance(spec, str):  # a trace header keeps it as JSON text
+        if isinstance(spec, str):
             spec = SpeculativeConfig.from_json(spec)
         elif not isinstance(spec, SpeculativeConfig):
             spec = SpeculativeConfig.from_dict(spec)
@@ -178,19 +239,6 @@ class EngineConfig:
             f"must equal speculative_config.num_speculative_tokens ({k})",
         )
 
-    def _check_types(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            want = _FIELD_TYPES[f.name]
-            if value is None and f.name in _OPTIONAL or want is SpeculativeConfig:
-                continue
-            ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
-            if want is float and isinstance(value, int) and not isinstance(value, bool):
-                object.__setattr__(self, f.name, float(value))
-                ok = True
-            if not ok:
-                raise ValueError(f"{f.name}={value!r}: expected {want.__name__}")
-
     @property
     def usable_blocks(self) -> int:
         """Blocks that can hold tokens (the null block never does)."""
@@ -202,10 +250,10 @@ class EngineConfig:
 
     def replace(self, **changes: Any) -> EngineConfig:
         """A validated copy with `changes` applied; unknown keys are a ValueError."""
-        unknown = sorted(set(changes) - set(_FIELD_TYPES))
+        unknown = sorted(set(changes) - set(ENGINE_KNOBS))
         if unknown:
             raise ValueError(
-                f"unknown config key {unknown[0]!r}; known keys: " + ", ".join(sorted(_FIELD_TYPES))
+                f"unknown config key {unknown[0]!r}; known keys: " + ", ".join(sorted(ENGINE_KNOBS))
             )
         if "speculative_config" in changes and "num_speculative_tokens" not in changes:
             changes["num_speculative_tokens"] = 0  # derived from the new drafter again
@@ -220,54 +268,265 @@ class EngineConfig:
         return dataclasses.asdict(self)
 
 
-def _require(ok: bool, name: str, value: object, why: str) -> None:
-    if not ok:
-        raise ValueError(f"{name}={value!r}: {why}")
+@dataclass(frozen=True)
+class RunnerOptions:
+    """How and where the model runs (the scheduler's knobs are EngineConfig's)."""
+
+    device: str = knob(
+        "auto", "Where the model runs: auto (CUDA if present), cpu, cuda.", choices=DEVICES
+    )
+    dtype: str = knob(
+        "auto",
+        "Weights and activations: auto (float32 on CPU, bfloat16 on CUDA), float32, "
+        "bfloat16, float16.",
+        choices=DTYPES,
+    )
+    attention_backend: str = knob(
+        "auto",
+        "Attention: auto (the C kernel over the paged cache on CPU, Triton on CUDA), cpu, "
+        "torch, triton.",
+        choices=ATTENTION_BACKENDS,
+    )
+    kv_cache_memory: int | None = knob(
+        None,
+        "KV pool size on CPU: bytes, or 512MiB, 2GiB, 1.5GB.",
+        vllm=False,
+        shown="1GiB",
+    )
+    gpu_memory_utilization: float = knob(
+        0.9, "CUDA: fraction of GPU memory for weights, activations and KV."
+    )
+    num_gpu_blocks_override: int | None = knob(
+        None, "KV blocks (including the null block 0), ignoring the memory budget.", shown="none"
+    )
+    profile_every: int = knob(
+        0,
+        "Every Nth step carries a torch.profiler breakdown (0: off).",
+        vllm=False,
+        shown="0 (off)",
+    )
+    seed: int = knob(0, "Seed of the generator of requests without their own seed.")
+    num_threads: int | None = knob(
+        None,
+        "CPU threads: by default one or all cores, whichever the runner measures faster.",
+        vllm=False,
+        shown="measured",
+    )
+    adaptive_drafts: bool | None = knob(
+        None,
+        "With speculative_config: send only the drafts a request's recent acceptance makes "
+        "worth verifying (false: all of them, as vLLM does).",
+        vllm=False,
+        shown="true on CPU, false on CUDA",
+    )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.kv_cache_memory, str):  # a workload's or a flag's "2GiB"
+            object.__setattr__(
+                self, "kv_cache_memory", _size("kv_cache_memory", self.kv_cache_memory)
+            )
+        check_fields(self)
+        _require(
+            0 < self.gpu_memory_utilization <= 1,
+            "gpu_memory_utilization",
+            self.gpu_memory_utilization,
+            "must be in (0, 1]",
+        )
 
 
-_OPTIONAL = {"max_num_active_seqs", "speculative_config"}
-_FIELD_TYPES: dict[str, type] = {
-    "block_size": int,
-    "num_blocks": int,
-    "max_num_batched_tokens": int,
-    "max_num_seqs": int,
-    "max_num_active_seqs": int,
-    "max_model_len": int,
-    "long_prefill_token_threshold": int,
-    "long_prefill_token_threshold_adaptive": bool,
-    "policy": str,
-    "enable_prefix_caching": bool,
-    "enable_chunked_prefill": bool,
-    "watermark": float,
-    "scheduler_reserve_full_isl": bool,
-    "num_speculative_tokens": int,
-    "speculative_config": SpeculativeConfig,
-    "async_scheduling": bool,
-}
+@dataclass(frozen=True)
+class Knob:
+    """One config field as the outside sees it: a flag, a `--set` key, a workload key."""
+
+    name: str  # the field's name: a workload `config` key and a `--set` key
+    owner: str  # "engine" (EngineConfig) or "runner" (RunnerOptions)
+    type: Any  # int, float, bool, str, or SpeculativeConfig (JSON)
+    optional: bool  # None is a value (derived or measured where it is needed)
+    default: Any  # the one default of every command
+    help: str  # one line: the flag's help and the docs table's meaning
+    flag: str | None  # the command line's spelling, vLLM's where it has the knob ("--block-size")
+    vllm: bool  # vLLM has this knob with this default
+    choices: tuple[str, ...]  # the allowed values of a str knob
+    aliases: tuple[str, ...]  # other workload spellings (vLLM's name where the field differs)
+    shown: str  # how the docs show a default that is computed ("" = the value)
+    run_key: bool  # a `run` workload key and flag (False: the pool size, measured by the runner)
+
+    @property
+    def range(self) -> tuple[float, float] | None:
+        """engine.limits' range of a numeric knob."""
+        return RANGES.get(self.name)
+
+    def parse(self, raw: str) -> Any:
+        """A value from text (`--set`, a sweep grid); ValueError naming the knob."""
+        raw = raw.strip()
+        if self.type is SpeculativeConfig:
+            return SpeculativeConfig.from_json(raw)  # its errors name the bad key
+        if self.optional and raw.lower() in ("none", "null", ""):
+            return None
+        try:
+            if self.type is bool:
+                low = raw.lower()
+                if low not in _TRUE + _FALSE:
+                    raise ValueError
+                return low in _TRUE
+            if self.name == "kv_cache_memory":
+                return _size(self.name, raw)
+            return self.type(raw)
+        except ValueError:
+            raise ValueError(f"{self.name}={raw!r}: expected {self.type.__name__}") from None
+
+
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def _knobs(cls: type, owner: str) -> dict[str, Knob]:
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Knob] = {}
+    for f in dataclasses.fields(cls):
+        info = f.metadata["knob"]
+        args = [a for a in typing.get_args(hints[f.name]) if a is not type(None)]
+        flag = info["flag"]
+        out[f.name] = Knob(
+            name=f.name,
+            owner=owner,
+            type=args[0] if args else hints[f.name],
+            optional=bool(args),
+            default=f.default,
+            help=info["help"],
+            flag=None
+            if flag is False
+            else "--" + (f.name if flag is True else flag).replace("_", "-"),
+            vllm=info["vllm"],
+            choices=info["choices"],
+            aliases=info["aliases"],
+            shown=info["shown"],
+            run_key=info["run_key"],
+        )
+    return out
+
+
+ENGINE_KNOBS = _knobs(EngineConfig, "engine")
+RUNNER_KNOBS = _knobs(RunnerOptions, "runner")
+KNOBS: dict[str, Knob] = {**ENGINE_KNOBS, **RUNNER_KNOBS}  # every knob, in declaration order
+ALIASES = {a: k.name for k in KNOBS.values() for a in k.aliases}
+
+
+def check_fields(obj: Any) -> None:
+    """Each knob of `obj` against its type, its choices and engine.limits' range."""
+    for k in (ENGINE_KNOBS if isinstance(obj, EngineConfig) else RUNNER_KNOBS).values():
+        value = getattr(obj, k.name)
+        if (value is None and k.optional) or k.type is SpeculativeConfig:
+            continue
+        if k.type is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+            object.__setattr__(obj, k.name, value)
+        if not isinstance(value, k.type) or (k.type is not bool and isinstance(value, bool)):
+            raise ValueError(f"{k.name}={value!r}: expected {k.type.__name__}")
+        if k.choices and value not in k.choices:
+            raise ValueError(f"{k.name}={value!r}: must be one of {', '.join(k.choices)}")
+        if k.range is not None:
+            check_range(k.name, value)
+
+
+def knob_named(key: str) -> Knob:
+    """The knob a key names (vLLM's alias or dashes allowed); unknown keys are a ValueError."""
+    name = key.strip().replace("-", "_")
+    name = ALIASES.get(name, name)
+    if name not in KNOBS:
+        raise ValueError(f"unknown config key {key!r}; known keys: " + ", ".join(sorted(KNOBS)))
+    return KNOBS[name]
 
 
 def parse_setting(text: str) -> tuple[str, Any]:
-    """Parse one `KEY=VALUE` from the command line into a typed pair."""
+    """One `KEY=VALUE` of `--set` (an EngineConfig knob) as a typed pair."""
     key, sep, raw = text.partition("=")
-    key = key.strip().replace("-", "_")
-    if not sep or not key:
+    if not sep or not key.strip():
         raise ValueError(f"--set {text!r}: expected KEY=VALUE")
-    if key not in _FIELD_TYPES:
-        raise ValueError(
-            f"unknown config key {key!r}; known keys: " + ", ".join(sorted(_FIELD_TYPES))
-        )
-    want = _FIELD_TYPES[key]
-    raw = raw.strip()
-    if want is SpeculativeConfig:
-        return key, SpeculativeConfig.from_json(raw)  # its errors name the bad key
     try:
-        if key in _OPTIONAL and raw.lower() in ("none", "null", ""):
-            return key, None
-        if want is bool:
-            low = raw.lower()
-            if low not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
-                raise ValueError
-            return key, low in ("true", "1", "yes", "on")
-        return key, want(raw)
+        k = knob_named(key)
     except ValueError:
-        raise ValueError(f"{key}={raw!r}: expected {want.__name__}") from None
+        k = None
+    if k is None or k.owner != "engine":
+        raise ValueError(
+            f"unknown config key {key.strip()!r}; known keys: " + ", ".join(sorted(ENGINE_KNOBS))
+        )
+    return k.name, k.parse(raw)
+
+
+@dataclass(frozen=True)
+class Options:
+    """A run's knobs as given, by field name: the defaults fill in the rest."""
+
+    engine: dict[str, Any]  # EngineConfig fields
+    runner: dict[str, Any]  # RunnerOptions fields
+
+    def engine_config(self, max_position: int | None = None) -> EngineConfig:
+        """The EngineConfig; unless given, max_model_len is the model's context (its
+        `max_position` tokens) up to MAX_MODEL_LEN."""
+        values = dict(self.engine)
+        if max_position is not None:
+            values.setdefault("max_model_len", min(MAX_MODEL_LEN, max_position))
+        return EngineConfig().replace(**values)
+
+    def runner_options(self) -> RunnerOptions:
+        return RunnerOptions(**self.runner)
+
+
+def split_options(*layers: Mapping[str, Any]) -> Options:
+    """Merge the option layers of `run`'s format (a workload's config, then the flags;
+    None = not given) by knob name, aliases resolved. num_blocks is not among them: a
+    model's pool is sized by kv_cache_memory or num_gpu_blocks_override."""
+    engine: dict[str, Any] = {}
+    runner: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            k = KNOBS.get(ALIASES.get(key, key))
+            if k is None or not k.run_key:
+                known = [n for n, o in KNOBS.items() if o.run_key] + list(ALIASES)
+                raise ValueError(f"unknown option {key!r}; known: " + ", ".join(sorted(known)))
+            if value is not None:
+                (engine if k.owner == "engine" else runner)[k.name] = value
+    return Options(engine, runner)
+
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "tb": 10**12,
+}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from '4GiB', '512MB', '1.5g' or a plain number of bytes."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"{text!r}: expected a size such as 4GiB, 512MB or a byte count")
+        value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if value <= 0:
+        raise ValueError(f"{text!r}: must be > 0")
+    return value
+
+
+def _size(name: str, text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise ValueError(f"{name}={e}") from None
+
+
+def _require(ok: bool, name: str, value: object, why: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}={value!r}: {why}")

@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, RunnerOptions
 from engine.model.gguf_loader import permute_rows
 from engine.model.llm_engine import LLMEngine
 from engine.model.loader import LoadedModel, default_model_path, load_model
-from engine.model.options import RunnerOptions
 from engine.model.spec import ModelSpec
 from engine.model.tokenizer import GGUFVocab, ModelTokenizer, tokenizer_from_gguf
 from engine.model.weights import Weights, expected_shapes

@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, RunnerOptions
 from engine.model.attention import cpu_backend, native
 from engine.model.attention.cpu_backend import CpuPagedAttention
 from engine.model.attention.torch_backend import TorchAttention
 from engine.model.errors import ModelError
-from engine.model.options import RunnerOptions
 from engine.model.runner import build_runner
 from tests.attention_cases import SHAPES, make_case, naive_attention, relative_error
 from tests.model_support import tiny_model

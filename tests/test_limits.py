@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, RunnerOptions
 from engine.limits import MAX_NUM_BLOCKS, RANGES, _fmt
-from engine.model.options import RunnerOptions
 from engine.request import SamplingParams
 from recorder import schema
 from replays.state import MAX_BLOCKS

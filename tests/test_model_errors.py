@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, RunnerOptions
 from engine.model import loader
 from engine.model.errors import ModelError, RequestError
 from engine.model.loader import load_model
-from engine.model.options import RunnerOptions
 from engine.model.runner import build_runner
 from engine.request import SamplingParams
 from tests.model_support import tiny_engine, tiny_model, tiny_spec, tiny_weights, write_gguf

@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, RunnerOptions
 from engine.model.llm_engine import LLMEngine
-from engine.model.options import RunnerOptions
 from engine.report import Kind
 from engine.request import SamplingParams
 from tests.model_support import default_model, hf_oracle, needs_default_model

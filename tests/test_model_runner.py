@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from engine.model.kv_cache import blocks_for_memory, bytes_per_block, parse_size
-from engine.model.options import RunnerOptions
+from engine.config import RunnerOptions, parse_size
+from engine.model.kv_cache import blocks_for_memory, bytes_per_block
 from engine.model.threads import REPROBE_S, ThreadTuner
 from engine.request import SamplingParams
 from tests.model_support import needs_cuda, tiny_engine, tiny_model, tiny_spec
@@ -138,7 +138,7 @@ def test_kv_cache_is_sized_from_the_memory_budget() -> None:
 def test_model_modules_keep_torch_out_of_the_command_line() -> None:
     code = (
         "import sys, tui.cli, engine.model.api, engine.model.workload, "
-        "engine.model.errors, engine.model.options; print('torch' in sys.modules)"
+        "engine.model.errors, engine.config; print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

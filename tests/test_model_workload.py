@@ -15,12 +15,11 @@ from engine.model.api import (
     engine_config,
     format_summary,
     load,
-    merge_options,
     percentile,
     run_workload,
 )
 from engine.model.workload import parse_run_workload
-from engine.sim.workload import WorkloadError
+from engine.workload_file import WorkloadError
 from tests.model_support import write_tiny_gguf
 from tui.cli import main
 
@@ -87,16 +86,15 @@ def test_options_merge_defaults_workload_and_command_line() -> None:
     w = parse_run_workload(
         workload([], max_num_seqs=8, scheduling_policy="priority", block_size=32)
     )
-    merged = merge_options(w, {"max_num_seqs": 4, "block_size": None})
+    merged = w.merged({"max_num_seqs": 4, "block_size": None})
     config = engine_config(merged, max_position=1024)
     assert (config.max_num_seqs, config.block_size, config.policy) == (4, 32, "priority")
-    assert config.max_model_len == 1024 and config.max_num_batched_tokens == 512
-    assert (
-        engine_config(merge_options(parse_run_workload(workload([])), None), 1024).max_num_seqs
-        == 32
-    )
+    # one default per knob, the same as `sim`'s (EngineConfig's)
+    assert config.max_model_len == 1024 and config.max_num_batched_tokens == 2048
+    assert engine_config(parse_run_workload(workload([])).merged(), 1024).max_num_seqs == 256
+    bad = parse_run_workload(workload([], max_num_seqs=64, max_num_batched_tokens=8)).merged()
     with pytest.raises(WorkloadError, match="max_num_batched_tokens"):
-        engine_config({"max_num_seqs": 64, "max_num_batched_tokens": 8}, 1024)
+        engine_config(bad, 1024)
 
 
 def test_percentile_interpolates_like_numpy() -> None:

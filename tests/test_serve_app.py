@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.model.options import RunnerOptions
+from engine.config import RunnerOptions
 from engine.request import SamplingParams
 from engine.serve.app import ServeSettings
 from engine.serve.loop import EngineLoop

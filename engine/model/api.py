@@ -15,30 +15,19 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, Options, RunnerOptions
 from engine.events import NULL_SINK, EventSink
 from engine.limits import MAX_TOKENS
 from engine.model.errors import RequestError
-from engine.model.workload import (
-    ENGINE_ALIASES,
-    ENGINE_KEYS,
-    RUNNER_KEYS,
-    RunWorkload,
-    WorkloadRequest,
-    check_option_names,
-    load_run_workload,
-)
+from engine.model.workload import RunWorkload, WorkloadRequest, load_run_workload, run_options
 from engine.records import percentile, printable
 from engine.request import SamplingParams
-from engine.sim.workload import WorkloadError, atomic_output
+from engine.workload_file import WorkloadError, atomic_output
 
 if TYPE_CHECKING:  # keep torch out of this module's import
     from engine.model.llm_engine import LLMEngine, RequestOutput
     from engine.model.loader import LoadedModel
 
-# The real engine's defaults on top of EngineConfig's: a CPU-sized step and batch (on two
-# cores a step of 512 prefill tokens takes about half a second; 32 decodes about 0.15 s).
-DEFAULT_ENGINE_OPTIONS: dict[str, Any] = {"max_num_batched_tokens": 512, "max_num_seqs": 32}
 Progress = Callable[[int, int, int], None]  # (finished, total, output tokens so far)
 
 
@@ -78,59 +67,41 @@ class RunSummary:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-def merge_options(workload: RunWorkload, overrides: dict[str, Any] | None) -> dict[str, Any]:
-    """Defaults < the workload's config < command-line overrides (None = not given)."""
-    given = {k: v for k, v in (overrides or {}).items() if v is not None}
-    check_option_names(given, "option")
-    return {**DEFAULT_ENGINE_OPTIONS, **workload.options, **given}
-
-
-def engine_config(options: dict[str, Any], max_position: int) -> EngineConfig:
+def engine_config(options: Options, max_position: int) -> EngineConfig:
     """The EngineConfig for a model whose context is `max_position` tokens."""
-    values = {ENGINE_ALIASES.get(k, k): v for k, v in options.items() if k in ENGINE_KEYS}
-    values.setdefault("max_model_len", min(EngineConfig().max_model_len, max_position))
     try:
-        return EngineConfig().replace(**values)
+        return options.engine_config(max_position)
     except (ValueError, TypeError) as e:
         raise WorkloadError(f"config: {e}") from None
 
 
-def runner_options(options: dict[str, Any]) -> Any:
-    from engine.model.kv_cache import parse_size
-    from engine.model.options import RunnerOptions
-
-    values = {k: v for k, v in options.items() if k in RUNNER_KEYS}
+def runner_options(options: Options) -> RunnerOptions:
     try:
-        if values.get("kv_cache_memory") is not None:
-            values["kv_cache_memory"] = parse_size(values["kv_cache_memory"])
-        return RunnerOptions(**values)
+        return options.runner_options()
     except (ValueError, TypeError) as e:
         raise WorkloadError(f"config: {e}") from None
 
 
 def build_engine(
-    workload: RunWorkload,
+    workload: RunWorkload | None = None,
     model: str | Path | None = None,
-    overrides: dict[str, Any] | None = None,
+    flags: dict[str, Any] | None = None,
     sink: EventSink = NULL_SINK,
     loaded: LoadedModel | None = None,
 ) -> LLMEngine:
-    """The engine a workload asks for. `loaded` reuses an already loaded model."""
+    """The engine of `run` and `serve`: the knobs' defaults, then the workload's config,
+    then the command line's `flags` (None = not given). `loaded` reuses a loaded model."""
     from engine.model.llm_engine import LLMEngine
     from engine.model.loader import load_model
 
-    options = merge_options(workload, overrides)
-    own = loaded is None
+    options = workload.merged(flags or {}) if workload else run_options(flags or {})
     # every option is checked before the model loads: a typo costs no load time
-    runner_options(options)
+    runner = runner_options(options)
     engine_config(options, MAX_TOKENS)
-    chosen = model if model is not None else options.get("model")
-    if chosen is not None and not isinstance(chosen, (str, Path)):
-        raise WorkloadError(f"config: model={chosen!r}: expected a path (a string)")
+    own = loaded is None
     if loaded is None:
-        loaded = load_model(model if model is not None else options.get("model"))
-    config = engine_config(options, loaded.spec.max_position)
-    engine = LLMEngine(loaded, config, runner_options(options), sink)
+        loaded = load_model(model if model is not None or workload is None else workload.model)
+    engine = LLMEngine(loaded, engine_config(options, loaded.spec.max_position), runner, sink)
     if own:
         loaded.weights.clear()  # the model keeps its own (fused) copies; free the rest
     return engine
@@ -139,31 +110,22 @@ def build_engine(
 def run_workload(
     workload: RunWorkload,
     model: str | Path | None = None,
-    overrides: dict[str, Any] | None = None,
+    flags: dict[str, Any] | None = None,
     outputs_path: str | Path | None = None,
     sink: EventSink = NULL_SINK,
     on_progress: Progress | None = None,
-    show_progress: bool = False,
     engine: LLMEngine | None = None,
     on_engine: Callable[[LLMEngine], None] | None = None,
 ) -> RunSummary:
     """Run `workload` on the real engine and summarise it; with `outputs_path`, write one
-    JSON line per request (written only if the whole run succeeds). `show_progress` draws
-    a spinner and a progress bar on stderr; `engine` reuses a built engine (tests).
-    `on_engine` gets the engine before its first step (a recorder attaches there)."""
+    JSON line per request (written only if the whole run succeeds). `engine` reuses a
+    built engine (build_engine); `on_progress` sees (finished, total, output tokens) after
+    every step; `on_engine` gets the engine before its first step (a recorder attaches)."""
     if outputs_path is not None:
         check_output_dir(outputs_path)
-    if not show_progress:
-        if engine is None:
-            engine = build_engine(workload, model, overrides, sink)
-        return _run(engine, workload, outputs_path, on_progress, on_engine)
-    from engine.model.progress import loading, progress_bar
-
     if engine is None:
-        with loading("loading the model"):
-            engine = build_engine(workload, model, overrides, sink)
-    with progress_bar(len(workload.requests)) as bar:
-        return _run(engine, workload, outputs_path, bar, on_engine)
+        engine = build_engine(workload, model, flags, sink)
+    return _run(engine, workload, outputs_path, on_progress, on_engine)
 
 
 def _run(

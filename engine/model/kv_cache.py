@@ -3,43 +3,12 @@
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from engine.model.errors import ModelError
 from engine.model.spec import ModelSpec
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 10**3,
-    "kb": 10**3,
-    "m": 10**6,
-    "mb": 10**6,
-    "g": 10**9,
-    "gb": 10**9,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-    "tb": 10**12,
-}
 DEFAULT_CPU_KV_MEMORY = 2**30  # 1 GiB: about 23k tokens of SmolLM2-135M in fp32
-
-
-def parse_size(text: str | int) -> int:
-    """Bytes from '4GiB', '512MB', '1.5g' or a plain number of bytes."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        value = text
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-        if not m or m.group(2).lower() not in _UNITS:
-            raise ValueError(f"{text!r}: expected a size such as 4GiB, 512MB or a byte count")
-        value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if value <= 0:
-        raise ValueError(f"{text!r}: must be > 0")
-    return value
 
 
 def bytes_per_block(spec: ModelSpec, block_size: int, dtype: torch.dtype) -> int:

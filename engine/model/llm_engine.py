@@ -10,13 +10,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, RunnerOptions
 from engine.core import EngineCore, StepResult
 from engine.events import NULL_SINK, EventSink
 from engine.kv.hashing import BlockHasher
 from engine.model.errors import RequestError
 from engine.model.loader import LoadedModel, load_model
-from engine.model.options import RunnerOptions
 from engine.model.runner import ModelRunner, build_runner
 from engine.model.tokenizer import ModelTokenizer
 from engine.request import Request, SamplingParams

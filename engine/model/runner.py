@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, RunnerOptions
 from engine.draft_limit import DraftLimiter
 from engine.model.cpu_memory import keep_freed_memory
 from engine.model.errors import ModelError
@@ -27,7 +27,6 @@ from engine.model.kv_cache import (
 )
 from engine.model.llama import AttentionBackend, LlamaModel
 from engine.model.loader import LoadedModel
-from engine.model.options import RunnerOptions
 from engine.model.sampler import Sampler, SamplingBatch
 from engine.model.spec import ModelSpec
 from engine.model.threads import ThreadTuner

@@ -16,26 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.config import EngineConfig
+from engine.config import Options, split_options
 from engine.limits import check_range
-from engine.sim.workload import WorkloadError, parse_requests, read_json, request_id
+from engine.workload_file import WorkloadError, parse_requests, read_json, request_id
 
-# Workload/CLI names that differ from EngineConfig's field names.
-ENGINE_ALIASES = {"scheduling_policy": "policy"}
-ENGINE_KEYS = {f for f in EngineConfig().to_dict() if f != "num_blocks"} | set(ENGINE_ALIASES)
-RUNNER_KEYS = {
-    "device",
-    "dtype",
-    "attention_backend",
-    "kv_cache_memory",
-    "gpu_memory_utilization",
-    "num_gpu_blocks_override",
-    "profile_every",
-    "adaptive_drafts",
-    "seed",
-    "num_threads",
-}
-OTHER_KEYS = {"model"}
 SAMPLING_KEYS = {
     "max_tokens": int,
     "temperature": float,
@@ -76,9 +60,14 @@ class RunWorkload:
     requests in arrival order."""
 
     description: str  # free text
-    options: dict[str, Any]  # engine and runner options, vLLM's names
+    options: dict[str, Any]  # the `config` knobs as given (engine.config's names or aliases)
     requests: list[WorkloadRequest]  # sorted by arrival_time (stable)
     source: str = "workload"  # where it came from, for messages
+    model: str | None = None  # the `config`'s model path, if any
+
+    def merged(self, *flags: dict[str, Any]) -> Options:
+        """The knobs: the file's, then `flags` (None = not given) over them."""
+        return run_options(self.options, *flags, where=f"{self.source}: config")
 
 
 def load_run_workload(path: str | Path) -> RunWorkload:
@@ -92,21 +81,23 @@ def parse_run_workload(data: Any, source: str = "workload") -> RunWorkload:
     options = data.get("config", {})
     if not isinstance(options, dict):
         raise WorkloadError(f"{source}: 'config' must be an object")
-    check_option_names(options, f"{source}: config")
-    if "model" in options and not isinstance(options["model"], str):
-        raise WorkloadError(f"{source}: config: model={options['model']!r}: expected a path")
+    options = dict(options)
+    model = options.pop("model", None)
+    if model is not None and not isinstance(model, str):
+        raise WorkloadError(f"{source}: config: model={model!r}: expected a path")
+    run_options(options, where=f"{source}: config")  # names now, values when the engine is built
     parsed = parse_requests(data, source, _request)
     parsed.sort(key=lambda r: r.arrival_time)
-    return RunWorkload(str(data.get("description", "")), dict(options), parsed, source)
+    return RunWorkload(str(data.get("description", "")), options, parsed, source, model)
 
 
-def check_option_names(options: dict[str, Any], where: str) -> None:
-    known = ENGINE_KEYS | RUNNER_KEYS | OTHER_KEYS
-    for key in options:
-        if key not in known:
-            raise WorkloadError(
-                f"{where}: unknown option {key!r}; known: " + ", ".join(sorted(known))
-            )
+def run_options(*layers: dict[str, Any], where: str = "option") -> Options:
+    """Option layers (a file's config, then flags) merged by knob name; an unknown key or
+    one `run` does not take is a WorkloadError."""
+    try:
+        return split_options(*layers)
+    except ValueError as e:
+        raise WorkloadError(f"{where}: {e}") from None
 
 
 def _request(r: Any, index: int, source: str) -> WorkloadRequest:

@@ -37,23 +37,13 @@ class Listen:
             raise ValueError(f"max_waiting={self.max_waiting}: must be >= 0 (0 = no bound)")
 
 
-def load_engine(model: str | None, overrides: dict[str, Any]) -> tuple[LLMEngine, str]:
-    """The engine `schedtop run` would build with these flags (None = not given), and the
+def load_engine(model: str | None, flags: dict[str, Any]) -> tuple[LLMEngine, str]:
+    """The engine `schedtop run` builds with these flags (None = not given), and the
     model's name for clients: its file or directory name."""
-    from engine.model.api import DEFAULT_ENGINE_OPTIONS, engine_config, runner_options
-    from engine.model.llm_engine import LLMEngine
-    from engine.model.loader import load_model
-    from engine.model.workload import check_option_names
+    from engine.model.api import build_engine
 
-    given = {k: v for k, v in overrides.items() if v is not None}
-    check_option_names(given, "option")
-    options = {**DEFAULT_ENGINE_OPTIONS, **given}
-    loaded = load_model(model)
-    engine = LLMEngine(
-        loaded, engine_config(options, loaded.spec.max_position), runner_options(options)
-    )
-    loaded.weights.clear()  # the model keeps its own (fused) copies
-    source = Path(loaded.source)
+    engine = build_engine(model=model, flags=flags)
+    source = Path(engine.model.source)
     return engine, source.stem if source.is_file() else source.name
 
 
