@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.sim.decisions import decision_record  # noqa: E402
 from engine.sim.driver import simulate  # noqa: E402
-from engine.sim.workload import WorkloadError, parse_workload  # noqa: E402
+from engine.sim.workload import parse_workload  # noqa: E402
+from engine.workload_file import WorkloadError  # noqa: E402
 
 KEYS = (
     "scheduled",

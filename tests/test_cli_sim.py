@@ -131,7 +131,6 @@ def test_failed_run_leaves_no_half_written_decisions(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == [w]
 
 
-@pytest.mark.slow  # the tokenizer's module imports torch, in two processes
 def test_sim_runs_a_workload_in_runs_format(tmp_path: Path) -> None:
     """One workload file serves `run` and `sim`: text and chat prompts are tokenized with
     the default tokenizer, arrival times become steps, `sampling.max_tokens` the length."""
@@ -179,3 +178,51 @@ def test_sim_refuses_a_bad_run_format_workload(tmp_path: Path) -> None:
     out = schedtop("sim", str(path))
     assert out.returncode == 2 and "unknown field 'colour'" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+RUN_FORMAT = {
+    "config": {"max_num_seqs": 4, "num_gpu_blocks_override": 40, "scheduling_policy": "priority"},
+    "requests": [
+        {"id": "chat", "messages": [{"role": "user", "content": "Why is the sky blue?"}]},
+        {"id": "text", "prompt": "Once upon a time", "sampling": {"max_tokens": 2}},
+    ],
+}
+
+
+def test_sim_on_a_run_workload_imports_neither_torch_nor_numpy(tmp_path: Path) -> None:
+    """The scheduling path is pure Python: tokenizing a run workload's prompts reads the
+    default model's GGUF metadata without torch, numpy or the `gguf` package."""
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(RUN_FORMAT))
+    code = (
+        "import sys\n"
+        "from tui.cli import main\n"
+        f"sys.argv = ['schedtop', 'sim', {str(path)!r}, '--no-trace']\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "print(sorted(m for m in ('torch', 'numpy', 'gguf') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "finished 2, errors 0" in out.stdout
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.slow  # `run` loads the default model
+def test_one_workload_file_records_the_same_config_under_sim_and_run(tmp_path: Path) -> None:
+    """One default per knob, one builder: `sim` and `run` of the same file record the
+    same engine config (the pool too, given num_gpu_blocks_override)."""
+    from recorder.reader import TraceReader
+
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(RUN_FORMAT))
+    configs = []
+    for command in (["sim", str(path)], ["run", "--workload", str(path)]):
+        trace = tmp_path / f"{command[0]}.trace"
+        out = schedtop(*command, "--trace", str(trace))
+        assert out.returncode == 0, out.stderr
+        with TraceReader(trace) as reader:
+            configs.append((reader.header.config, reader.header.num_blocks))
+    assert configs[0] == configs[1]
+    config, blocks = configs[0]
+    assert blocks == 40 and config["max_num_seqs"] == 4 and config["policy"] == "priority"
+    assert config["max_num_batched_tokens"] == 2048  # EngineConfig's default, in both

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EngineConfig, SpeculativeConfig
+from engine.config import EngineConfig, RunnerOptions, SpeculativeConfig
 from engine.model.llm_engine import LLMEngine
-from engine.model.options import RunnerOptions
 from engine.report import Kind
 from engine.request import SamplingParams
 from recorder.recorder import open_recording
@@ -199,7 +198,7 @@ def test_adaptive_drafts_verify_fewer_drafts_and_change_no_greedy_token() -> Non
 def test_adaptive_drafts_is_a_runner_option() -> None:
     from engine.model.api import build_engine
     from engine.model.workload import parse_run_workload
-    from engine.sim.workload import WorkloadError
+    from engine.workload_file import WorkloadError
     from tests.model_support import tiny_model
 
     w = parse_run_workload(

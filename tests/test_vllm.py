@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from engine.sim.api import load_workload, run_sim
+from engine.sim.api import run_sim
+from engine.sim.workload import load_workload
 from recorder.reader import TraceReader
 from recorder.recorder import open_recording
 from recorder.schema import Snapshot, Step

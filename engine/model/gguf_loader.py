@@ -15,11 +15,11 @@ import numpy as np
 import torch
 
 from engine.model.errors import ModelError
+from engine.model.gguf_meta import GGUFMetadata, read_metadata, vocab
 from engine.model.spec import ModelSpec
-from engine.model.tokenizer import GGUFVocab, ModelTokenizer, tokenizer_from_gguf
+from engine.model.tokenizer import ModelTokenizer, tokenizer_from_gguf
 from engine.model.weights import EMBED, FINAL_NORM, LM_HEAD, Weights, check_weights
 
-GGUF_MAGIC = b"GGUF"
 # Architectures read, and whether llama.cpp's converter permuted their Q/K rows.
 ARCHITECTURES = {"llama": True, "qwen2": False}
 _READ_ERRORS = (
@@ -48,17 +48,15 @@ _BLOCK_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-_MISSING = object()
 
 
 def load_gguf(path: Path) -> tuple[ModelSpec, Weights, ModelTokenizer]:
     """Read a GGUF file. Any malformation is a ModelError naming the file."""
-    _check_magic(path)
     from gguf import GGUFReader
 
+    meta = read_metadata(path)  # the metadata without numpy; GGUFReader for the tensors
     try:
         reader = GGUFReader(path, "r")
-        meta = _Metadata(reader.fields, path)
         arch = meta.text("general.architecture")
         if arch not in ARCHITECTURES:
             raise ModelError(
@@ -67,77 +65,15 @@ def load_gguf(path: Path) -> tuple[ModelSpec, Weights, ModelTokenizer]:
             )
         tensors = {t.name: t for t in reader.tensors}
         spec = _spec(meta, arch, tensors, path)
-        vocab = _vocab(meta)
+        tokens = vocab(meta)
         weights = _weights(tensors, spec, permuted=ARCHITECTURES[arch], path=path)
     except _READ_ERRORS as e:
         raise ModelError(f"{path}: not a valid GGUF file ({type(e).__name__}: {e})") from None
     check_weights(spec, weights, str(path))
-    return spec, weights, tokenizer_from_gguf(vocab)
+    return spec, weights, tokenizer_from_gguf(tokens)
 
 
-def load_gguf_tokenizer(path: Path) -> ModelTokenizer:
-    """Only the tokenizer of a GGUF file (its metadata; no tensor is read)."""
-    _check_magic(path)
-    from gguf import GGUFReader
-
-    try:
-        vocab = _vocab(_Metadata(GGUFReader(path, "r").fields, path))
-    except _READ_ERRORS as e:
-        raise ModelError(f"{path}: not a valid GGUF file ({type(e).__name__}: {e})") from None
-    return tokenizer_from_gguf(vocab)
-
-
-def _check_magic(path: Path) -> None:
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-    except OSError as e:
-        raise ModelError(f"{path}: cannot read: {e.strerror}") from None
-    if head != GGUF_MAGIC:
-        raise ModelError(f"{path}: not a GGUF file (it does not start with 'GGUF')")
-
-
-class _Metadata:
-    """Typed access to GGUF key/value fields, with errors that name the key."""
-
-    def __init__(self, fields: dict[str, Any], path: Path) -> None:
-        self.fields = fields
-        self.path = path
-
-    def get(self, key: str, default: Any = _MISSING) -> Any:
-        field = self.fields.get(key)
-        if field is None:
-            if default is _MISSING:
-                raise ModelError(f"{self.path}: metadata {key} is missing")
-            return default
-        return field.contents()
-
-    def integer(self, key: str, default: Any = _MISSING) -> Any:
-        value = self.get(key, default)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ModelError(f"{self.path}: metadata {key}={value!r}: expected an integer")
-        return value
-
-    def number(self, key: str, default: Any = _MISSING) -> float:
-        value = self.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ModelError(f"{self.path}: metadata {key}={value!r}: expected a number")
-        return float(value)
-
-    def text(self, key: str, default: Any = _MISSING) -> Any:
-        value = self.get(key, default)
-        if value is not None and not isinstance(value, str):
-            raise ModelError(f"{self.path}: metadata {key}={value!r}: expected a string")
-        return value
-
-    def array(self, key: str) -> list[Any]:
-        value = self.get(key)
-        if not isinstance(value, list):
-            raise ModelError(f"{self.path}: metadata {key}: expected an array")
-        return value
-
-
-def _spec(meta: _Metadata, arch: str, tensors: dict[str, Any], path: Path) -> ModelSpec:
+def _spec(meta: GGUFMetadata, arch: str, tensors: dict[str, Any], path: Path) -> ModelSpec:
     hidden = meta.integer(f"{arch}.embedding_length")
     heads = meta.integer(f"{arch}.attention.head_count")
     if not isinstance(hidden, int) or not isinstance(heads, int) or heads <= 0:
@@ -165,33 +101,6 @@ def _spec(meta: _Metadata, arch: str, tensors: dict[str, Any], path: Path) -> Mo
         max_position=meta.integer(f"{arch}.context_length"),
         tie_word_embeddings="output.weight" not in tensors,
         attention_bias="blk.0.attn_q.bias" in tensors,
-    )
-
-
-def _vocab(meta: _Metadata) -> GGUFVocab:
-    tokens = meta.array("tokenizer.ggml.tokens")
-    types = (
-        meta.array("tokenizer.ggml.token_type")
-        if "tokenizer.ggml.token_type" in meta.fields
-        else [1] * len(tokens)
-    )
-    if len(types) != len(tokens):
-        raise ModelError(
-            f"{meta.path}: tokenizer.ggml.token_type has {len(types)} entries "
-            f"for {len(tokens)} tokens"
-        )
-    return GGUFVocab(
-        model=meta.text("tokenizer.ggml.model"),
-        pre=meta.text("tokenizer.ggml.pre", "default") or "default",
-        tokens=tokens,
-        token_types=[int(t) for t in types],
-        merges=meta.array("tokenizer.ggml.merges")
-        if "tokenizer.ggml.merges" in meta.fields
-        else [],
-        bos_token_id=meta.integer("tokenizer.ggml.bos_token_id", None),
-        eos_token_id=meta.integer("tokenizer.ggml.eos_token_id", None),
-        add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-        chat_template=meta.text("tokenizer.chat_template", None),
     )
 
 

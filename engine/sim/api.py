@@ -8,12 +8,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from engine.config import parse_setting
+from engine.config import knob_named, parse_setting
 from engine.core import EngineCore, StepResult
 from engine.events import NULL_SINK, EventSink
 from engine.sim.decisions import decision_record
 from engine.sim.driver import SimSummary, simulate
-from engine.sim.workload import SimWorkload, WorkloadError, atomic_output, load_workload
+from engine.sim.run_format import load_any_workload
+from engine.sim.workload import SimWorkload
+from engine.workload_file import WorkloadError, atomic_output
 
 
 def demo_workload_path() -> Path:
@@ -32,8 +34,17 @@ def parse_settings(settings: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def load(path: str | Path | None, settings: Iterable[str] = ()) -> SimWorkload:
-    return load_workload(path or demo_workload_path(), parse_settings(settings))
+def load(
+    path: str | Path | None, settings: Iterable[str] = (), flags: dict[str, Any] | None = None
+) -> SimWorkload:
+    """The workload at `path` (either format; default: the demo) with the command line's
+    knobs over its config: `flags` (None = not given), then `--set`'s `settings`."""
+    given = {k: v for k, v in (flags or {}).items() if v is not None}
+    try:
+        given = {knob_named(k).name: v for k, v in given.items()}
+    except ValueError as e:
+        raise WorkloadError(str(e)) from None
+    return load_any_workload(path or demo_workload_path(), {**given, **parse_settings(settings)})
 
 
 def run_sim(

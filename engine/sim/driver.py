@@ -14,7 +14,8 @@ from engine.kv.hashing import BlockHasher
 from engine.records import Status
 from engine.request import FINISH_REASONS, Request, SamplingParams
 from engine.sim.runner import SimRunner
-from engine.sim.workload import SimWorkload, WorkloadError
+from engine.sim.workload import SimWorkload
+from engine.workload_file import WorkloadError
 
 STALL_STEPS = 1000  # steps with nothing scheduled and no arrival left before giving up
 
