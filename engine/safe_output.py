@@ -24,8 +24,10 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.errors import UserError
 
-class OutputError(Exception):
+
+class OutputError(UserError):
     """An output path that a command refuses to write; the message names the path."""
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from engine.errors import UserError
 
-class TraceError(Exception):
+
+class TraceError(UserError):
     """A trace that cannot be read: missing, not a trace, too new, or malformed.
 
     `offset` is the byte offset of the record (or field) at fault, None when the problem
@@ -31,5 +33,5 @@ class TraceError(Exception):
         return where + self.message
 
 
-class RecordingError(Exception):
+class RecordingError(UserError):
     """A recording that cannot start (the trace file cannot be created, say)."""

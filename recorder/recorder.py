@@ -18,13 +18,13 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Callable
 from functools import partial
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from engine.core import EngineCore
 from engine.events import NULL_SINK, ClientReport, EventSink, report_client
 from engine.records import KVEvents, Step
+from engine.version import schedtop_version
 from recorder.background import Background
 from recorder.codec import MAX_RECORD_BYTES, STEADY_FIELDS, encode, encode_steady
 from recorder.convert import StepCompactor, scalar_config
@@ -433,7 +433,7 @@ class Recorder:
             described = getattr(engine.runner, "model_description", "")
             model = described if isinstance(described, str) else ""
         return Header(
-            engine=f"schedtop {_version()} ({type(engine.runner).__name__})",
+            engine=f"schedtop {schedtop_version()} ({type(engine.runner).__name__})",
             model=model,
             config=scalar_config(cfg.to_dict()),
             block_size=cfg.block_size,
@@ -532,10 +532,3 @@ def open_recording(
     except BaseException:
         writer.close()
         raise
-
-
-def _version() -> str:
-    try:
-        return metadata.version("schedtop")
-    except metadata.PackageNotFoundError:
-        return "dev"

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.errors import UserError
+
 # What a step does, from each scheduled entry's (num_tokens, num_spec_tokens,
 # num_computed_before). An entry whose query is one token is a decode (a speculative one
 # verifies drafts on top); any other query is prefill work.
@@ -53,7 +55,7 @@ def step_work(entries: Iterable[tuple[int, int, int]]) -> tuple[int, int, int, i
     return prefill, decodes, spec, context, n
 
 
-class CostModelError(ValueError):
+class CostModelError(UserError, ValueError):
     """A model that cannot be fitted, parsed or loaded."""
 
 

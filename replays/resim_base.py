@@ -12,6 +12,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
+from engine.errors import UserError
 from engine.request import Request
 from recorder.recorder import Recorder
 from recorder.schema import Arrival, Header, Step
@@ -22,7 +23,7 @@ from replays.diff import differing_fields
 _DRIVER_KEYS = ("max_steps",)
 
 
-class ResimError(ValueError):
+class ResimError(UserError, ValueError):
     """A trace that cannot be re-simulated, or overrides that do not make a valid config."""
 
 

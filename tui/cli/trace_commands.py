@@ -1,0 +1,409 @@
+"""The commands on a recorded trace: `info`, `resim`, `whatif`, `sweep`, `diff`, `stats`,
+`find` and `export`. Each calls one function of recorder or replays and prints what it
+returns with the formatter that lives beside that result's type."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tui.cli.common import FORCE, check_outputs, user_errors
+
+
+@click.command()
+@click.argument("trace", metavar="TRACE")
+@user_errors
+def info(trace: str) -> None:
+    """Show what a trace holds: header, steps, duration, requests, preemptions, and
+    whether it was closed cleanly (or where its tail was cut)."""
+    from recorder.info import format_summary, summarize
+
+    click.echo(format_summary(summarize(trace)))
+
+
+# -- replays: re-simulation, diff, stats, breakpoints ------------------------------------------
+
+
+@click.command()
+@click.argument("trace")
+@click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="What if: override a config key for the re-simulation. Repeatable.",
+)
+@click.option(
+    "--trace",
+    "out",
+    metavar="OUT",
+    help="Write the re-simulated trace here (with --set, the default is a new "
+    "file in the trace directory).",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(["schedtop", "vllm"]),
+    default="schedtop",
+    show_default=True,
+    help="Whose scheduler re-simulates: schedtop's, or the installed vLLM's "
+    "(an interpreter with vLLM: $SCHEDTOP_VLLM_PYTHON).",
+)
+@FORCE
+@user_errors
+def resim(trace: str, settings: tuple[str, ...], out: str | None, engine: str, force: bool) -> None:
+    """Re-drive today's scheduler with a trace's inputs.
+
+    With the recorded config every decision must come out the same: exit status 0 when
+    it does, 1 at the first step that differs. With --set, compare the new run with the
+    recorded one."""
+    from engine.sim.api import parse_settings
+    from recorder.paths import new_trace_path
+    from replays.diff import diff_traces, format_diff
+    from replays.resim import resimulate
+
+    check_outputs({"--trace": out}, [trace], force, out)
+    overrides = parse_settings(settings)
+    if engine == "vllm":
+        _resim_vllm(trace, overrides, out)
+        return
+    if overrides and out is None:
+        path = new_trace_path("resim")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        out = str(path)
+    result = resimulate(trace, overrides, out)
+    changed = ", ".join(f"{k}={v}" for k, v in overrides.items())
+    click.echo(
+        f"re-simulated {result.num_steps} steps ({result.num_recorded_steps} recorded)"
+        + (f" with {changed}" if changed else " with the recorded config")
+    )
+    if result.divergence is None:
+        click.echo(
+            "every decision reproduced" if not overrides else "the change alters no decision"
+        )
+    else:
+        d = result.divergence
+        click.echo(f"first difference at step {d.step}: {', '.join(d.fields)}")
+    if out is not None:
+        click.echo(f"trace: {out}")
+    if overrides and out is not None:
+        click.echo("")
+        click.echo(format_diff(diff_traces(trace, out)))
+    if result.divergence is not None and not overrides:
+        sys.exit(1)
+
+
+_MODEL_HELP = (
+    "The step-time model: a JSON file (schedtop stats --cost-model --json) or "
+    "intercept=S,prefill_tokens=S,decode_requests=S,spec_tokens=S,context_tokens=S,"
+    "num_requests=S (seconds). Default: fitted on the trace's own timings; a simulated "
+    "trace has none and needs one."
+)
+
+
+@click.command()
+@click.argument("trace")
+@click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="What if: override a config key. Repeatable. None: predict the recorded run "
+    "itself (the model's self-check).",
+)
+@click.option("--model", "model_spec", metavar="FILE|SPEC", help=_MODEL_HELP)
+@click.option(
+    "--trace",
+    "out",
+    metavar="OUT",
+    help="Write the predicted trace here (replay, diff, stats, export it).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print recorded and predicted as JSON.")
+@FORCE
+@user_errors
+def whatif(
+    trace: str,
+    settings: tuple[str, ...],
+    model_spec: str | None,
+    out: str | None,
+    as_json: bool,
+    force: bool,
+) -> None:
+    """Predict a trace's run under another config, in time: arrivals at their recorded
+    times, each step as long as the step-time model says. Prints recorded vs predicted."""
+    import json
+
+    from engine.sim.api import parse_settings
+    from replays.costmodel import format_model, parse_model
+    from replays.whatif import format_result
+    from replays.whatif import whatif as predict
+
+    inputs: list[str | None] = [
+        trace,
+        model_spec if model_spec and Path(model_spec).exists() else None,
+    ]
+    check_outputs({"--trace": out}, inputs, force, out)
+    overrides = parse_settings(settings)
+    model = parse_model(model_spec) if model_spec else None
+    r = predict(trace, overrides, model, out)
+    if as_json:
+        doc = {
+            "trace": r.trace,
+            "changed": r.changed,
+            "model": r.model.to_json(),
+            "recorded": r.recorded.to_json(),
+            "predicted": r.predicted.to_json(),
+            "first_difference": r.first_difference,
+        }
+        click.echo(json.dumps(doc, indent=1))
+        return
+    changed = ", ".join(f"{k}={v}" for k, v in overrides.items()) or "the recorded config"
+    click.echo(
+        f"predicted {r.predicted.num_steps} steps ({r.recorded.num_steps} recorded) with {changed}"
+    )
+    click.echo(format_model(r.model))
+    click.echo("")
+    click.echo(format_result(r))
+    click.echo("")
+    if r.first_difference is None:
+        click.echo("decisions: identical to the recording")
+    else:
+        click.echo(f"decisions: first differ at step {r.first_difference}")
+    if out is not None:
+        click.echo(f"trace: {out}")
+
+
+@click.command()
+@click.argument("traces", nargs=-1, required=True, metavar="TRACE_OR_DIR...")
+@click.option(
+    "--grid",
+    multiple=True,
+    required=True,
+    metavar="KEY=V1,V2,...",
+    help="Config values to try; repeatable (every combination runs).",
+)
+@click.option(
+    "--objective",
+    default="ttft_p99",
+    show_default=True,
+    help="The metric to rank by (throughput is maximised, the others minimised).",
+)
+@click.option("--model", "model_spec", metavar="FILE|SPEC", help=_MODEL_HELP)
+@click.option("--jobs", "-j", type=click.IntRange(min=1), help="Workers (default: CPUs).")
+@click.option(
+    "--ray", "use_ray", is_flag=True, help="Run the tasks on Ray (RAY_ADDRESS, or a local cluster)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+@click.option("--csv", "as_csv", is_flag=True, help="Print the rows as CSV.")
+@user_errors
+def sweep(
+    traces: tuple[str, ...],
+    grid: tuple[str, ...],
+    objective: str,
+    model_spec: str | None,
+    jobs: int | None,
+    use_ray: bool,
+    as_json: bool,
+    as_csv: bool,
+) -> None:
+    """Predict every trace under every config of a grid; rank the configs by an objective.
+
+    Exit status 1 when some task failed (its row says why; the others ran)."""
+    import json
+
+    from replays import sweep as sw
+    from replays.costmodel import parse_model
+    from tui.progress import SweepProgress
+
+    if as_json and as_csv:
+        raise click.UsageError("--json and --csv exclude each other")
+    points = sw.parse_grid(grid)
+    sw.check_objective(objective)
+    model = parse_model(model_spec) if model_spec else None
+    tasks = sw.plan(sw.find_traces(traces), points, model)
+    with SweepProgress(len(tasks)) as progress:
+        rows = sw.run_sweep(tasks, "ray" if use_ray else "pool", jobs, progress)
+    if as_json:
+        click.echo(json.dumps(sw.to_json(rows, objective), indent=1))
+    elif as_csv:
+        click.echo(sw.to_csv(rows, objective), nl=False)
+    else:
+        click.echo(sw.format_table(rows, objective))
+    failed = [r for r in rows if r.error]
+    for r in failed:
+        click.echo(f"schedtop: task failed: {r.trace} {r.config}: {r.error}", err=True)
+    if failed:
+        sys.exit(1)
+
+
+def _resim_vllm(trace: str, overrides: dict[str, Any], out: str | None) -> None:
+    from replays.diff import diff_traces, format_diff
+    from replays.vllm_resim import resimulate_with_vllm
+
+    result = resimulate_with_vllm(trace, overrides, out)
+    click.echo(f"vLLM's scheduler ran {result.num_steps} steps; trace: {result.trace}")
+    if result.reproduced:
+        click.echo(
+            "every decision reproduced" if not overrides else "the change alters no decision"
+        )
+        return
+    click.echo(f"first difference at step {result.divergence_step}: {', '.join(result.fields)}")
+    click.echo("")
+    click.echo(format_diff(diff_traces(trace, result.trace)))
+    if not overrides:
+        sys.exit(1)
+
+
+@click.command()
+@click.argument("a")
+@click.argument("b")
+@user_errors
+def diff(a: str, b: str) -> None:
+    """Compare two traces: the first step whose decisions differ, then metric deltas.
+
+    Exit status 0 when the decisions are identical, 1 when they differ, 2 on bad input."""
+    from replays.diff import diff_traces, format_diff
+
+    d = diff_traces(a, b)
+    click.echo(format_diff(d))
+    sys.exit(0 if d.identical else 1)
+
+
+@click.command()
+@click.argument("trace")
+@click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
+@click.option(
+    "--cost-model",
+    is_flag=True,
+    help="Instead: fit the step-time model on the trace's recorded step timings and print "
+    "it with its fit quality (with --json, the file `whatif --model` reads).",
+)
+@user_errors
+def stats(trace: str, as_json: bool, cost_model: bool) -> None:
+    """Throughput, TTFT/TPOT percentiles, preemptions, prefix hits and KV use of a trace,
+    and its preemption storm: preemptions per 1k steps, recompute lost, top victims."""
+    import dataclasses
+    import json
+
+    if cost_model:
+        from replays.costmodel import format_model
+        from replays.timebase import fit_trace
+
+        m = fit_trace(trace)
+        click.echo(json.dumps(m.to_json(), indent=1) if as_json else format_model(m))
+        return
+    from replays.stats import format_stats, trace_stats
+    from replays.storms import format_summary, scan
+
+    s = trace_stats(trace)
+    storm = scan(trace).summary()
+    if as_json:
+        out = s.to_json()
+        out["storm"] = {
+            **dataclasses.asdict(storm),
+            "per_1k_steps": storm.per_1k_steps,
+            "lost_share": storm.lost_share,
+        }
+        click.echo(json.dumps(out, indent=1))
+    else:
+        click.echo(f"{format_stats(s)}\n{format_summary(storm)}")
+
+
+@click.command()
+@click.argument("trace")
+@click.argument("predicates", nargs=-1, required=True, metavar="PREDICATE...")
+@click.option(
+    "--from",
+    "start",
+    type=int,
+    default=None,
+    help="Search from this step (default: the start, or the end with --backward).",
+)
+@click.option("--backward", is_flag=True, help="Find the previous hit instead of the next.")
+@click.option("--all", "every", is_flag=True, help="List every step where one holds.")
+@user_errors
+def find(
+    trace: str, predicates: tuple[str, ...], start: int | None, backward: bool, every: bool
+) -> None:
+    """Find the steps where breakpoints hold (the TUI's n/N, from the shell).
+
+    Predicates: preempt, preempt:ID, admit:ID, first-token:ID, finish:ID, free<N, slow>MS,
+    wait>STEPS, util<PERCENT (conditions hit where they become true), `while COND` (at
+    every step it holds). Exit status 1 when nothing matches."""
+    from recorder.multi import open_trace
+    from replays.breakpoints import find as find_step
+    from replays.breakpoints import find_all, parse
+    from replays.timeline import Timeline
+
+    try:
+        preds = [parse(p) for p in predicates]
+    except ValueError as e:
+        click.echo(f"schedtop: error: {e}", err=True)
+        sys.exit(2)
+    with open_trace(trace) as reader:
+        tl = Timeline(reader, max_cached_records=16, max_keyframes=4)  # one pass: flat memory
+        if every:
+            hits = list(find_all(tl, preds))
+        else:
+            origin = (
+                max(tl.first_step - 1, min(start, tl.last_step + 1))  # --from -5: the start
+                if start is not None
+                else (tl.last_step + 1 if backward else tl.first_step - 1)
+            )
+            hit = find_step(tl, preds, origin, backward=backward)
+            hits = [] if hit is None else [hit]
+    for step in hits:
+        click.echo(str(step))
+    if not hits:
+        # Nothing matched: a predicate on a request the trace does not have is a mistake
+        # to name (checked only now: it reads the whole trace).
+        _refuse_unknown_requests(trace, preds)
+        click.echo("no step matches", err=True)
+        sys.exit(1)
+
+
+@click.command()
+@click.argument("trace", metavar="TRACE")
+@click.option(
+    "--perfetto",
+    "out",
+    required=True,
+    metavar="OUT.json",
+    help="Write the Chrome trace-event format, for ui.perfetto.dev or chrome://tracing.",
+)
+@FORCE
+@user_errors
+def export(trace: str, out: str, force: bool) -> None:
+    """Export a trace for a timeline viewer: one track per request, the steps with their
+    timings, counters and preemption arrows (docs/export.md)."""
+    from replays.export import ExportError, export_perfetto
+
+    check_outputs({"--perfetto": out}, [trace], force)
+    try:
+        done = export_perfetto(trace, out)
+    except ExportError as e:  # the output side; trace errors go through user_errors
+        click.echo(f"schedtop: error: {e}", err=True)
+        sys.exit(2)
+    click.echo(
+        f"perfetto: {done.events} events ({done.steps} steps, {done.requests} "
+        f"requests, {done.preemptions} preemptions) -> {done.path}"
+    )
+
+
+def _refuse_unknown_requests(trace: str, predicates: Any) -> None:
+    """A breakpoint naming a request the trace does not have would never hit: say so."""
+    from replays.storms import unknown_requests
+
+    unknown = unknown_requests(trace, (p.request for p in predicates if p.request))
+    if unknown:
+        click.echo(
+            f"schedtop: error: no request {unknown[0]!r} in {trace}: a breakpoint on it "
+            "would never hit",
+            err=True,
+        )
+        sys.exit(2)
+
+
+COMMANDS = (info, resim, whatif, sweep, diff, stats, find, export)
