@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.limits import RANGES, check_range
+from engine.limits import RANGES, check_range, fmt_bound
 
 POLICIES = ("fcfs", "priority")
 SPEC_METHODS = ("ngram",)
@@ -29,6 +29,10 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
 MAX_MODEL_LEN = 8192  # the default max_model_len, and its cap by a model's context
+# vLLM's defaults for these two depend on the entry point and the GPU; `vllm serve`'s on
+# most GPUs are taken, for every command (on two CPU cores a 2048-token step takes about
+# two seconds: a workload sized for the CPU says so in its config, as the built-in one does)
+_VLLM_SERVE = "vLLM (`vllm serve`)"
 
 
 def knob(
@@ -36,13 +40,19 @@ def knob(
     help: str,
     *,
     flag: str | bool = True,
-    vllm: bool = True,
+    vllm: bool | str = True,
     choices: tuple[str, ...] = (),
     aliases: tuple[str, ...] = (),
     shown: str = "",
+    bounds: str = "",
     run_key: bool = True,
 ) -> Any:
-    """A config field declared as a knob (Knob documents each argument)."""
+    """A config field declared as a knob. `help`: one line, the flag's help and the docs'
+    meaning; `flag`: False for none, True for `--the-name`, or the (vLLM) name it is spelled
+    as; `vllm`: whether the default is vLLM's (or whose it is, as text); `choices`: a str
+    knob's values; `aliases`: other workload spellings; `shown`: the docs' words for a
+    computed default; `bounds`: the docs' range of a float knob that __post_init__ checks;
+    `run_key`: False for a knob `run` does not take."""
     info = {
         "help": help,
         "flag": flag,
@@ -50,6 +60,7 @@ def knob(
         "choices": choices,
         "aliases": aliases,
         "shown": shown,
+        "bounds": bounds,
         "run_key": run_key,
     }
     return dataclasses.field(default=default, metadata={"knob": info})
@@ -127,8 +138,8 @@ class EngineConfig:
         vllm=False,
         run_key=False,
     )
-    max_num_batched_tokens: int = knob(2048, "Token budget per step.")
-    max_num_seqs: int = knob(256, "Cap on running requests.")
+    max_num_batched_tokens: int = knob(2048, "Token budget per step.", vllm=_VLLM_SERVE)
+    max_num_seqs: int = knob(256, "Cap on running requests.", vllm=_VLLM_SERVE)
     max_num_active_seqs: int | None = knob(
         None, "Cap on admission into running.", vllm=False, shown="max_num_seqs"
     )
@@ -156,7 +167,10 @@ class EngineConfig:
         True, "Split long prompts over steps; off: a prompt that does not fit the budget waits."
     )
     watermark: float = knob(
-        0.0, "Fraction of blocks kept free when admitting beside running requests.", vllm=False
+        0.0,
+        "Fraction of blocks kept free when admitting beside running requests.",
+        vllm=False,
+        bounds="[0, 1)",
     )
     scheduler_reserve_full_isl: bool = knob(
         True, "Admit a request only if its whole prompt fits in the KV cache.", vllm=False
@@ -176,7 +190,9 @@ class EngineConfig:
         shown="none (off)",
     )
     async_scheduling: bool = knob(
-        False, "Schedule the next step before the last one's samples are back."
+        False,
+        "Schedule the next step before the last one's samples are back (vLLM 0.33: on).",
+        vllm=False,
     )
 
     def __post_init__(self) -> None:
@@ -294,7 +310,7 @@ class RunnerOptions:
         shown="1GiB",
     )
     gpu_memory_utilization: float = knob(
-        0.9, "CUDA: fraction of GPU memory for weights, activations and KV."
+        0.9, "CUDA: fraction of GPU memory for weights, activations and KV.", bounds="(0, 1]"
     )
     num_gpu_blocks_override: int | None = knob(
         None, "KV blocks (including the null block 0), ignoring the memory budget.", shown="none"
@@ -345,11 +361,21 @@ class Knob:
     default: Any  # the one default of every command
     help: str  # one line: the flag's help and the docs table's meaning
     flag: str | None  # the command line's spelling, vLLM's where it has the knob ("--block-size")
-    vllm: bool  # vLLM has this knob with this default
+    origin: str  # whose default it is: "vLLM", "vLLM (`vllm serve`)" or "schedtop"
     choices: tuple[str, ...]  # the allowed values of a str knob
     aliases: tuple[str, ...]  # other workload spellings (vLLM's name where the field differs)
     shown: str  # how the docs show a default that is computed ("" = the value)
+    bounds: str  # the docs' range of a float knob checked in __post_init__ ("" = none)
     run_key: bool  # a `run` workload key and flag (False: the pool size, measured by the runner)
+
+    @property
+    def shown_default(self) -> str:
+        """The default as the docs and `--help` show it."""
+        if self.shown:
+            return self.shown
+        if isinstance(self.default, bool):
+            return str(self.default).lower()
+        return str(self.default)
 
     @property
     def range(self) -> tuple[float, float] | None:
@@ -396,13 +422,18 @@ def _knobs(cls: type, owner: str) -> dict[str, Knob]:
             flag=None
             if flag is False
             else "--" + (f.name if flag is True else flag).replace("_", "-"),
-            vllm=info["vllm"],
+            origin=_origin(info["vllm"]),
             choices=info["choices"],
             aliases=info["aliases"],
             shown=info["shown"],
+            bounds=info["bounds"],
             run_key=info["run_key"],
         )
     return out
+
+
+def _origin(vllm: bool | str) -> str:
+    return vllm if isinstance(vllm, str) else "vLLM" if vllm else "schedtop"
 
 
 ENGINE_KNOBS = _knobs(EngineConfig, "engine")
@@ -426,6 +457,29 @@ def check_fields(obj: Any) -> None:
             raise ValueError(f"{k.name}={value!r}: must be one of {', '.join(k.choices)}")
         if k.range is not None:
             check_range(k.name, value)
+
+
+def docs_table() -> str:
+    """docs/workload-format.md's table of knobs (a test keeps the two equal)."""
+    rows = [
+        "| key | flag | default | default's origin | range | meaning |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for k in KNOBS.values():
+        key = f"`{k.name}`" + "".join(f" (or `{a}`)" for a in k.aliases)
+        flag = "-" if k.flag is None else f"`{k.flag}`"
+        if k.flag is not None and k.type is bool:
+            flag = f"`{k.flag}/--no-{k.flag[2:]}`"
+        if k.choices:
+            bounds = ", ".join(f"`{c}`" for c in k.choices)
+        elif k.type is bool:
+            bounds = "true, false"
+        elif k.range is not None:
+            bounds = f"{fmt_bound(k.range[0])} .. {fmt_bound(k.range[1])}"
+        else:
+            bounds = k.bounds or "-"
+        rows.append(f"| {key} | {flag} | {k.shown_default} | {k.origin} | {bounds} | {k.help} |")
+    return "\n".join(rows) + "\n"
 
 
 def knob_named(key: str) -> Knob:

@@ -54,10 +54,11 @@ def check_range(name: str, value: float, key: str | None = None) -> None:
     message names it (default: `name`)."""
     lo, hi = RANGES[name]
     if (isinstance(value, float) and not math.isfinite(value)) or not lo <= value <= hi:
-        raise ValueError(f"{key or name}={value!r}: must be in [{_fmt(lo)}, {_fmt(hi)}]")
+        raise ValueError(f"{key or name}={value!r}: must be in [{fmt_bound(lo)}, {fmt_bound(hi)}]")
 
 
-def _fmt(v: float) -> str:
+def fmt_bound(v: float) -> str:
+    """A range's end as messages and the docs write it: 2^22, 2^63-1, 4096."""
     if isinstance(v, int) and abs(v) >= 1 << 16 and v & (v - 1) == 0:
         return f"2^{v.bit_length() - 1}"
     if isinstance(v, int) and v in (INT64_MAX, INT64_MIN):

@@ -53,3 +53,33 @@ def test_parse_setting_types() -> None:
     assert parse_setting("max_num_active_seqs=none") == ("max_num_active_seqs", None)
     with pytest.raises(ValueError, match="expected KEY=VALUE"):
         parse_setting("max_num_seqs")
+
+
+def test_the_docs_table_is_the_knobs_declarations() -> None:
+    """docs/workload-format.md's table of knobs is engine.config's, verbatim."""
+    from pathlib import Path
+
+    from engine.config import docs_table
+
+    docs = (Path(__file__).parent.parent / "docs" / "workload-format.md").read_text()
+    want = docs_table()
+    start = docs.find(want.splitlines()[0])
+    got = docs[start : docs.index("\n\n", start) + 1] if start >= 0 else ""
+    assert got == want, "replace the table in docs/workload-format.md with:\n" + want
+
+
+def test_every_knob_has_one_declaration() -> None:
+    """Flags, --set keys and workload keys all come from the same knobs."""
+    from engine.config import ALIASES, KNOBS, RunnerOptions, knob_named
+
+    assert set(KNOBS) == set(EngineConfig().to_dict()) | set(RunnerOptions().__dict__)
+    assert ALIASES == {"scheduling_policy": "policy"}
+    assert knob_named("scheduling-policy").name == "policy"
+    assert parse_setting("scheduling_policy=priority") == ("policy", "priority")
+    spec = '{"method": "ngram", "num_speculative_tokens": 2}'
+    assert parse_setting(f"speculative_config={spec}")[1].num_speculative_tokens == 2
+    with pytest.raises(ValueError, match="unknown config key 'device'"):
+        parse_setting("device=cpu")  # --set takes the engine's knobs only
+    for k in KNOBS.values():
+        assert k.help and k.help.endswith("."), k.name
+        assert k.flag is None or k.flag.startswith("--"), k.name

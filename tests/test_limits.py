@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from engine.config import EngineConfig, RunnerOptions
-from engine.limits import MAX_NUM_BLOCKS, RANGES, _fmt
+from engine.limits import MAX_NUM_BLOCKS, RANGES, fmt_bound
 from engine.request import SamplingParams
 from recorder import schema
 from replays.state import MAX_BLOCKS
@@ -50,7 +50,9 @@ def test_every_config_knob_is_refused_just_outside_its_range(key: str) -> None:
     for bad in (lo - 1, hi + 1, 10**20):
         with pytest.raises(ValueError) as e:
             EngineConfig(**{key: int(bad)})
-        assert str(e.value).startswith(f"{key}={int(bad)}: must be in [{_fmt(lo)}, {_fmt(hi)}]")
+        assert str(e.value).startswith(
+            f"{key}={int(bad)}: must be in [{fmt_bound(lo)}, {fmt_bound(hi)}]"
+        )
 
 
 def test_the_range_ends_are_accepted() -> None:

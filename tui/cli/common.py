@@ -112,8 +112,7 @@ def knob_options(*owners: str) -> Callable[[F], F]:
 
 def _option(k: Knob) -> Callable[[F], F]:
     assert k.flag is not None  # knob_options passes flagged knobs only
-    shown = k.shown or (str(k.default).lower() if isinstance(k.default, bool) else k.default)
-    help = f"{k.help} [default: {shown}]"
+    help = f"{k.help} [default: {k.shown_default}]"
     if k.type is bool:
         flags = f"{k.flag}/--no-{k.flag.removeprefix('--')}"
         return click.option(flags, k.name, default=None, help=help)
