@@ -75,6 +75,13 @@ class ExportSummary:
     flows: int  # preemption -> resumption arrows
     synthetic_clock: bool  # the trace had no step times: 1 ms per step
 
+    def format(self) -> str:
+        """What `schedtop export` prints of it."""
+        return (
+            f"perfetto: {self.events} events ({self.steps} steps, {self.requests} "
+            f"requests, {self.preemptions} preemptions) -> {self.path}"
+        )
+
 
 def export_perfetto(
     source: TraceReader | str | os.PathLike[str], out_path: str | os.PathLike[str]

@@ -53,6 +53,22 @@ class ResimResult:
     def reproduced(self) -> bool:
         return self.divergence is None
 
+    def format(self) -> str:
+        """What `schedtop resim` prints of it: steps, the config, the first difference."""
+        changed = ", ".join(f"{k}={v}" for k, v in self.changed.items())
+        lines = [
+            f"re-simulated {self.num_steps} steps ({self.num_recorded_steps} recorded)"
+            + (f" with {changed}" if changed else " with the recorded config")
+        ]
+        if self.divergence is None:
+            lines.append(
+                "every decision reproduced" if not changed else "the change alters no decision"
+            )
+        else:
+            d = self.divergence
+            lines.append(f"first difference at step {d.step}: {', '.join(d.fields)}")
+        return "\n".join(lines)
+
 
 def config_for(recorded: dict[str, Any], overrides: dict[str, Any]) -> EngineConfig:
     try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from operator import attrgetter
 from typing import Any
 
@@ -78,6 +78,11 @@ class StormSummary:
     def lost_share(self) -> float:
         """Recompute tokens lost as a share of every computed token."""
         return self.tokens_lost / self.computed_tokens if self.computed_tokens else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """`schedtop stats --json`'s "storm"."""
+        out: dict[str, Any] = asdict(self)
+        return {**out, "per_1k_steps": self.per_1k_steps, "lost_share": self.lost_share}
 
 
 class IncidentScan:

@@ -29,7 +29,7 @@ from engine.outputs import ModelRunnerOutput, SchedulerOutput
 from engine.records import Timing
 from recorder.reader import TraceReader
 from recorder.schema import Header
-from replays.costmodel import CostModel, fit_model, step_work
+from replays.costmodel import CostModel, fit_model, format_model, step_work
 from replays.resim_base import Checker, ResimError, config_for, recorder_for, request_of
 from replays.scripts import (
     RecordedHasher,
@@ -79,6 +79,35 @@ class WhatifResult:
     predicted: TimedMetrics  # the predicted run
     first_difference: int | None  # first step whose decisions differ (None: none, or unchecked)
     out: Path | None  # where the predicted trace went
+
+    def to_json(self) -> dict[str, Any]:
+        """`schedtop whatif --json`."""
+        return {
+            "trace": self.trace,
+            "changed": self.changed,
+            "model": self.model.to_json(),
+            "recorded": self.recorded.to_json(),
+            "predicted": self.predicted.to_json(),
+            "first_difference": self.first_difference,
+        }
+
+    def format(self) -> str:
+        """What `schedtop whatif` prints: the model, recorded vs predicted, decisions."""
+        changed = ", ".join(f"{k}={v}" for k, v in self.changed.items()) or "the recorded config"
+        first = self.first_difference
+        return "\n".join(
+            [
+                f"predicted {self.predicted.num_steps} steps ({self.recorded.num_steps} "
+                f"recorded) with {changed}",
+                format_model(self.model),
+                "",
+                format_result(self),
+                "",
+                "decisions: identical to the recording"
+                if first is None
+                else f"decisions: first differ at step {first}",
+            ]
+        )
 
 
 def whatif(

@@ -74,18 +74,7 @@ def resim(trace: str, settings: tuple[str, ...], out: str | None, engine: str, f
         path.parent.mkdir(parents=True, exist_ok=True)
         out = str(path)
     result = resimulate(trace, overrides, out)
-    changed = ", ".join(f"{k}={v}" for k, v in overrides.items())
-    click.echo(
-        f"re-simulated {result.num_steps} steps ({result.num_recorded_steps} recorded)"
-        + (f" with {changed}" if changed else " with the recorded config")
-    )
-    if result.divergence is None:
-        click.echo(
-            "every decision reproduced" if not overrides else "the change alters no decision"
-        )
-    else:
-        d = result.divergence
-        click.echo(f"first difference at step {d.step}: {', '.join(d.fields)}")
+    click.echo(result.format())
     if out is not None:
         click.echo(f"trace: {out}")
     if overrides and out is not None:
@@ -136,8 +125,7 @@ def whatif(
     import json
 
     from engine.sim.api import parse_settings
-    from replays.costmodel import format_model, parse_model
-    from replays.whatif import format_result
+    from replays.costmodel import parse_model
     from replays.whatif import whatif as predict
 
     inputs: list[str | None] = [
@@ -148,30 +136,8 @@ def whatif(
     overrides = parse_settings(settings)
     model = parse_model(model_spec) if model_spec else None
     r = predict(trace, overrides, model, out)
-    if as_json:
-        doc = {
-            "trace": r.trace,
-            "changed": r.changed,
-            "model": r.model.to_json(),
-            "recorded": r.recorded.to_json(),
-            "predicted": r.predicted.to_json(),
-            "first_difference": r.first_difference,
-        }
-        click.echo(json.dumps(doc, indent=1))
-        return
-    changed = ", ".join(f"{k}={v}" for k, v in overrides.items()) or "the recorded config"
-    click.echo(
-        f"predicted {r.predicted.num_steps} steps ({r.recorded.num_steps} recorded) with {changed}"
-    )
-    click.echo(format_model(r.model))
-    click.echo("")
-    click.echo(format_result(r))
-    click.echo("")
-    if r.first_difference is None:
-        click.echo("decisions: identical to the recording")
-    else:
-        click.echo(f"decisions: first differ at step {r.first_difference}")
-    if out is not None:
+    click.echo(json.dumps(r.to_json(), indent=1) if as_json else r.format())
+    if out is not None and not as_json:
         click.echo(f"trace: {out}")
 
 
@@ -284,7 +250,6 @@ def diff(a: str, b: str) -> None:
 def stats(trace: str, as_json: bool, cost_model: bool) -> None:
     """Throughput, TTFT/TPOT percentiles, preemptions, prefix hits and KV use of a trace,
     and its preemption storm: preemptions per 1k steps, recompute lost, top victims."""
-    import dataclasses
     import json
 
     if cost_model:
@@ -300,13 +265,7 @@ def stats(trace: str, as_json: bool, cost_model: bool) -> None:
     s = trace_stats(trace)
     storm = scan(trace).summary()
     if as_json:
-        out = s.to_json()
-        out["storm"] = {
-            **dataclasses.asdict(storm),
-            "per_1k_steps": storm.per_1k_steps,
-            "lost_share": storm.lost_share,
-        }
-        click.echo(json.dumps(out, indent=1))
+        click.echo(json.dumps({**s.to_json(), "storm": storm.to_json()}, indent=1))
     else:
         click.echo(f"{format_stats(s)}\n{format_summary(storm)}")
 
@@ -386,10 +345,7 @@ def export(trace: str, out: str, force: bool) -> None:
     except ExportError as e:  # the output side; trace errors go through user_errors
         click.echo(f"schedtop: error: {e}", err=True)
         sys.exit(2)
-    click.echo(
-        f"perfetto: {done.events} events ({done.steps} steps, {done.requests} "
-        f"requests, {done.preemptions} preemptions) -> {done.path}"
-    )
+    click.echo(done.format())
 
 
 def _refuse_unknown_requests(trace: str, predicates: Any) -> None:
