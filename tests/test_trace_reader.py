@@ -237,7 +237,8 @@ def _without_footer_bytes(data: bytes) -> bytes:
 def test_reading_and_replaying_import_only_the_step_vocabulary() -> None:
     """Replays and the TUI read traces through the recorder's schema, whose records are
     engine.records, and whose limits are engine.limits (the writers' ranges are the
-    readers'): nothing else of the engine, and no torch."""
+    readers'), whose errors derive from engine.errors' UserError: nothing else of the
+    engine, and no torch."""
     import subprocess
     import sys
 
@@ -246,4 +247,4 @@ def test_reading_and_replaying_import_only_the_step_vocabulary() -> None:
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('engine', 'torch')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "['engine', 'engine.limits', 'engine.records']"
+    assert out.stdout.strip() == "['engine', 'engine.errors', 'engine.limits', 'engine.records']"

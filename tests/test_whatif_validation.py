@@ -46,7 +46,9 @@ def workload(path: Path) -> Path:
             }
         )
         t += rng.expovariate(1 / 0.02)
-    path.write_text(json.dumps({"config": {"num_threads": 1}, "requests": requests}))
+    # max_num_seqs: a budget of 64 or 128 tokens must cover it (vLLM's rule)
+    config = {"num_threads": 1, "max_num_seqs": 32}
+    path.write_text(json.dumps({"config": config, "requests": requests}))
     return path
 
 

@@ -85,16 +85,16 @@ def runner_options(options: Options) -> RunnerOptions:
 def build_engine(
     workload: RunWorkload | None = None,
     model: str | Path | None = None,
-    flags: dict[str, Any] | None = None,
+    overrides: dict[str, Any] | None = None,
     sink: EventSink = NULL_SINK,
     loaded: LoadedModel | None = None,
 ) -> LLMEngine:
     """The engine of `run` and `serve`: the knobs' defaults, then the workload's config,
-    then the command line's `flags` (None = not given). `loaded` reuses a loaded model."""
+    then the command line's `overrides` (None = not given). `loaded` reuses a loaded model."""
     from engine.model.llm_engine import LLMEngine
     from engine.model.loader import load_model
 
-    options = workload.merged(flags or {}) if workload else run_options(flags or {})
+    options = workload.merged(overrides or {}) if workload else run_options(overrides or {})
     # every option is checked before the model loads: a typo costs no load time
     runner = runner_options(options)
     engine_config(options, MAX_TOKENS)
@@ -110,7 +110,7 @@ def build_engine(
 def run_workload(
     workload: RunWorkload,
     model: str | Path | None = None,
-    flags: dict[str, Any] | None = None,
+    overrides: dict[str, Any] | None = None,
     outputs_path: str | Path | None = None,
     sink: EventSink = NULL_SINK,
     on_progress: Progress | None = None,
@@ -124,7 +124,7 @@ def run_workload(
     if outputs_path is not None:
         check_output_dir(outputs_path)
     if engine is None:
-        engine = build_engine(workload, model, flags, sink)
+        engine = build_engine(workload, model, overrides, sink)
     return _run(engine, workload, outputs_path, on_progress, on_engine)
 
 

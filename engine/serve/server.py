@@ -37,12 +37,12 @@ class Listen:
             raise ValueError(f"max_waiting={self.max_waiting}: must be >= 0 (0 = no bound)")
 
 
-def load_engine(model: str | None, flags: dict[str, Any]) -> tuple[LLMEngine, str]:
+def load_engine(model: str | None, overrides: dict[str, Any]) -> tuple[LLMEngine, str]:
     """The engine `schedtop run` builds with these flags (None = not given), and the
     model's name for clients: its file or directory name."""
     from engine.model.api import build_engine
 
-    engine = build_engine(model=model, flags=flags)
+    engine = build_engine(model=model, overrides=overrides)
     source = Path(engine.model.source)
     return engine, source.stem if source.is_file() else source.name
 

@@ -8,7 +8,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from engine.config import knob_named, parse_setting
+from engine.config import parse_setting
 from engine.core import EngineCore, StepResult
 from engine.events import NULL_SINK, EventSink
 from engine.sim.decisions import decision_record
@@ -40,10 +40,6 @@ def load(
     """The workload at `path` (either format; default: the demo) with the command line's
     knobs over its config: `flags` (None = not given), then `--set`'s `settings`."""
     given = {k: v for k, v in (flags or {}).items() if v is not None}
-    try:
-        given = {knob_named(k).name: v for k, v in given.items()}
-    except ValueError as e:
-        raise WorkloadError(str(e)) from None
     return load_any_workload(path or demo_workload_path(), {**given, **parse_settings(settings)})
 
 
