@@ -30,8 +30,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
 MAX_MODEL_LEN = 8192  # the default max_model_len, and its cap by a model's context
 # vLLM's defaults for these two depend on the entry point and the GPU; `vllm serve`'s on
-# most GPUs are taken, for every command (on two CPU cores a 2048-token step takes about
-# two seconds: a workload sized for the CPU says so in its config, as the built-in one does)
+# most GPUs are taken, for every command (on two CPU cores a 512-token prefill step takes
+# about half a second, a 2048-token one roughly four times that: a workload sized for the
+# CPU says so in its config, as the built-in one does)
 _VLLM_SERVE = "vLLM (`vllm serve`)"
 
 
