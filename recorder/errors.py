@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from engine.errors import UserError
 
+# UserError is re-exported for the TUI, which imports nothing of the engine.
+__all__ = ["RecordingError", "TraceError", "UserError"]
+
 
 class TraceError(UserError):
     """A trace that cannot be read: missing, not a trace, too new, or malformed.

@@ -14,8 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import UserError
-from recorder.errors import TraceError
+from recorder.errors import TraceError, UserError
 from recorder.multi import SegmentedReader, open_trace, traces_in
 from recorder.paths import SUFFIX, trace_dir
 from recorder.reader import TraceReader
