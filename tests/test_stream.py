@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.server
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -218,7 +219,8 @@ def test_the_client_spools_the_stream_and_resyncs(
     assert slow.skips >= 1
     handler, url = http_stream
     handler.body = bytes(data)
-    stream = RemoteStream(url, spool_dir=tmp_path / "spool")
+    # No reconnect: the stream ends once, and its spools are what it sent.
+    stream = RemoteStream(url, spool_dir=tmp_path / "spool", reconnect=False)
     first = stream.start()
     stream._thread.join(10)  # type: ignore[union-attr]
     assert stream.ended and stream.error is None
@@ -292,9 +294,16 @@ def test_a_session_over_http_says_when_the_stream_ended(
     handler.body = bytes(data)
     session, stream = open_remote_session(url)
     try:
-        stream._thread.join(10)  # type: ignore[union-attr]
+        # The server ended the stream: the connection is down and tried again (the
+        # header says DISCONNECTED (retrying), a notice says why).
+        deadline = time.monotonic() + 10
+        while stream.link().connected and time.monotonic() < deadline:
+            time.sleep(0.01)
         session.tick()
-        assert ("warning", f"{url}: the stream ended") in session.notices
+        assert (
+            "warning",
+            f"{url}: the server ended the stream; retrying",
+        ) in session.notices
         assert session.tl.last_step == engine.step_index - 1
     finally:
         session.tl.reader.close()

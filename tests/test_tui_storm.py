@@ -233,7 +233,7 @@ async def test_wait_goes_on_across_a_preemption() -> None:
             screen_text(app)
         )
         # Sorting by wait puts the longest wait first.
-        await pilot.click(RequestTable, offset=(column_x("wait"), 0))
+        await pilot.click(RequestTable, offset=(column_x(app, "wait"), 0))
         await wait_until(pilot, lambda: app.sort_key == "wait" and app.sort_reverse)
         waits = [x.wait if x.wait is not None else -1 for x in app.query_one(RequestTable).rows]
         assert waits == sorted(waits, reverse=True) and waits[0] > 0
@@ -243,10 +243,10 @@ def row(app, rid: str):  # type: ignore[no-untyped-def]
     return next(r for r in app.frame.requests if r.request_id == rid)
 
 
-def column_x(title: str, width: int = BIG[0] - 4) -> int:
-    from tui.widgets.requests import layout
-
-    return next(x for col, x, _ in layout(width) if col.title == title)
+def column_x(app, title: str) -> int:  # type: ignore[no-untyped-def]
+    """Where a column starts in the table as drawn (its id column fits the ids)."""
+    table = app.query_one(RequestTable)
+    return next(x for col, x, _ in table.columns(table.size.width) if col.title == title)
 
 
 # -- 4. the event log ----------------------------------------------------------------------------
@@ -363,7 +363,7 @@ async def test_narrow_sort_arrow_goto_past_the_end_and_history_title() -> None:
         await wait_until(pilot, lambda: "went to the last step, 585" in screen_text(app))
         await pilot.press("g", *"40", "enter")
         await at_step(pilot, 40)
-        await pilot.click(RequestTable, offset=(column_x("pre", SMALL[0] - 4), 0))
+        await pilot.click(RequestTable, offset=(column_x(app, "pre"), 0))
         await wait_until(pilot, lambda: app.sort_key == "preempted" and app.sort_reverse)
         assert "pre▼" in screen_text(app).replace(" ", "")  # the arrow fits the 4-cell column
         sparks = app.query_one(Sparklines)

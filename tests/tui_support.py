@@ -123,3 +123,39 @@ async def at_step(pilot: Any, step: int, timeout: float = 10.0) -> None:
         return f is not None and f.header.step == step and f.header.mode != "SEARCHING"
 
     await wait_until(pilot, shown, timeout)
+
+
+def queueing_workload(policy: str = "fcfs") -> dict[str, Any]:
+    """A head-of-line-blocking incident as a `schedtop sim` workload: three long decodes
+    hold most of a 40-block pool, a 300-token prompt reaches the queue head and cannot be
+    admitted, and the short chats that arrive behind it wait though each would fit. Ids
+    look like an OpenAI server's (`chatcmpl-` and 32 hex digits), so that widths matter;
+    under `policy="priority"` the chats outrank the prompt (priority 0 against 5)."""
+
+    def req(n: int, arrival: int, prompt: int, out: int, priority: int) -> dict[str, Any]:
+        rid = f"chatcmpl-{n:04x}{(n * 2_654_435_761) % 16**28:028x}"
+        toks = [1000 + 100 * n + i for i in range(prompt)]
+        return {
+            "id": rid,
+            "arrival_step": arrival,
+            "prompt_token_ids": toks,
+            "output_token_ids": [50_000 + i for i in range(out)],
+            "max_tokens": out,
+            "priority": priority,
+        }
+
+    holders = [req(n, 0, 160, 40, 1) for n in range(3)]
+    big = req(3, 4, 300, 4, 5)
+    chats = [req(n, 5 + n, 16, 6, 0) for n in range(4, 10)]
+    return {
+        "description": "head-of-line blocking: a 300-token prompt at the queue head",
+        "config": {
+            "block_size": 16,
+            "num_blocks": 41,
+            "max_num_batched_tokens": 512,
+            "max_num_seqs": 16,
+            "policy": policy,
+            "enable_prefix_caching": True,
+        },
+        "requests": [*holders, big, *chats],
+    }

@@ -42,7 +42,7 @@ from tui.commands import (
     TogglePlay,
     WatchIncidents,
 )
-from tui.format import duration
+from tui.format import duration, short_id
 from tui.screens.help import HelpScreen
 from tui.screens.incidents import IncidentsScreen
 from tui.screens.prompt import breakpoints_screen, goto_screen
@@ -84,6 +84,8 @@ class SchedtopApp(App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "schedtop"
     ENABLE_COMMAND_PALETTE = False
+    # A maximized pane keeps the header and the status line: the step it shows, and keys.
+    ALLOW_IN_MAXIMIZED_VIEW = "StepHeader, StatusLine"
 
     BINDINGS = [
         Binding("space", "play", "play/pause"),
@@ -108,6 +110,7 @@ class SchedtopApp(App[None]):
         Binding("S", "sort_reverse", "reverse sort", show=False),
         Binding("z", "zoom", "zoom"),
         Binding("i", "incidents", "incidents"),
+        Binding("m", "maximize", "maximize pane"),
         Binding("escape", "escape", "stop", show=False),
         Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),
@@ -252,6 +255,7 @@ class SchedtopApp(App[None]):
         table.rows = table_rows(frame.requests, self.query_text, self.sort_key, self.sort_reverse)
         table.selected = self.selected_request
         table.followed = frame.header.followed
+        table.keep_prio = frame.header.priority_policy
         reveal = frame.header.followed == self.selected_request or self._reveal == frame.header.step
         if self.selected_request is not None and reveal:
             i = table.index_of(self.selected_request)
@@ -315,7 +319,7 @@ class SchedtopApp(App[None]):
             return ""
         steps = f"{row.wait}{'' if row.wait_exact else '+'} step{'' if row.wait == 1 else 's'}"
         time = f" ({duration(row.wait_ns)})" if row.wait_ns is not None else ""
-        return f"{rid} waited {steps}{time}: {row.wait_why}"
+        return f"{short_id(rid)} waited {steps}{time}: {row.wait_why}"
 
     def _selected_ref(self) -> int | None:
         frame, rid = self.frame, self.selected_request
@@ -482,6 +486,29 @@ class SchedtopApp(App[None]):
         self.send(WatchIncidents(True))
         vm = self.frame.incidents if self.frame is not None else None
         self.push_screen(IncidentsScreen(vm), chosen)
+
+    def action_maximize(self) -> None:
+        """The focused pane over the whole screen (between the header and the status
+        line); again, or esc, puts it back."""
+        screen = self._main
+        if screen is None or screen is not self.screen:
+            return
+        if screen.maximized is not None:
+            screen.minimize()
+            return
+        focused = screen.focused
+        pane = next(
+            (
+                w
+                for w in (focused.ancestors if focused else ())
+                if isinstance(w, Widget) and w.has_class("pane")
+            ),
+            None,
+        )
+        if pane is not None:
+            # Not Screen.maximize(): the panes are containers, which it refuses (they
+            # cannot take focus themselves).
+            screen.maximized = pane
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())

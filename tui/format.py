@@ -56,3 +56,34 @@ def parse_goto(text: str) -> tuple[str, int]:
     except ValueError:
         raise ValueError(f"{text!r}: not a step, a move (+N, -N) or a time (1.5s, 250ms)") from None
     return ("move", n) if t[0] in "+-" else ("step", n)
+
+
+ID_CELLS = 16  # an id in running text (events, titles) at most: `chatcmpl-…bbfe7`
+
+
+def middle(text: str, width: int) -> str:
+    """`text` in at most `width` characters, cut in the middle: a server's ids share
+    their start (`chatcmpl-`) and differ at the end, so both ends are kept. The part up
+    to the first `-` or `_` stays whole when it leaves room for 5 characters of the end:
+    `chatcmpl-…bbfe7`."""
+    if len(text) <= width:
+        return text
+    if width < 4:
+        return text[:width]
+    room = width - 1  # the ellipsis takes one
+    cut = min((i for i in (text.find("-"), text.find("_")) if i >= 0), default=-1)
+    head = cut + 1 if 0 < cut + 1 <= room - 5 else (room + 1) // 2
+    return text[:head] + "…" + text[len(text) - (room - head) :]
+
+
+def short_id(request_id: str) -> str:
+    """A request id as running text names it: at most ID_CELLS characters."""
+    return middle(request_id, ID_CELLS)
+
+
+def shorten_ids(text: str, ids: tuple[str, ...]) -> str:
+    """`text` with each of `ids` longer than ID_CELLS cut in the middle."""
+    for rid in ids:
+        if len(rid) > ID_CELLS:
+            text = text.replace(rid, short_id(rid))
+    return text

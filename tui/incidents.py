@@ -23,6 +23,7 @@ class IncidentsVM:
     last_step: int  # the trace's last step known to the session
     done: bool  # the scan has reached the end of the trace (for now, when live)
     error: str  # why the scan stopped early ("" when it did not)
+    window: str = ""  # what the counts cover when not the whole run ("since attach")
 
 
 class IncidentFeed:
@@ -35,6 +36,7 @@ class IncidentFeed:
         self._error = ""
         self._vm: IncidentsVM | None = None
         self._seen = (-1, -1)  # (incidents, last step) the cached view was made for
+        self.window = ""  # what the scan covers when not the whole run ("since attach")
 
     @property
     def busy(self) -> bool:
@@ -80,5 +82,6 @@ class IncidentFeed:
                 last_step,
                 self._caught_up,
                 self._error,
+                self.window,
             )
         return self._vm

@@ -30,7 +30,7 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     (
         "Incidents (i)",
         (
-            ("i", "every preemption: victim, cause"),
+            ("i", "waits and preemptions: who, why"),
             ("enter", "go to its step, select victim"),
             ("e", "aborts and errors instead"),
             ("t", "thrash only"),
@@ -71,6 +71,7 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         "Anywhere",
         (
             ("tab", "next pane (table, map, log)"),
+            ("m", "maximize the pane (again, esc: back)"),
             ("?", "this help"),
             ("q", "quit"),
         ),

@@ -35,9 +35,14 @@ class NoTerminal(UserError):
 
 
 def open_session(
-    path: str | os.PathLike[str], *, live: bool, breakpoints: tuple[Predicate, ...] = ()
+    path: str | os.PathLike[str],
+    *,
+    live: bool,
+    breakpoints: tuple[Predicate, ...] = (),
+    named_writer: bool = True,
 ) -> Session:
-    """A Session over the trace at `path`, checked down to its first step's state.
+    """A Session over the trace at `path`, checked down to its first step's state;
+    live, its writer is watched when the file's name names one (`named_writer`).
     Raises TraceError for a file that cannot be shown."""
     reader = _open(path, live)
     try:
@@ -56,7 +61,7 @@ def open_session(
     except BaseException:
         reader.close()
         raise
-    pid = writer_pid(path) if live else None
+    pid = writer_pid(path) if live and named_writer else None
     return Session(
         timeline,
         name=Path(path).name,
@@ -72,15 +77,19 @@ def open_remote_session(url: str, api_key: str | None = None) -> tuple[Session, 
     stream = RemoteStream(url, api_key)
     first = stream.start()
     try:
-        session = open_session(first, live=True)
+        # A spool file names no writer: the stream's link, not a pid, says whether the
+        # server is there (a quiet server is idle, not gone).
+        session = open_session(first, live=True, named_writer=False)
     except BaseException:
         stream.close()
         raise
     session.name = url
+    session.link = stream.link
+    session.count_window = session.incidents.window = "since attach"
 
     said_end = False
 
-    def resync() -> Timeline | None:
+    def resync() -> tuple[Timeline, str] | None:
         nonlocal said_end
         if stream.ended and not said_end:
             said_end = True
@@ -88,7 +97,8 @@ def open_remote_session(url: str, api_key: str | None = None) -> tuple[Session, 
         path = stream.take_resync()
         if path is None:
             return None
-        return Timeline(TraceReader(path), live=True, keyframe_interval=KEYFRAME_INTERVAL)
+        timeline = Timeline(TraceReader(path), live=True, keyframe_interval=KEYFRAME_INTERVAL)
+        return timeline, stream.why(path)
 
     session.resync = resync
     return session, stream

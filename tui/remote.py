@@ -8,6 +8,11 @@ follows the spool exactly as it follows a trace an engine is writing: the same r
 reducer and keyframes, stepping back included. A HEADER in the middle of the stream is a
 resync (this viewer fell behind and the server skipped it to a fresh snapshot): a new
 spool file starts there, and the session rebuilds its state from that snapshot.
+
+A connection that breaks (the server was killed, restarted, or the network went) is
+tried again with backoff (BACKOFF_S doubling to BACKOFF_MAX_S); the new stream starts
+with its own header and snapshot, so a reconnect is a resync too. `link()` says how the
+connection stands, for the header: connected, or down since when and retrying.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from recorder.codec import MAX_RECORD_BYTES
@@ -31,6 +37,19 @@ from recorder.schema import FORMAT_MAJOR, RecordType
 STREAM_PATH = "/v1/schedtop/stream"
 CONNECT_S = 10.0  # connecting and the response's headers
 FIRST_STATE_S = 10.0  # the first header and snapshot (the server sends them between steps)
+BACKOFF_S = 0.25  # the first retry after a connection broke; doubled each failed try...
+BACKOFF_MAX_S = 4.0  # ...up to this
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """How the connection to the server stands."""
+
+    connected: bool  # a stream is being read
+    since: float  # time.monotonic() when it last went up or down
+    attempts: int  # failed reconnects since it went down
+    retrying: bool  # down, and being tried again (False: closed, or a bad stream)
+    error: str  # why it went down ("" while up)
 
 
 class StreamError(TraceError):
@@ -41,8 +60,15 @@ class RemoteStream:
     """One connection to a server's stream, spooled into `spool_dir` (a fresh temporary
     directory by default, removed by close())."""
 
-    def __init__(self, url: str, api_key: str | None = None, spool_dir: Path | None = None):
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None = None,
+        spool_dir: Path | None = None,
+        reconnect: bool = True,
+    ):
         self.url = url
+        self.reconnect = reconnect  # try again when an attached stream breaks
         self._target = _parse(url)
         self._api_key = api_key
         self._own_spool = spool_dir is None
@@ -66,6 +92,10 @@ class RemoteStream:
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._closing = False
+        self._stop = threading.Event()  # close(): no more retries
+        self._link = Link(False, time.monotonic(), 0, False, "")
+        self._reconnected = False  # the next header starts a spool after a reconnect
+        self._why: dict[Path, str] = {}  # spool -> "resync" or "reconnect"
 
     # -- the caller's side -------------------------------------------------------------------
 
@@ -92,6 +122,15 @@ class RemoteStream:
             self.error or f"{self.url}: the stream sent no trace state within {timeout_s:.0f} s"
         )
 
+    def link(self) -> Link:
+        """How the connection stands now."""
+        return self._link
+
+    def why(self, spool: Path) -> str:
+        """Why `spool` was started: "resync" (the server skipped this viewer ahead) or
+        "reconnect" (the connection broke and was made again)."""
+        return self._why.get(spool, "resync")
+
     def take_resync(self) -> Path | None:
         """The newest spool file started since the last call (a resync), if any."""
         with self._lock:
@@ -103,6 +142,7 @@ class RemoteStream:
     def close(self) -> None:
         """Disconnect, stop the thread, and remove the spool directory if it is ours."""
         self._closing = True
+        self._stop.set()
         conn, sock = self._conn, self._sock
         if sock is not None:
             with contextlib.suppress(OSError):  # wakes the reader thread's recv
@@ -151,31 +191,76 @@ class RemoteStream:
     # -- the reader thread -------------------------------------------------------------------
 
     def _run(self, resp: http.client.HTTPResponse) -> None:
+        try:
+            while True:
+                self._link = Link(True, time.monotonic(), 0, False, "")
+                why = self._read(resp)
+                if why is None or self._closing or not self.reconnect or not self._spools:
+                    break  # a bad stream, closed by us, or it never got going: no retry
+                self._link = Link(False, time.monotonic(), 0, True, why)
+                next_resp = self._redial()
+                if next_resp is None:
+                    break
+                resp = next_resp
+        finally:
+            self._link = replace(self._link, connected=False, retrying=False)
+            with self._ready:
+                self.ended = True
+                self._ready.notify_all()
+
+    def _read(self, resp: http.client.HTTPResponse) -> str | None:
+        """Spool one connection's stream until it ends; why it ended (None: a stream
+        that is not to be tried again, `error` says why)."""
         parser = _FrameParser()
         try:
             while True:
                 data = resp.read1(1 << 16)
                 if not data:
-                    break
+                    return "the server ended the stream"
                 self.bytes_read += len(data)
                 for rtype, raw in parser.feed(data):
                     self._record(rtype, raw, parser.version)
         except TraceError as e:
             self.error = f"{self.url}: {e}"
+            return None
         except (OSError, http.client.HTTPException) as e:
-            if not self._closing:
+            if not self._closing and not self.reconnect:
                 self.error = f"{self.url}: the stream broke: {e}"
+            return f"the stream broke: {e}"
         finally:
             resp.close()
-            with self._ready:
-                self.ended = True
-                self._ready.notify_all()
+            self._close_spool()
+
+    def _redial(self) -> http.client.HTTPResponse | None:
+        """Connect again, waiting BACKOFF_S, then twice as long after each failure (at
+        most BACKOFF_MAX_S); None once close() was called."""
+        delay, attempts = BACKOFF_S, 0
+        old_conn, old_sock = self._conn, self._sock
+        self._conn = self._sock = None
+        if old_conn is not None:
+            old_conn.close()
+        if old_sock is not None:
+            old_sock.close()
+        while not self._stop.wait(delay):
+            try:
+                resp = self._connect()
+            except StreamError as e:
+                attempts += 1
+                self._link = replace(self._link, attempts=attempts, error=str(e))
+                delay = min(delay * 2, BACKOFF_MAX_S)
+                continue
+            self._reconnected = True
+            return resp
+        return None
 
     def _record(self, rtype: int, raw: bytes, version: tuple[int, int]) -> None:
         if rtype == RecordType.HEADER:
             self._close_spool()
             self._file = self.spool_dir / f"stream-{self._files:03d}.trace"
             self._files += 1
+            if self._reconnected:
+                self._why[self._file] = "reconnect"
+                self._reconnected = False
             self._fd = os.open(self._file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             self._write(PREAMBLE.pack(MAGIC, *version))
             self._waiting_for_state = True

@@ -38,6 +38,7 @@ from tui.commands import (
 )
 from tui.history import Event, History, names_before
 from tui.incidents import IncidentFeed
+from tui.remote import Link
 from tui.viewmodel import Context, Frame, StepInput, build_frame
 from tui.waits import WaitBook, decoders
 
@@ -115,8 +116,13 @@ class Session:
         self.cursor = timeline.last_step if live else timeline.first_step
         if self.cursor < timeline.first_step:
             self.cursor = timeline.first_step - 1  # no steps yet
-        # Live over a stream: a fresh Timeline when the stream skipped ahead (resync).
-        self.resync: Callable[[], Timeline | None] | None = None
+        # Live over a stream: a fresh Timeline when the stream skipped ahead (resync) or
+        # started again after a reconnect, with why ("resync" or "reconnect").
+        self.resync: Callable[[], tuple[Timeline, str] | None] | None = None
+        # Live over a stream: how the connection stands (the header shows it, not the file's).
+        self.link: Callable[[], Link] | None = None
+        self.count_window = ""  # what the counters cover: "since attach" over a stream
+        self._link_text = ""  # the link as the last frame said it
         self._clock = clock
         self._grew_at = clock()
         self._idle_shown = 0
@@ -255,9 +261,10 @@ class Session:
         else:
             self.notices.append(("information", "at the last step: nothing to play"))
 
-    def restart(self, timeline: Timeline) -> None:
+    def restart(self, timeline: Timeline, why: str = "resync") -> None:
         """Go on with a new Timeline of the same engine that starts later (the stream
-        skipped this viewer ahead to a fresh snapshot): state from there, following."""
+        skipped this viewer ahead to a fresh snapshot, or a reconnect started a new
+        stream): state from there, following."""
         skipped_from = self.tl.last_step
         self.tl.reader.close()
         self.tl = timeline
@@ -266,6 +273,7 @@ class Session:
         self.history.engine_time = self.simulated
         self.waits = WaitBook()  # waits before the skip are not in the new timeline
         self.incidents = IncidentFeed(timeline.reader, True)
+        self.incidents.window = self.count_window
         self._before_decoders = ()
         self.search = None
         self.playing = False
@@ -276,14 +284,15 @@ class Session:
         self._followed_to = None
         self._before_names = {}
         self._ended = timeline.finished
-        self.notes.append(
-            Event(
-                timeline.first_step,
-                "note",
-                f"this view fell behind the server: skipped from step {skipped_from:,} "
-                f"to step {timeline.first_step:,}",
-            )
+        text = (
+            f"reconnected: steps {skipped_from + 1:,} to {timeline.first_step - 1:,} were not seen"
+            if why == "reconnect"
+            else f"this view fell behind the server: skipped from step {skipped_from:,} "
+            f"to step {timeline.first_step:,}"
         )
+        self.notes.append(Event(timeline.first_step, "note", text))
+        if why == "reconnect":
+            self.status = text
         self.dirty = True
 
     # -- time-driven work --------------------------------------------------------------------
@@ -327,7 +336,7 @@ class Session:
 
     def _grow(self, now: float) -> None:
         if self.resync is not None and (fresh := self.resync()) is not None:
-            self.restart(fresh)
+            self.restart(*fresh)
         tl = self.tl
         last = tl.last_step
         grew = tl.refresh()
@@ -352,6 +361,13 @@ class Session:
         if idle >= IDLE_S and idle != self._idle_shown and not tl.finished:
             self._idle_shown = idle
             self.dirty = True
+        if self.link is not None:
+            text = link_text(self.link(), idle)
+            if text != self._link_text:
+                if text.startswith("DISCONNECTED") and not self._link_text.startswith("DIS"):
+                    self.notices.append(("warning", f"{self.name}: {self.link().error}; retrying"))
+                self._link_text = text
+                self.dirty = True
 
     def _check_writer(self) -> None:
         """A quiet live trace whose writer has died will not grow again: read it to its
@@ -551,6 +567,9 @@ class Session:
             http=http,
             client=client,
             status=self.status,
+            priority_policy=tl.header.config.get("policy") == "priority",
+            link=self._link_text,
+            window=self.count_window,
         )
         frame = build_frame(
             state,
@@ -611,6 +630,14 @@ class Session:
         tokens = sum(tl.record(s).num_scheduled_tokens for s in range(lo + 1, i + 1))
         elapsed = end - tl.record(lo).time_ns
         return max(0, step_ns), (tokens / (elapsed / 1e9) if elapsed > 0 and tokens else None)
+
+
+def link_text(link: Link, idle_s: int) -> str:
+    """The header's word for a server connection: CONNECTED, IDLE 12s (connected, no
+    step for IDLE_S or more: a quiet server is not a gone one), DISCONNECTED (retrying)."""
+    if not link.connected:
+        return "DISCONNECTED (retrying)" if link.retrying else "DISCONNECTED"
+    return f"IDLE {idle_s}s" if idle_s >= IDLE_S else "CONNECTED"
 
 
 def _client_log(timeline: Timeline) -> ClientLog | None:

@@ -25,6 +25,7 @@ from recorder.schema import (
 )
 from replays.reducer import StepView
 from replays.state import State
+from tui.format import short_id
 from tui.history import Digest, Event
 from tui.incidents import IncidentsVM
 from tui.waits import Wait, breakdown
@@ -69,6 +70,9 @@ class HeaderVM:
     client: str = ""  # the followed request's client-side timings, once its response ended
     status: str = ""  # the newest navigation message (a breakpoint hit, following)
     queue_head: str = ""  # the waiting queue's head and what blocks it ("" when none waits)
+    priority_policy: bool = False  # the trace's policy is `priority`: its column matters
+    link: str = ""  # live over HTTP: CONNECTED, IDLE 12s, DISCONNECTED (retrying) ("": a file)
+    window: str = ""  # what the live counters cover ("since attach"; "": the whole trace)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +203,9 @@ class Context:
     http: str = ""  # a server's trace: HTTP responses by the end of the step
     client: str = ""  # the followed request's client-side timings
     status: str = ""  # the newest navigation message, for the status line
+    priority_policy: bool = False  # the trace's policy is `priority`
+    link: str = ""  # live over HTTP: the connection's state, in words
+    window: str = ""  # what the live counters cover ("": the whole trace)
 
 
 def build_frame(
@@ -258,6 +265,9 @@ def _header(state: State, step: StepInput | None, ctx: Context) -> HeaderVM:
         client=ctx.client,
         status=ctx.status,
         queue_head=queue_head(state, step),
+        priority_policy=ctx.priority_policy,
+        link=ctx.link,
+        window=ctx.window,
     )
 
 
@@ -267,13 +277,14 @@ def queue_head(state: State, step: StepInput | None) -> str:
     if not state.waiting:
         return ""
     r = state.requests[state.waiting[0]]
+    rid = short_id(r.request_id)  # a title has no room for a whole OpenAI id
     stop = None if step is None else step.view.record.waiting_stop
     if stop is None:
-        return f"queue head {r.request_id}"
+        return f"queue head {rid}"
     if stop.head in (Reason.KV_BLOCKS, Reason.WATERMARK, Reason.FULL_PROMPT):
         need = -(-r.num_tokens // state.block_size) - len(r.block_ids)
-        return f"queue head {r.request_id} needs {need} blocks, {len(state.free)} free"
-    return f"queue head {r.request_id}: {REASONS.get(stop.head, f'reason {stop.head}')}"
+        return f"queue head {rid} needs {need} blocks, {len(state.free)} free"
+    return f"queue head {rid}: {REASONS.get(stop.head, f'reason {stop.head}')}"
 
 
 # -- requests ------------------------------------------------------------------------------------

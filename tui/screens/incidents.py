@@ -35,6 +35,8 @@ class IncidentSummary(TextLines):
         one.append(f" in {s.steps:,} steps ({s.per_1k_steps:.1f} per 1k) · ")
         one.append(f"thrash {s.thrash}", style="bold #e5c07b")
         one.append(f" · aborts {s.aborts} · errors {s.errors}")
+        if vm.window:  # a live view over a stream counts from when it attached
+            one.append(f" ({vm.window})", style="#7f848e")
         if vm.error:
             one.append(f"  {vm.error}", style="bold #e06c75")
         elif vm.scanned_to < vm.last_step or not vm.done:

@@ -15,6 +15,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from tui.format import shorten_ids
 from tui.history import Event
 from tui.widgets import palette
 from tui.widgets.lines import StepClicked
@@ -142,5 +143,6 @@ def line(e: Event, current: bool, followed: str | None) -> Text:
     colour = palette.EVENTS.get(e.kind, "#abb2bf")
     t.append(f"{_TAGS.get(e.kind, e.kind):<8}", style=f"bold {colour}")
     mine = followed is not None and followed in e.requests
-    t.append(e.text, style="bold underline" if mine else ("" if current else "#abb2bf"))
+    text = shorten_ids(e.text, e.requests)  # long server ids, cut in the middle
+    t.append(text, style="bold underline" if mine else ("" if current else "#abb2bf"))
     return t

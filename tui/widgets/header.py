@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.reactive import reactive
 
-from tui.format import clock, duration, si
+from tui.format import clock, duration, short_id, si
 from tui.viewmodel import HeaderVM
 from tui.widgets import palette
 from tui.widgets.lines import TextLines
@@ -14,7 +14,9 @@ _SEP = (" │ ", "#5c6370")
 
 
 class StepHeader(TextLines):
-    """Step, time, budget, queues, free blocks, throughput, mode and breakpoints."""
+    """Step, time, budget, queues, free blocks, throughput, mode and breakpoints; a
+    server's HTTP counters and the followed request's client timings on lines of their
+    own (at 80 columns neither fits after the queues)."""
 
     DEFAULT_CSS = """
     StepHeader { height: 2; padding: 0 1; background: $panel; }
@@ -22,11 +24,27 @@ class StepHeader(TextLines):
 
     vm: reactive[HeaderVM | None] = reactive(None)
 
+    def watch_vm(self, vm: HeaderVM | None) -> None:
+        height = 2 if vm is None else 2 + bool(vm.http) + bool(vm.followed and vm.client)
+        if self.styles.height is None or self.styles.height.value != height:
+            self.styles.height = height
+
     def lines(self, width: int, height: int) -> list[Text]:
         vm = self.vm
         if vm is None:
             return [Text("schedtop: opening the trace...", style="italic")]
-        return [_line_one(vm), _line_two(vm)]
+        out = [_line_one(vm), _line_two(vm)]
+        if vm.http:
+            t = Text(vm.http)
+            if vm.window:
+                t.append(f" ({vm.window})", style="#7f848e")
+            out.append(t)
+        if vm.followed and vm.client:
+            t = Text()
+            t.append(short_id(vm.followed), style="bold underline")
+            t.append(f"  {vm.client}", style="#7f848e")
+            out.append(t)
+        return out
 
 
 def _line_one(vm: HeaderVM) -> Text:
@@ -39,7 +57,10 @@ def _line_one(vm: HeaderVM) -> Text:
         t.append(f" {vm.speed:g} steps/s")
     if mode == "SEARCHING" and vm.search_at is not None:
         t.append(f" at step {vm.search_at:,} (esc stops)")
-    if vm.live and vm.ended:
+    if vm.link:  # live over HTTP: the connection, not the file, says what is going on
+        t.append(" ")
+        t.append(f" {vm.link} ", style=f"bold #1e2127 on {_link_colour(vm.link)}")
+    elif vm.live and vm.ended:
         t.append(" trace ended", style="#7f848e")
     elif vm.idle_s:
         t.append(f" no new step for {vm.idle_s:.0f} s", style="#d19a66")
@@ -89,16 +110,19 @@ def _line_two(vm: HeaderVM) -> Text:
         t.append(*_SEP)
         t.append(si(rate), style="bold")
         t.append(" tok/s")
-    if vm.http:
-        t.append(*_SEP)
-        t.append(vm.http)
     if vm.followed:
         t.append(*_SEP)
         t.append("following ", style="#7f848e")
-        t.append(vm.followed, style="bold underline")
-        if vm.client:
-            t.append(f"  {vm.client}", style="#7f848e")
+        t.append(short_id(vm.followed), style="bold underline")
     return t
+
+
+def _link_colour(link: str) -> str:
+    if link.startswith("CONNECTED"):
+        return "#98c379"
+    if link.startswith("IDLE"):
+        return "#e5c07b"
+    return "#e06c75"  # DISCONNECTED, CONNECTING
 
 
 def _gauge(fraction: float, width: int) -> Text:

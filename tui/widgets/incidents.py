@@ -4,6 +4,7 @@ so that a storm of a hundred thousand costs what a screenful does."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 from rich.segment import Segment
 from textual import events
@@ -15,8 +16,9 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from replays.storms import Incident
+from tui.format import middle
 from tui.widgets import palette
-from tui.widgets.requests import fit, full_strip
+from tui.widgets.requests import fit, full_strip, id_cells
 
 _HEADER = palette.style("#abb2bf", "#2c313a", bold=True)
 _CURSOR_BG = "#3e4451"
@@ -58,16 +60,34 @@ def cells(i: Incident) -> tuple[str, ...]:
     )
 
 
-def layout(width: int) -> list[tuple[Col, int]]:
-    out, x = [], 1
+def widths(rows: tuple[Incident, ...], width: int) -> tuple[int, int]:
+    """The victim's and the cause's columns for these rows at `width`: as wide as their
+    longest text (ids up to id_cells, a cause up to a third of the table), so that
+    `aborted by the client` is not cut with 40 cells left over."""
+    victim = max((len(i.request_id) for i in rows), default=0)
+    cause = max((len(i.cause) for i in rows), default=0)
+    return (
+        max(6, min(victim, id_cells(width))),
+        max(
+            9, min(cause, id_cells(width) if all(i.kind == "preempt" for i in rows) else width // 3)
+        ),
+    )
+
+
+@cache
+def layout(width: int, victim: int = 10, cause: int = 10) -> tuple[tuple[Col, int], ...]:
+    """(column, width) of the columns that fit in `width` cells, the last taking the rest."""
+    out: list[tuple[Col, int]] = []
+    x = 1
     for col in COLUMNS:
-        w = col.width or max(0, width - x)
+        w = victim if col.sort == "request" else cause if col.title == "for / why" else col.width
+        w = w or max(0, width - x)
         if x + min(w, 4) > width:
             break
         w = min(w, width - x)
         out.append((col, w))
         x += w + 1
-    return out
+    return tuple(out)
 
 
 class IncidentTable(ScrollView, can_focus=True, inherit_bindings=False):
@@ -94,7 +114,13 @@ class IncidentTable(ScrollView, can_focus=True, inherit_bindings=False):
             super().__init__()
             self.incident = incident
 
+    _widths = (10, 10)  # the victim's and the cause's columns, from the rows
+
+    def columns(self, width: int) -> tuple[tuple[Col, int], ...]:
+        return layout(width, *self._widths)
+
     def watch_rows(self) -> None:
+        self._widths = widths(self.rows, self.size.width)
         self.virtual_size = Size(self.size.width, len(self.rows) + 1)
         if self.cursor >= len(self.rows):
             self.cursor = max(0, len(self.rows) - 1)
@@ -139,7 +165,7 @@ class IncidentTable(ScrollView, can_focus=True, inherit_bindings=False):
         key, descending = self.sort
         segments = [Segment(" ", _HEADER)]
         used = 1
-        for col, w in layout(width):
+        for col, w in self.columns(width):
             arrow = (" ▼" if descending else " ▲") if col.sort == key else ""
             segments.append(Segment(fit(col.title, w, col.right, arrow) + " ", _HEADER))
             used += w + 1
@@ -150,8 +176,10 @@ class IncidentTable(ScrollView, can_focus=True, inherit_bindings=False):
         base = palette.style("#dcdfe4" if current else "#abb2bf", bg)
         segments = [Segment("▶" if current else " ", palette.style("#ffffff", bg, bold=True))]
         used = 1
-        for (col, w), text in zip(layout(width), cells(i)):
+        for (col, w), text in zip(self.columns(width), cells(i)):
             style = base
+            if col.sort == "request" or (col.title == "for / why" and i.kind == "preempt"):
+                text = middle(text, w)  # ids: both ends
             if col.title == "kind":
                 style = palette.style(_KIND.get(i.kind, "#abb2bf"), bg, bold=True)
             elif col.title == "thrash" and i.thrash:

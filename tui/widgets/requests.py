@@ -3,7 +3,7 @@ are rendered, so a thousand requests cost what a screenful does)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 from rich.cells import cell_len, set_cell_size
@@ -17,6 +17,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from tui.format import middle
 from tui.viewmodel import RequestRow
 from tui.widgets import palette
 
@@ -45,9 +46,19 @@ COLUMNS = (
     Column("step", "this step", 12, False),
     Column("", "why not scheduled", 0, False),
 )
-# Columns left out, in this order, until "why not scheduled" has WHY_MIN cells.
+# Columns left out, in this order, until "why not scheduled" has WHY_MIN cells (under
+# the priority policy "prio" is what a diagnosis reads first: it stays).
 DROP = ("prio", "out/max", "ttft", "queued", "this step", "blocks")
 WHY_MIN = 24
+ID_MIN = 7  # the id column's title, "request"
+
+
+def id_cells(width: int) -> int:
+    """The most cells the id column takes in a table `width` cells wide: enough for
+    `chatcmpl-…bbfe7` at 80 columns, a whole OpenAI id at 200."""
+    return 16 if width < 110 else 24 if width < 160 else 44
+
+
 _GUTTER = 3  # the followed marker, the colour swatch, a space
 _TITLES = tuple(c.title for c in COLUMNS)
 _HEADER = palette.style("#abb2bf", "#2c313a", bold=True)
@@ -76,12 +87,17 @@ def cells(row: RequestRow) -> tuple[str, ...]:
 
 
 @cache
-def layout(width: int) -> tuple[tuple[Column, int, int], ...]:
-    """(column, x, width) for a table `width` cells wide: the columns of DROP are left
-    out, in order, until "why not scheduled" (the last, which takes what is left) has
-    WHY_MIN cells; then any that still do not fit."""
-    shown = list(COLUMNS)
+def layout(
+    width: int, id_width: int = 12, keep_prio: bool = False
+) -> tuple[tuple[Column, int, int], ...]:
+    """(column, x, width) for a table `width` cells wide whose ids take `id_width`
+    cells: the columns of DROP (but "prio" when `keep_prio`) are left out, in order,
+    until "why not scheduled" (the last, which takes what is left) has WHY_MIN cells;
+    then any that still do not fit."""
+    shown = [replace(c, width=id_width) if c.sort == "id" else c for c in COLUMNS]
     for title in DROP:
+        if keep_prio and title == "prio":
+            continue
         fixed = _GUTTER + sum(c.width + 1 for c in shown if c.width)
         if width - fixed >= WHY_MIN:
             break
@@ -145,6 +161,7 @@ class RequestTable(ScrollView, can_focus=True, inherit_bindings=False):
     selected: reactive[str | None] = reactive(None)  # the selected request's id
     followed: reactive[str | None] = reactive(None)  # the followed request's id
     sort: reactive[tuple[str, bool]] = reactive(("arrival", False))  # key, descending
+    keep_prio: reactive[bool] = reactive(False)  # the priority policy: never drop "prio"
 
     class Selected(Message):
         """The user picked a request."""
@@ -161,10 +178,22 @@ class RequestTable(ScrollView, can_focus=True, inherit_bindings=False):
             self.key = key
 
     _width = _top = 0  # the width and the scroll offset of the pass being rendered
+    _id_width = 12  # the id column's width, from the longest id of the rows
 
     def watch_rows(self) -> None:
+        self._id_width = max(
+            ID_MIN,
+            min(max((len(r.request_id) for r in self.rows), default=0), id_cells(self.size.width)),
+        )
         self.virtual_size = Size(self.size.width, len(self.rows) + 1)
         self.refresh()
+
+    def watch_keep_prio(self) -> None:
+        self.refresh()
+
+    def columns(self, width: int) -> tuple[tuple[Column, int, int], ...]:
+        """The columns shown at `width`, for these rows and this policy."""
+        return layout(width, self._id_width, self.keep_prio)
 
     def on_resize(self) -> None:
         self.watch_rows()
@@ -192,7 +221,7 @@ class RequestTable(ScrollView, can_focus=True, inherit_bindings=False):
         if at is None:
             return
         if at.y == 0:
-            for col, x, w in layout(self.size.width):
+            for col, x, w in self.columns(self.size.width):
                 if x <= at.x < x + w and col.sort:
                     self.post_message(self.SortClicked(col.sort))
             return
@@ -218,7 +247,7 @@ class RequestTable(ScrollView, can_focus=True, inherit_bindings=False):
         key, descending = self.sort
         segments = [Segment(" " * _GUTTER, _HEADER)]
         used = _GUTTER
-        for col, _, w in layout(width):
+        for col, _, w in self.columns(width):
             arrow = (" ▼" if descending else " ▲") if col.sort == key else ""
             segments.append(Segment(fit(col.title, w, col.right, arrow) + " ", _HEADER))
             used += w + 1
@@ -236,8 +265,10 @@ class RequestTable(ScrollView, can_focus=True, inherit_bindings=False):
         ]
         used = _GUTTER
         texts = dict(zip(_TITLES, cells(row)))
-        for col, _, w in layout(width):
+        for col, _, w in self.columns(width):
             text = texts[col.title]
+            if col.sort == "id":  # ids differ at their end: cut in the middle
+                text = middle(text, w)
             segments.append(Segment(fit(text, w, col.right) + " ", self._style(col, row, base, bg)))
             used += w + 1
         return full_strip(segments, used, width, base)
