@@ -100,6 +100,22 @@ REASON_LABELS: dict[int, str] = {
     Reason.PREEMPTED: "preempted",
     Reason.NO_CHUNKING: "needs chunking (off)",
 }
+# The config knobs behind each reason (vLLM's names, as `--set` takes them): what to turn
+# when a request waits for that reason. None for a reason that is a symptom of another
+# (behind the queue head: the head's reason; a preemption: the pool's).
+REASON_KNOBS: dict[int, tuple[str, ...]] = {
+    Reason.TOKEN_BUDGET: ("max_num_batched_tokens",),
+    Reason.LONG_PREFILL_THRESHOLD: ("long_prefill_token_threshold",),
+    Reason.MAX_NUM_SEQS: ("max_num_seqs",),
+    Reason.KV_BLOCKS: ("num_blocks", "watermark", "kv_cache_memory"),
+    Reason.WATERMARK: ("watermark",),
+    Reason.FULL_PROMPT: ("scheduler_reserve_full_isl",),
+    Reason.PREEMPTION: (),
+    Reason.HEAD_OF_LINE: (),
+    Reason.MAX_MODEL_LEN: ("max_model_len",),
+    Reason.PREEMPTED: ("num_blocks", "kv_cache_memory"),
+    Reason.NO_CHUNKING: ("enable_chunked_prefill",),
+}
 
 
 _UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")

@@ -20,6 +20,7 @@ from engine.limits import MAX_NUM_BLOCKS
 from engine.records import (
     KIND_LABELS,
     NO_KV_EVENTS,
+    REASON_KNOBS,
     REASON_LABELS,
     STATUS_LABELS,
     Admission,
@@ -57,6 +58,7 @@ __all__ = [
     "printable",
     "MAX_BLOCKS",
     "KIND_LABELS",
+    "REASON_KNOBS",
     "REASON_LABELS",
     "STATUS_LABELS",
     "label",

@@ -8,9 +8,11 @@ from dataclasses import dataclass
 
 from recorder.errors import TraceError
 from recorder.reader import TraceReader
+from replays.queueing import HeadOfLine, QueueScan, QueueWait
 from replays.storms import Incident, IncidentScan, StormSummary
 
 SCAN_SLICE = 1024  # step records scanned per tick (tens of ms) before commands are read
+QUEUE_SLICE = 256  # step records replayed for the waits per tick
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +26,8 @@ class IncidentsVM:
     done: bool  # the scan has reached the end of the trace (for now, when live)
     error: str  # why the scan stopped early ("" when it did not)
     window: str = ""  # what the counts cover when not the whole run ("since attach")
+    waits: tuple[QueueWait, ...] = ()  # the longest waits before admission, longest first
+    head_of_line: tuple[HeadOfLine, ...] = ()  # head-of-line blockings, longest first
 
 
 class IncidentFeed:
@@ -31,11 +35,12 @@ class IncidentFeed:
 
     def __init__(self, reader: TraceReader, live: bool) -> None:
         self._scan = IncidentScan(reader, tail=live)
+        self._queues = QueueScan(reader, tail=live)  # waits: the same slices, replayed
         self._live = live
         self._caught_up = False  # the last slice reached the end of what is written
         self._error = ""
         self._vm: IncidentsVM | None = None
-        self._seen = (-1, -1)  # (incidents, last step) the cached view was made for
+        self._seen = (-1, -1, -1)  # (incidents, last steps) the cached view was made for
         self.window = ""  # what the scan covers when not the whole run ("since attach")
 
     @property
@@ -55,11 +60,13 @@ class IncidentFeed:
         before = len(self._scan.incidents)
         try:
             n = self._scan.advance(SCAN_SLICE)
+            # The waits replay the queues: slower per step, so a slice of its own size.
+            q = self._queues.advance(QUEUE_SLICE)
         except (TraceError, OSError) as e:
             # Said once, in the view; the scan does not start again (the trace is bad).
             self._error = f"the scan stopped: {e}"
             return True
-        if n < SCAN_SLICE:
+        if n < SCAN_SLICE and q < QUEUE_SLICE:
             self._caught_up = True
         return len(self._scan.incidents) != before or self._caught_up
 
@@ -72,16 +79,18 @@ class IncidentFeed:
 
     def view(self, last_step: int) -> IncidentsVM:
         s = self._scan
-        key = (len(s.incidents), s.last_step)
+        key = (len(s.incidents), s.last_step, self._queues.last_step)
         if self._vm is None or key != self._seen or self._vm.last_step != last_step:
             self._seen = key
             self._vm = IncidentsVM(
                 tuple(s.incidents),
                 s.summary(),
-                s.last_step,
+                min(s.last_step, self._queues.last_step),
                 last_step,
                 self._caught_up,
                 self._error,
                 self.window,
+                self._queues.waits(),
+                self._queues.head_of_line(),
             )
         return self._vm

@@ -12,46 +12,22 @@ them has a wait of at least that long (shown as `N+`).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from recorder.schema import REASON_LABELS, Reason, Status, Step
-from replays.state import State
+from recorder.schema import REASON_LABELS
+from replays.queueing import NOT_REACHED, decoders, unscheduled
+
+__all__ = ["NOT_REACHED", "WORDS", "Wait", "WaitBook", "breakdown", "decoders", "unscheduled"]
 
 if TYPE_CHECKING:
     from tui.history import Digest
 
-NOT_REACHED = -1  # a request left unscheduled with no reason recorded (its pass never got to it)
 MAX_WALK = 4096  # digests a rebuilt book goes back over at most
 
 # The record's own labels (one table per enum), and one for a request no pass reached.
 WORDS: dict[int, str] = {**REASON_LABELS, NOT_REACHED: "not reached"}
-
-
-def decoders(rec: Step, before: State) -> tuple[int, ...]:
-    """The step's leading decodes: the first `num_decodes` of running as schedule() found
-    it (aborts between steps had taken requests out). Take them before the Timeline moves
-    `before` on."""
-    aborted = {f.ref for f in rec.finishes if f.status == Status.FINISHED_ABORTED}
-    running = [r for r in before.running if r not in aborted] if aborted else before.running
-    return tuple(running[: rec.num_decodes])
-
-
-def unscheduled(rec: Step, leading: Iterable[int], after: State) -> tuple[tuple[int, int], ...]:
-    """(ref, reason) for every unfinished request step `rec` did not schedule, in ref
-    order; `leading`: its leading decodes, `after`: the state after it."""
-    scheduled = {*leading, *(e.ref for e in rec.scheduled)}
-    why: dict[int, int] = {s.ref: s.reason for s in rec.shortfalls if s.got == 0}
-    for p in rec.preemptions:
-        why[p.victim] = Reason.PREEMPTED
-    for stop, queue in ((rec.running_stop, after.running), (rec.waiting_stop, after.waiting)):
-        if stop is None:
-            continue
-        left = [ref for ref in queue if ref not in scheduled and ref not in why]
-        for i, ref in enumerate(left):
-            why[ref] = stop.head if i == 0 else stop.rest
-    return tuple((ref, why.get(ref, NOT_REACHED)) for ref in after.requests if ref not in scheduled)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
-"""The `i` screen: every preemption of the trace (or every abort and error), sortable and
-filterable, thrash flagged; enter goes to the incident's step with its request selected."""
+"""The `i` screen: the longest waits before admission and head-of-line blocking, then
+every preemption of the trace (or every abort and error), sortable and filterable, thrash
+flagged; enter goes to the incident's step with its request selected."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from textual.screen import Screen
 from textual.widgets import Input
 
 from replays.storms import SORTS, THRASH_STEPS, Incident, select
+from tui.format import short_id
 from tui.incidents import IncidentsVM
 from tui.widgets.incidents import IncidentTable
 from tui.widgets.lines import TextLines
+from tui.widgets.waits import WaitsSection
 
 NUMERIC = frozenset(("lost", "free", "count"))  # sorted largest first on the first press
 HINT = "enter go to step  e aborts/errors  t thrash  s/S sort  / filter  esc back"
@@ -46,7 +49,7 @@ class IncidentSummary(TextLines):
         two = Text()
         two.append(f"recompute {s.lost_share:.1%}", style="bold")
         two.append(" of computed tokens · top victims ")
-        two.append(", ".join(f"{rid} ×{n}" for rid, n in s.top_victims) or "none")
+        two.append(", ".join(f"{short_id(rid)} ×{n}" for rid, n in s.top_victims) or "none")
         three = Text(self.showing, style="#e5c07b")
         return [one, two, three]
 
@@ -85,6 +88,7 @@ class IncidentsScreen(Screen[Incident | None]):
 
     def compose(self) -> ComposeResult:
         yield IncidentSummary(id="incident-summary")
+        yield WaitsSection(id="incident-waits")
         yield Input(placeholder="filter: words in the request, the cause or the flag", id="ifilter")
         yield IncidentTable(id="incident-table")
         yield Hint(id="incident-hint")
@@ -114,6 +118,7 @@ class IncidentsScreen(Screen[Incident | None]):
         parts.append(f"sorted by {self.sort_key}{' ▼' if self.sort_reverse else ''}")
         summary = self.query_one(IncidentSummary)
         summary.vm = vm
+        self.query_one(WaitsSection).vm = vm
         summary.showing = " · ".join(parts)
 
     def watch_vm(self) -> None:

@@ -1,0 +1,261 @@
+"""Queueing: who waited longest before getting in, why, and the knob behind the why.
+
+Most incidents are queueing, not preemption: a request at the waiting queue's head that
+cannot be admitted holds up everyone behind it (head-of-line blocking), a full pool keeps
+a high-priority request out while low-priority work runs (vLLM's priority policy never
+preempts to admit), a token budget or `max_num_seqs` caps admission. `QueueScan` reads a
+trace a slice at a time (like `replays.storms.IncidentScan`) and keeps, per request, the
+steps from its arrival to its first admission with the reasons the step records give;
+head-of-line episodes (who was at the head, for how long, whom it held up); and the steps
+a request waited while one of worse priority ran (a priority inversion).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from recorder.codec import decode
+from recorder.framing import FRAME_SIZE
+from recorder.reader import TraceReader
+from recorder.schema import (
+    REASON_KNOBS,
+    REASON_LABELS,
+    Reason,
+    RecordType,
+    Snapshot,
+    Status,
+    Step,
+)
+from replays.reducer import apply
+from replays.state import State
+
+NOT_REACHED = -1  # a request left unscheduled with no reason recorded (no pass reached it)
+TOP = 64  # the longest waits kept in a view
+_BLOCKING = (Reason.KV_BLOCKS, Reason.WATERMARK, Reason.FULL_PROMPT, Reason.MAX_NUM_SEQS)
+
+
+def decoders(rec: Step, before: State) -> tuple[int, ...]:
+    """The step's leading decodes: the first `num_decodes` of running as schedule() found
+    it (aborts between steps had taken requests out). Take them before the state moves
+    `before` on."""
+    aborted = {f.ref for f in rec.finishes if f.status == Status.FINISHED_ABORTED}
+    running = [r for r in before.running if r not in aborted] if aborted else before.running
+    return tuple(running[: rec.num_decodes])
+
+
+def unscheduled(rec: Step, leading: Iterable[int], after: State) -> tuple[tuple[int, int], ...]:
+    """(ref, reason) for every unfinished request step `rec` did not schedule, in ref
+    order; `leading`: its leading decodes, `after`: the state after it."""
+    scheduled = {*leading, *(e.ref for e in rec.scheduled)}
+    why: dict[int, int] = {s.ref: s.reason for s in rec.shortfalls if s.got == 0}
+    for p in rec.preemptions:
+        why[p.victim] = Reason.PREEMPTED
+    for stop, queue in ((rec.running_stop, after.running), (rec.waiting_stop, after.waiting)):
+        if stop is None:
+            continue
+        left = [ref for ref in queue if ref not in scheduled and ref not in why]
+        for i, ref in enumerate(left):
+            why[ref] = stop.head if i == 0 else stop.rest
+    return tuple((ref, why.get(ref, NOT_REACHED)) for ref in after.requests if ref not in scheduled)
+
+
+def reason_label(code: int) -> str:
+    return REASON_LABELS.get(code, "not reached" if code == NOT_REACHED else f"reason {code}")
+
+
+def knobs(code: int) -> str:
+    """The knobs behind a reason, as `--set` names them ("" for none)."""
+    return "/".join(REASON_KNOBS.get(code, ()))
+
+
+@dataclass(frozen=True, slots=True)
+class QueueWait:
+    """One request's time in the waiting queue before its first admission."""
+
+    request_id: str
+    priority: int
+    arrival_step: int
+    steps: int  # steps from its arrival to its first admission (or to the last step scanned)
+    still: bool  # not admitted yet: it waits on
+    reason: str  # the reason of most of those steps, in words
+    knob: str  # the knobs behind it ("" when the reason names none)
+    held_by: str  # behind the queue head most of the time: the head's id
+    inversion: int  # steps it waited while a request of worse priority ran
+
+
+@dataclass(frozen=True, slots=True)
+class HeadOfLine:
+    """A request at the waiting queue's head that could not be admitted, and whom that
+    held up (requests behind it that its stop left out)."""
+
+    request_id: str  # the head
+    priority: int
+    first_step: int  # the first step of the episode
+    steps: int  # how long it blocked
+    reason: str  # why the head could not get in (most steps)
+    knob: str
+    held: tuple[str, ...]  # every request it held up, in the order first met
+
+
+@dataclass(slots=True)
+class _Waiter:
+    ref: int
+    arrival: int
+    counts: dict[int, int] = field(default_factory=dict)
+    heads: dict[int, int] = field(default_factory=dict)  # head ref -> steps behind it
+    inversion: int = 0
+    admitted: int | None = None
+
+
+@dataclass(slots=True)
+class _Episode:
+    head: int
+    first: int
+    last: int
+    counts: dict[int, int] = field(default_factory=dict)
+    held: dict[int, None] = field(default_factory=dict)
+
+
+class QueueScan:
+    """Reads a trace's step records from the start a slice at a time (`advance`),
+    replaying its queues, and keeps the waits and head-of-line episodes found."""
+
+    def __init__(self, reader: TraceReader, tail: bool = False) -> None:
+        self.reader = reader
+        self.tail = tail
+        self.offset = reader.records_start
+        self.last_step = reader.header.first_step - 1
+        self.state: State | None = (
+            State.initial(reader.header) if reader.header.first_step == 0 else None
+        )
+        self._waiters: dict[int, _Waiter] = {}
+        self._names: dict[int, str] = {}
+        self._prio: dict[int, int] = {}
+        self._episode: _Episode | None = None
+        self.episodes: list[HeadOfLine] = []
+
+    def advance(self, max_steps: int | None = None) -> int:
+        """Scan up to `max_steps` more step records (None: to the end); how many."""
+        n = 0
+        for offset, rtype, body in self.reader.frames(self.offset, tail=self.tail):
+            if max_steps is not None and n >= max_steps:
+                break
+            self.offset = offset + FRAME_SIZE + len(body)
+            if rtype == RecordType.SNAPSHOT and self.state is None:
+                snap = decode(rtype, body, offset)
+                if isinstance(snap, Snapshot):
+                    self.state = State.from_snapshot(self.reader.header, snap)
+                    for r in snap.requests:
+                        self._names[r.ref] = r.request_id
+                        self._prio[r.ref] = r.priority
+            elif rtype == RecordType.STEP and self.state is not None:
+                rec = decode(rtype, body, offset)
+                if isinstance(rec, Step):
+                    self._step(self.state, rec)
+                    n += 1
+        return n
+
+    def _step(self, state: State, rec: Step) -> None:
+        leading = decoders(rec, state)
+        apply(state, rec)
+        for a in rec.arrivals:
+            self._names[a.ref] = a.request_id
+            self._prio[a.ref] = a.priority
+            self._waiters[a.ref] = _Waiter(a.ref, rec.step)
+        for ad in rec.admissions:
+            w = self._waiters.get(ad.ref)
+            if w is not None and w.admitted is None:
+                w.admitted = rec.step
+        left = dict(unscheduled(rec, leading, state))
+        worst_running = max((self._prio.get(r, 0) for r in state.running), default=None)
+        head = state.waiting[0] if state.waiting else None
+        stop = rec.waiting_stop
+        blocked = head is not None and stop is not None and left.get(head) in _BLOCKING
+        for ref, code in left.items():
+            w = self._waiters.get(ref)
+            if w is None or w.admitted is not None:
+                continue
+            w.counts[code] = w.counts.get(code, 0) + 1
+            if code == Reason.HEAD_OF_LINE and blocked and head != ref:
+                assert head is not None
+                w.heads[head] = w.heads.get(head, 0) + 1
+            if worst_running is not None and self._prio.get(ref, 0) < worst_running:
+                w.inversion += 1
+        self._head_of_line(rec.step, head if blocked else None, left)
+        self.last_step = rec.step
+
+    def _head_of_line(self, step: int, head: int | None, left: dict[int, int]) -> None:
+        e = self._episode
+        if e is not None and (head != e.head or step != e.last + 1):
+            self._close()
+            e = None
+        if head is None:
+            return
+        if e is None:
+            e = self._episode = _Episode(head, step, step)
+        e.last = step
+        code = left[head]
+        e.counts[code] = e.counts.get(code, 0) + 1
+        for ref, c in left.items():
+            if c == Reason.HEAD_OF_LINE and ref != head:
+                e.held[ref] = None
+
+    def _close(self) -> None:
+        e, self._episode = self._episode, None
+        if e is None or not e.held:
+            return  # a head that held nobody up is a wait, not a blocking
+        code = max(e.counts, key=lambda c: e.counts[c])
+        self.episodes.append(
+            HeadOfLine(
+                self._names.get(e.head, f"#{e.head}"),
+                self._prio.get(e.head, 0),
+                e.first,
+                e.last - e.first + 1,
+                reason_label(code),
+                knobs(code),
+                tuple(self._names.get(r, f"#{r}") for r in e.held),
+            )
+        )
+
+    def waits(self, top: int = TOP) -> tuple[QueueWait, ...]:
+        """The `top` longest waits before first admission, longest first."""
+        out = []
+        for w in self._waiters.values():
+            end = w.admitted if w.admitted is not None else self.last_step
+            steps = end - w.arrival
+            if steps <= 0 or not w.counts:
+                continue
+            code = max(w.counts, key=lambda c: (w.counts[c], c != Reason.HEAD_OF_LINE))
+            if code == Reason.HEAD_OF_LINE and w.heads:
+                head = max(w.heads, key=lambda h: w.heads[h])
+                held_by = self._names.get(head, f"#{head}")
+            else:
+                held_by = ""
+            out.append(
+                QueueWait(
+                    self._names.get(w.ref, f"#{w.ref}"),
+                    self._prio.get(w.ref, 0),
+                    w.arrival,
+                    steps,
+                    w.admitted is None,
+                    reason_label(code),
+                    knobs(code),
+                    held_by,
+                    w.inversion,
+                )
+            )
+        out.sort(key=lambda q: (-q.steps, q.arrival_step, q.request_id))
+        return tuple(out[:top])
+
+    def head_of_line(self) -> tuple[HeadOfLine, ...]:
+        """The episodes found, the one going on included, longest first."""
+        found = list(self.episodes)
+        e = self._episode
+        if e is not None and e.held:
+            self._close()
+            found = list(self.episodes)
+            self.episodes.pop()
+            self._episode = e
+        found.sort(key=lambda h: (-h.steps, h.first_step))
+        return tuple(found)
