@@ -12,8 +12,10 @@ a request waited while one of worse priority ran (a priority inversion).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from recorder.codec import decode
 from recorder.framing import FRAME_SIZE
@@ -31,7 +33,8 @@ from replays.reducer import apply
 from replays.state import State
 
 NOT_REACHED = -1  # a request left unscheduled with no reason recorded (no pass reached it)
-TOP = 64  # the longest waits kept in a view
+TOP = 64  # the longest waits (and head-of-line blockings) kept
+T = TypeVar("T")
 _BLOCKING = (Reason.KV_BLOCKS, Reason.WATERMARK, Reason.FULL_PROMPT, Reason.MAX_NUM_SEQS)
 
 
@@ -100,26 +103,69 @@ class HeadOfLine:
 
 @dataclass(slots=True)
 class _Waiter:
+    """A request not admitted yet (mutable while the scan goes on)."""
+
     ref: int
+    request_id: str
+    priority: int
     arrival: int
-    counts: dict[int, int] = field(default_factory=dict)
-    heads: dict[int, int] = field(default_factory=dict)  # head ref -> steps behind it
+    counts: dict[int, int] = field(default_factory=dict)  # reason -> steps
+    heads: dict[str, int] = field(default_factory=dict)  # head id -> steps behind it
     inversion: int = 0
-    admitted: int | None = None
 
 
 @dataclass(slots=True)
 class _Episode:
-    head: int
+    """A head-of-line blocking going on."""
+
+    head: str
+    priority: int
     first: int
     last: int
-    counts: dict[int, int] = field(default_factory=dict)
-    held: dict[int, None] = field(default_factory=dict)
+    counts: dict[int, int] = field(default_factory=dict)  # the head's reasons -> steps
+    held: dict[str, None] = field(default_factory=dict)  # ids, in the order first met
+
+
+def _dominant(counts: dict[int, int]) -> int:
+    """The reason of most steps; behind the queue head loses a tie (it is a symptom)."""
+    return max(counts, key=lambda c: (counts[c], c != Reason.HEAD_OF_LINE))
+
+
+def _wait(w: _Waiter, end: int, still: bool) -> QueueWait:
+    code = _dominant(w.counts)
+    held_by = (
+        max(w.heads, key=lambda h: w.heads[h]) if code == Reason.HEAD_OF_LINE and w.heads else ""
+    )
+    return QueueWait(
+        w.request_id,
+        w.priority,
+        w.arrival,
+        end - w.arrival,
+        still,
+        reason_label(code),
+        knobs(code),
+        held_by,
+        w.inversion,
+    )
+
+
+def _blocking(e: _Episode) -> HeadOfLine:
+    code = _dominant(e.counts)
+    return HeadOfLine(
+        e.head,
+        e.priority,
+        e.first,
+        e.last - e.first + 1,
+        reason_label(code),
+        knobs(code),
+        tuple(e.held),
+    )
 
 
 class QueueScan:
     """Reads a trace's step records from the start a slice at a time (`advance`),
-    replaying its queues, and keeps the waits and head-of-line episodes found."""
+    replaying its queues, and keeps the longest waits and head-of-line blockings found
+    (TOP of each: memory stays bounded however long the trace)."""
 
     def __init__(self, reader: TraceReader, tail: bool = False) -> None:
         self.reader = reader
@@ -129,14 +175,16 @@ class QueueScan:
         self.state: State | None = (
             State.initial(reader.header) if reader.header.first_step == 0 else None
         )
-        self._waiters: dict[int, _Waiter] = {}
-        self._names: dict[int, str] = {}
-        self._prio: dict[int, int] = {}
+        self._waiting: dict[int, _Waiter] = {}  # refs not admitted yet
+        self._prio: dict[int, int] = {}  # unfinished refs -> priority
+        self._done: list[tuple[int, int, QueueWait]] = []  # min-heap: the longest admitted
         self._episode: _Episode | None = None
-        self.episodes: list[HeadOfLine] = []
+        self._blockings: list[tuple[int, int, HeadOfLine]] = []  # min-heap: the longest
+        self._seq = 0  # heap tie-break
 
     def advance(self, max_steps: int | None = None) -> int:
-        """Scan up to `max_steps` more step records (None: to the end); how many."""
+        """Scan up to `max_steps` more step records (None: to the end); how many.
+        Raises TraceError for a record that cannot be read or applied."""
         n = 0
         for offset, rtype, body in self.reader.frames(self.offset, tail=self.tail):
             if max_steps is not None and n >= max_steps:
@@ -144,10 +192,9 @@ class QueueScan:
             self.offset = offset + FRAME_SIZE + len(body)
             if rtype == RecordType.SNAPSHOT and self.state is None:
                 snap = decode(rtype, body, offset)
-                if isinstance(snap, Snapshot):
+                if isinstance(snap, Snapshot):  # a trace that starts mid-run
                     self.state = State.from_snapshot(self.reader.header, snap)
                     for r in snap.requests:
-                        self._names[r.ref] = r.request_id
                         self._prio[r.ref] = r.priority
             elif rtype == RecordType.STEP and self.state is not None:
                 rec = decode(rtype, body, offset)
@@ -156,106 +203,85 @@ class QueueScan:
                     n += 1
         return n
 
+    def _keep(self, heap: list[tuple[int, int, T]], steps: int, item: T) -> None:
+        self._seq += 1
+        entry = (steps, -self._seq, item)  # ties: the earlier stays
+        if len(heap) < TOP:
+            heapq.heappush(heap, entry)
+        elif entry > heap[0]:
+            heapq.heapreplace(heap, entry)
+
     def _step(self, state: State, rec: Step) -> None:
         leading = decoders(rec, state)
         apply(state, rec)
         for a in rec.arrivals:
-            self._names[a.ref] = a.request_id
             self._prio[a.ref] = a.priority
-            self._waiters[a.ref] = _Waiter(a.ref, rec.step)
+            self._waiting[a.ref] = _Waiter(a.ref, a.request_id, a.priority, rec.step)
         for ad in rec.admissions:
-            w = self._waiters.get(ad.ref)
-            if w is not None and w.admitted is None:
-                w.admitted = rec.step
+            w = self._waiting.pop(ad.ref, None)
+            if w is not None and w.counts and rec.step > w.arrival:
+                self._keep(self._done, rec.step - w.arrival, _wait(w, rec.step, False))
+        for f in rec.finishes:  # aborted while waiting: its wait ends unadmitted
+            self._waiting.pop(f.ref, None)
+            self._prio.pop(f.ref, None)
         left = dict(unscheduled(rec, leading, state))
         worst_running = max((self._prio.get(r, 0) for r in state.running), default=None)
         head = state.waiting[0] if state.waiting else None
-        stop = rec.waiting_stop
-        blocked = head is not None and stop is not None and left.get(head) in _BLOCKING
+        blocked = head is not None and rec.waiting_stop is not None and left.get(head) in _BLOCKING
+        head_id = state.request_id(head) if blocked and head is not None else None
         for ref, code in left.items():
-            w = self._waiters.get(ref)
-            if w is None or w.admitted is not None:
+            w = self._waiting.get(ref)
+            if w is None:
                 continue
             w.counts[code] = w.counts.get(code, 0) + 1
-            if code == Reason.HEAD_OF_LINE and blocked and head != ref:
-                assert head is not None
-                w.heads[head] = w.heads.get(head, 0) + 1
-            if worst_running is not None and self._prio.get(ref, 0) < worst_running:
+            if code == Reason.HEAD_OF_LINE and head_id is not None and head != ref:
+                w.heads[head_id] = w.heads.get(head_id, 0) + 1
+            if worst_running is not None and w.priority < worst_running:
                 w.inversion += 1
-        self._head_of_line(rec.step, head if blocked else None, left)
+        self._head_of_line(rec.step, head if blocked else None, left, state)
         self.last_step = rec.step
 
-    def _head_of_line(self, step: int, head: int | None, left: dict[int, int]) -> None:
+    def _head_of_line(
+        self, step: int, head: int | None, left: dict[int, int], state: State
+    ) -> None:
         e = self._episode
-        if e is not None and (head != e.head or step != e.last + 1):
-            self._close()
+        if e is not None and (
+            head is None or state.request_id(head) != e.head or step != e.last + 1
+        ):
+            self._episode = None
+            if e.held:  # a head that held nobody up is a wait, not a blocking
+                self._keep(self._blockings, e.last - e.first + 1, _blocking(e))
             e = None
         if head is None:
             return
         if e is None:
-            e = self._episode = _Episode(head, step, step)
+            e = self._episode = _Episode(
+                state.request_id(head), self._prio.get(head, 0), step, step
+            )
         e.last = step
         code = left[head]
         e.counts[code] = e.counts.get(code, 0) + 1
         for ref, c in left.items():
             if c == Reason.HEAD_OF_LINE and ref != head:
-                e.held[ref] = None
+                e.held[state.request_id(ref)] = None
 
-    def _close(self) -> None:
-        e, self._episode = self._episode, None
-        if e is None or not e.held:
-            return  # a head that held nobody up is a wait, not a blocking
-        code = max(e.counts, key=lambda c: e.counts[c])
-        self.episodes.append(
-            HeadOfLine(
-                self._names.get(e.head, f"#{e.head}"),
-                self._prio.get(e.head, 0),
-                e.first,
-                e.last - e.first + 1,
-                reason_label(code),
-                knobs(code),
-                tuple(self._names.get(r, f"#{r}") for r in e.held),
-            )
+    def waits(self) -> tuple[QueueWait, ...]:
+        """The TOP longest waits before first admission (those still waiting counted to
+        the last step scanned), longest first."""
+        out = [w for _, _, w in self._done]
+        out.extend(
+            _wait(w, self.last_step, True)
+            for w in self._waiting.values()
+            if w.counts and self.last_step > w.arrival
         )
-
-    def waits(self, top: int = TOP) -> tuple[QueueWait, ...]:
-        """The `top` longest waits before first admission, longest first."""
-        out = []
-        for w in self._waiters.values():
-            end = w.admitted if w.admitted is not None else self.last_step
-            steps = end - w.arrival
-            if steps <= 0 or not w.counts:
-                continue
-            code = max(w.counts, key=lambda c: (w.counts[c], c != Reason.HEAD_OF_LINE))
-            if code == Reason.HEAD_OF_LINE and w.heads:
-                head = max(w.heads, key=lambda h: w.heads[h])
-                held_by = self._names.get(head, f"#{head}")
-            else:
-                held_by = ""
-            out.append(
-                QueueWait(
-                    self._names.get(w.ref, f"#{w.ref}"),
-                    self._prio.get(w.ref, 0),
-                    w.arrival,
-                    steps,
-                    w.admitted is None,
-                    reason_label(code),
-                    knobs(code),
-                    held_by,
-                    w.inversion,
-                )
-            )
         out.sort(key=lambda q: (-q.steps, q.arrival_step, q.request_id))
-        return tuple(out[:top])
+        return tuple(out[:TOP])
 
     def head_of_line(self) -> tuple[HeadOfLine, ...]:
-        """The episodes found, the one going on included, longest first."""
-        found = list(self.episodes)
-        e = self._episode
-        if e is not None and e.held:
-            self._close()
-            found = list(self.episodes)
-            self.episodes.pop()
-            self._episode = e
+        """The TOP longest head-of-line blockings, the one going on included, longest
+        first."""
+        found = [h for _, _, h in self._blockings]
+        if self._episode is not None and self._episode.held:
+            found.append(_blocking(self._episode))
         found.sort(key=lambda h: (-h.steps, h.first_step))
-        return tuple(found)
+        return tuple(found[:TOP])

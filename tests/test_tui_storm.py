@@ -246,7 +246,8 @@ def row(app, rid: str):  # type: ignore[no-untyped-def]
 def column_x(app, title: str) -> int:  # type: ignore[no-untyped-def]
     """Where a column starts in the table as drawn (its id column fits the ids)."""
     table = app.query_one(RequestTable)
-    return next(x for col, x, _ in table.columns(table.size.width) if col.title == title)
+    width = table.scrollable_content_region.width
+    return next(x for col, x, _ in table.columns(width) if col.title == title)
 
 
 # -- 4. the event log ----------------------------------------------------------------------------

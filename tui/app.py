@@ -94,7 +94,7 @@ class SchedtopApp(App[None]):
         Binding("shift+right", "move(10)", "10 steps", show=False),
         Binding("shift+left", "move(-10)", "10 back", show=False),
         Binding("home", "edge(False)", "first step", show=False),
-        Binding("end,F", "edge(True)", "last/follow", show=False),
+        Binding("end,F,G", "edge(True)", "last/follow", show=False),
         Binding("plus,equals_sign", "speed(True)", "faster", show=False),
         Binding("minus", "speed(False)", "slower", show=False),
         Binding("g", "goto", "go to"),
@@ -412,7 +412,10 @@ class SchedtopApp(App[None]):
             if result is None:
                 return
             kind, n = result
-            self.send(Goto(n) if kind == "step" else Move(n) if kind == "move" else GotoTime(n))
+            if kind == "edge":  # gg
+                self.send(GotoEdge(bool(n)))
+            else:
+                self.send(Goto(n) if kind == "step" else Move(n) if kind == "move" else GotoTime(n))
 
         self.push_screen(goto_screen(), go)
 

@@ -68,7 +68,7 @@ class IncidentFeed:
             return True
         if n < SCAN_SLICE and q < QUEUE_SLICE:
             self._caught_up = True
-        return len(self._scan.incidents) != before or self._caught_up
+        return len(self._scan.incidents) != before or q > 0 or self._caught_up
 
     def known(self, request_id: str) -> bool | None:
         """Whether the trace has a request `request_id`: None while the scan has not

@@ -11,6 +11,7 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("→ / ←", "one step forwards / back"),
             ("shift+→ / ←", "ten steps"),
             ("home / end", "first / last step"),
+            ("gg / G", "first / last step (vim)"),
             ("F / end", "live: follow the newest step"),
             ("g", "go to a step, +N/-N, or a time"),
             ("click", "go to a history column or event"),
@@ -30,7 +31,7 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     (
         "Incidents (i)",
         (
-            ("i", "waits and preemptions: who, why"),
+            ("i", "longest waits, preemptions"),
             ("enter", "go to its step, select victim"),
             ("e", "aborts and errors instead"),
             ("t", "thrash only"),
@@ -71,7 +72,7 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         "Anywhere",
         (
             ("tab", "next pane (table, map, log)"),
-            ("m", "maximize the pane (again, esc: back)"),
+            ("m", "maximize pane (again: back)"),
             ("?", "this help"),
             ("q", "quit"),
         ),

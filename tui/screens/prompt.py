@@ -21,7 +21,8 @@ BREAKPOINT_HELP = (
     "  preempt  preempt:ID  admit:ID  first-token:ID  finish:ID\n"
     "  free<N (blocks)  slow>MS (a step)  wait>STEPS (queued)  util<PERCENT"
 )
-GOTO_HELP = "a step (120), a move (+10, -10), or a time since the start (1.5s, 250ms)"
+GOTO_HELP = "a step (120), a move (+10, -10), or a time since the start (1.5s, 250ms); g: the first"
+FIRST_STEP = ("edge", 0)  # `gg`, as in vim: the go-to dialog's answer for the first step
 
 
 class PromptScreen(ModalScreen[T | None], Generic[T]):
@@ -30,9 +31,17 @@ class PromptScreen(ModalScreen[T | None], Generic[T]):
 
     BINDINGS = [Binding("escape", "cancel", "cancel")]
 
-    def __init__(self, title: str, hint: str, parse: Callable[[str], T], value: str = "") -> None:
+    def __init__(
+        self,
+        title: str,
+        hint: str,
+        parse: Callable[[str], T],
+        value: str = "",
+        shortcuts: dict[str, T] | None = None,
+    ) -> None:
         super().__init__()
         self._title, self._hint, self._parse, self._value = title, hint, parse, value
+        self._shortcuts = shortcuts or {}  # a whole input that answers at once (no enter)
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="prompt-box"):
@@ -43,6 +52,11 @@ class PromptScreen(ModalScreen[T | None], Generic[T]):
     def on_mount(self) -> None:
         self.query_one(".prompt-box").border_title = self._title
         self.query_one(Input).focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.value in self._shortcuts:
+            event.stop()
+            self.dismiss(self._shortcuts[event.value])
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
@@ -58,7 +72,7 @@ class PromptScreen(ModalScreen[T | None], Generic[T]):
 
 
 def goto_screen() -> PromptScreen[tuple[str, int]]:
-    return PromptScreen("go to", GOTO_HELP, parse_goto)
+    return PromptScreen("go to", GOTO_HELP, parse_goto, shortcuts={"g": FIRST_STEP})
 
 
 def parse_breakpoints(text: str) -> tuple[Predicate, ...]:

@@ -34,6 +34,7 @@ ZOOM_TITLES = {
 }
 _GLYPHS = {NULL: "╳", FREE: "·", CACHED: "▒", USED: "█", SHARED: "▓"}
 _SHADES = " ░▒▓█"
+CACHED_RUN = "◦"  # the aggregate zoom: a run mostly cached-free (▒ is a shade there)
 _LABEL = palette.style("#5c6370")
 _HALF_FREE = "#2f343f"  # a free block where it has no glyph: close to the background
 _CLASS_COLOURS = {
@@ -325,7 +326,8 @@ class BlockMap(ScrollView, can_focus=True, inherit_bindings=False):
         chosen = self.selected is not None and lo <= self.selected < hi
         if held == 0:
             cached = run.count(CACHED) * 2 >= n
-            return ("▒" if cached else "·"), palette.style(
+            # Not ▒: in this zoom that shade means "half held".
+            return (CACHED_RUN if cached else "·"), palette.style(
                 palette.CACHED if cached else palette.FREE, reverse=chosen
             )
         first = run.find(USED)

@@ -8,6 +8,7 @@ from textual.reactive import reactive
 
 from tui.viewmodel import CACHED, FREE, NULL, SHARED, USED, Frame, block_info
 from tui.widgets import palette
+from tui.widgets.blockmap import CACHED_RUN
 from tui.widgets.lines import TextLines
 
 _LEGEND = (
@@ -63,7 +64,7 @@ def aggregate_legend(per_cell: int) -> list[Text]:
     for glyph, share in zip(_SHADES_SHOWN, ("¼", "½", "¾", "all")):
         t.append(glyph, style=palette.OWNERS[3])
         t.append(f" {share}  ")
-    t.append("▒", style=palette.CACHED)
+    t.append(CACHED_RUN, style=palette.CACHED)
     t.append(" cached  ")
     t.append("·", style=palette.FREE)
     t.append(" free")

@@ -153,7 +153,7 @@ class IncidentTable(ScrollView, can_focus=True, inherit_bindings=False):
             self.post_message(self.Chosen(self.rows[i]))
 
     def render_line(self, y: int) -> Strip:
-        width = self.size.width
+        width = self.scrollable_content_region.width  # a vertical scrollbar covers the rest
         if y == 0:
             return self._title(width)
         i = self.scroll_offset.y + y - 1

@@ -48,7 +48,7 @@ COLUMNS = (
 )
 # Columns left out, in this order, until "why not scheduled" has WHY_MIN cells (under
 # the priority policy "prio" is what a diagnosis reads first: it stays).
-DROP = ("prio", "out/max", "ttft", "queued", "this step", "blocks")
+DROP = ("prio", "out/max", "ttft", "queued", "this step", "blocks", "pre")
 WHY_MIN = 24
 ID_MIN = 7  # the id column's title, "request"
 
@@ -221,7 +221,7 @@ class RequestTable(ScrollView, can_focus=True, inherit_bindings=False):
         if at is None:
             return
         if at.y == 0:
-            for col, x, w in self.columns(self.size.width):
+            for col, x, w in self.columns(self.scrollable_content_region.width):
                 if x <= at.x < x + w and col.sort:
                     self.post_message(self.SortClicked(col.sort))
             return
@@ -231,7 +231,8 @@ class RequestTable(ScrollView, can_focus=True, inherit_bindings=False):
 
     def render_lines(self, crop: Region) -> list[Strip]:
         # Once per pass: these are computed afresh each time they are read.
-        self._width, self._top = self.size.width, self.scroll_offset.y
+        # Not size.width: a vertical scrollbar covers the last cell of it.
+        self._width, self._top = self.scrollable_content_region.width, self.scroll_offset.y
         return super().render_lines(crop)
 
     def render_line(self, y: int) -> Strip:

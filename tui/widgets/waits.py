@@ -45,7 +45,15 @@ class WaitsSection(TextLines):
     def lines(self, width: int, height: int) -> list[Text]:
         vm = self.vm
         if vm is None or not vm.waits:
-            return [Text("waits: none before admission so far", style=_DIM)]
+            done = vm is not None and vm.done
+            return [
+                Text(
+                    "waits before admission: none, every request got in the step it arrived"
+                    if done
+                    else "waits before admission: none so far (scanning)",
+                    style=_DIM,
+                )
+            ]
         out = [_groups(vm)]
         wide = width >= NARROW
         out.extend(_row(w, wide) for w in vm.waits[: rows_for(self.app.size.height)])

@@ -1,0 +1,65 @@
+"""Issue 27's smaller pieces: ids cut in the middle, the link's words, the request table
+keeping `prio` under the priority policy, `m` maximizing a pane, `gg` / `G`, and the
+aggregate zoom's cached runs no longer drawn with a shade's glyph."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.tui_support import app_test, at_step, make_app, wait_until
+from tui.format import middle, short_id, shorten_ids
+from tui.remote import Link
+from tui.session import link_text
+from tui.widgets.blockmap import _SHADES, CACHED_RUN
+from tui.widgets.requests import RequestTable, layout
+
+STORM = Path(__file__).resolve().parent.parent / "replays" / "incidents" / "preemption_storm.trace"
+OPENAI = "chatcmpl-0001000000000000000000009e3779b1"
+
+
+def test_ids_are_cut_in_the_middle() -> None:
+    assert middle(OPENAI, 15) == "chatcmpl-…779b1"
+    assert middle(OPENAI, 12) == "chatcm…779b1"  # no room for the whole prefix
+    assert middle("r13", 5) == "r13"
+    assert all(len(middle(OPENAI, w)) == w for w in range(4, 40))
+    assert short_id(OPENAI) == "chatcmpl-…3779b1"
+    assert shorten_ids(f"{OPENAI} admitted", (OPENAI,)) == "chatcmpl-…3779b1 admitted"
+
+
+def test_the_link_in_words() -> None:
+    now = time.monotonic()
+    assert link_text(Link(True, now, 0, False, ""), 0) == "CONNECTED"
+    assert link_text(Link(True, now, 0, False, ""), 12) == "IDLE 12s"
+    assert link_text(Link(False, now, 3, True, "refused"), 0) == "DISCONNECTED (retrying)"
+
+
+@pytest.mark.parametrize("width", [76, 100, 140])
+def test_prio_stays_under_the_priority_policy(width: int) -> None:
+    titles = [c.title for c, _, _ in layout(width, 16, True)]
+    assert "prio" in titles and titles[-1] == "why not scheduled"
+    assert "prio" not in [c.title for c, _, _ in layout(76, 16, False)]
+
+
+def test_a_cached_run_is_not_a_shade() -> None:
+    assert CACHED_RUN not in _SHADES
+
+
+@app_test
+async def test_maximize_and_vim_edges() -> None:
+    app = make_app(STORM)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await at_step(pilot, 0)
+        await pilot.press("G")
+        await at_step(pilot, 585)
+        await pilot.press("g", "g")
+        await at_step(pilot, 0)
+        await pilot.press("m")
+        await wait_until(pilot, lambda: app.screen.maximized is not None)
+        assert app.screen.maximized.id == "requests-pane"
+        table = app.query_one(RequestTable)
+        assert table.size.height > 15  # the whole screen but the header and status line
+        await pilot.press("m")
+        await wait_until(pilot, lambda: app.screen.maximized is None)
