@@ -4,16 +4,18 @@ aggregate zoom's cached runs no longer drawn with a shade's glyph."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.tui_support import app_test, at_step, make_app, wait_until
+from tests.tui_support import app_test, at_step, make_app, screen_text, wait_until
 from tui.format import middle, short_id, shorten_ids
 from tui.remote import Link
 from tui.session import link_text
 from tui.widgets.blockmap import _SHADES, CACHED_RUN
+from tui.widgets.header import StepHeader
 from tui.widgets.requests import RequestTable, layout
 
 STORM = Path(__file__).resolve().parent.parent / "replays" / "incidents" / "preemption_storm.trace"
@@ -63,3 +65,21 @@ async def test_maximize_and_vim_edges() -> None:
         assert table.size.height > 15  # the whole screen but the header and status line
         await pilot.press("m")
         await wait_until(pilot, lambda: app.screen.maximized is None)
+
+
+@app_test
+async def test_http_counters_and_client_timings_have_lines_of_their_own_at_80() -> None:
+    app = make_app(STORM)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await at_step(pilot, 0)
+        assert app.frame is not None
+        http = "HTTP 120 ok · 3 4xx · 1 5xx · 4 left"
+        client = "client: queue 3 ms, TTFT 41 ms, ITL p50 12 ms, HTTP 200"
+        header = app.query_one(StepHeader)
+        header.vm = dataclasses.replace(
+            app.frame.header, http=http, window="since attach", followed=OPENAI, client=client
+        )
+        await wait_until(pilot, lambda: header.size.height == 4)
+        lines = screen_text(app).splitlines()
+        assert lines[2].strip() == f"{http} (since attach)"
+        assert lines[3].strip() == f"▶ {short_id(OPENAI)}  {client}"

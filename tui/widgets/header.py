@@ -40,7 +40,7 @@ class StepHeader(TextLines):
                 t.append(f" ({vm.window})", style="#7f848e")
             out.append(t)
         if vm.followed and vm.client:
-            t = Text()
+            t = Text("▶ ", style="bold")  # the followed request, as the table marks it
             t.append(short_id(vm.followed), style="bold underline")
             t.append(f"  {vm.client}", style="#7f848e")
             out.append(t)
@@ -110,7 +110,7 @@ def _line_two(vm: HeaderVM) -> Text:
         t.append(*_SEP)
         t.append(si(rate), style="bold")
         t.append(" tok/s")
-    if vm.followed:
+    if vm.followed and not vm.client:  # else it starts the client's own line
         t.append(*_SEP)
         t.append("following ", style="#7f848e")
         t.append(short_id(vm.followed), style="bold underline")
