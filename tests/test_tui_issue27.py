@@ -7,12 +7,17 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from engine.sim.driver import make_engine, run_steps
+from recorder.serving import ServerRecording
+from tests.test_segments import busy_workload
+from tests.test_stream import drain, http_stream  # noqa: F401 -- the fixture
 from tests.tui_support import app_test, at_step, make_app, screen_text, wait_until
 from tui.format import middle, short_id, shorten_ids
-from tui.remote import Link
+from tui.remote import Link, RemoteStream
 from tui.session import link_text
 from tui.widgets.blockmap import _SHADES, CACHED_RUN
 from tui.widgets.header import StepHeader
@@ -83,3 +88,48 @@ async def test_http_counters_and_client_timings_have_lines_of_their_own_at_80() 
         lines = screen_text(app).splitlines()
         assert lines[2].strip() == f"{http} (since attach)"
         assert lines[3].strip() == f"▶ {short_id(OPENAI)}  {client}"
+
+
+def test_a_stream_that_ends_is_dialled_again(
+    tmp_path: Path,
+    http_stream: tuple[type[Any], str],  # noqa: F811 -- the fixture
+) -> None:
+    """The server ends the stream (here: the handler's body is all sent): the link goes
+    down, is tried again, and the new stream's spool is a reconnect."""
+    w = busy_workload(4)
+    engine = make_engine(w)
+    rec = ServerRecording(engine, tmp_path / "run")
+    sub = rec.subscribe()
+    data = bytearray()
+    for _ in run_steps(w, engine):
+        data += drain(sub)
+    rec.close()
+    handler, url = http_stream
+    handler.body = bytes(data)
+    stream = RemoteStream(url, spool_dir=tmp_path / "spool")
+    try:
+        first = stream.start()
+        deadline = time.monotonic() + 10
+        again = None
+        while again is None and time.monotonic() < deadline:
+            again = stream.take_resync()
+            time.sleep(0.02)
+        assert again is not None and again != first
+        assert stream.why(again) == "reconnect" and stream.why(first) == "resync"
+    finally:
+        stream.close()
+    assert not stream.link().connected and not stream.link().retrying
+
+
+def test_a_reconnect_says_which_steps_were_not_seen() -> None:
+    from replays.timeline import Timeline
+    from tests.helpers import open_reader
+    from tui.launch import open_session
+
+    session = open_session(STORM, live=True, named_writer=False)
+    try:
+        session.restart(Timeline(open_reader(STORM), live=True), "reconnect")
+        assert session.status == "reconnected to a new run of the server, at step 0"
+        assert session.notes[-1].kind == "note"
+    finally:
+        session.close()

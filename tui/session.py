@@ -284,12 +284,18 @@ class Session:
         self._followed_to = None
         self._before_names = {}
         self._ended = timeline.finished
-        text = (
-            f"reconnected: steps {skipped_from + 1:,} to {timeline.first_step - 1:,} were not seen"
-            if why == "reconnect"
-            else f"this view fell behind the server: skipped from step {skipped_from:,} "
-            f"to step {timeline.first_step:,}"
-        )
+        if why != "reconnect":
+            text = (
+                f"this view fell behind the server: skipped from step {skipped_from:,} "
+                f"to step {timeline.first_step:,}"
+            )
+        elif timeline.first_step > skipped_from + 1:
+            text = (
+                f"reconnected: steps {skipped_from + 1:,} to {timeline.first_step - 1:,} "
+                "were not seen"
+            )
+        else:  # the server started again: its steps count from the start
+            text = f"reconnected to a new run of the server, at step {timeline.first_step:,}"
         self.notes.append(Event(timeline.first_step, "note", text))
         if why == "reconnect":
             self.status = text
