@@ -253,6 +253,34 @@ def _scan(timeline: Timeline, predicates: Sequence[Predicate], lo: int, hi: int)
             yield step
 
 
+def about(timeline: Timeline, predicates: Sequence[Predicate], step: int) -> tuple[str, ...]:
+    """The requests a hit at `step` is about, for a listing of hits (`find --names`):
+    a preemption's victims, the request an `admit:`/`finish:`/`first-token:` names, the
+    requests that had waited past a `wait>` threshold; none for pool and time conditions."""
+    rec = timeline.record(step)
+    before = timeline.state(step - 1)
+    out: dict[str, None] = {}
+    for p in predicates:
+        if p.kind == "preempt":
+            for x in rec.preemptions:
+                rid = before.request_id(x.victim)
+                if p.request is None or rid == p.request:
+                    out[rid] = None
+        elif p.request is not None:
+            out[p.request] = None
+        elif p.kind == "wait":
+            after = timeline.state(step)
+            for r in after.requests.values():
+                if (
+                    r.status == Status.WAITING
+                    and r.first_scheduled_step < 0
+                    and r.arrival_step >= 0
+                    and step - r.arrival_step > p.value
+                ):
+                    out[r.request_id] = None
+    return tuple(out)
+
+
 def _find_backward(
     timeline: Timeline, predicates: Sequence[Predicate], start: int, floor: int
 ) -> int | None:

@@ -103,3 +103,33 @@ def test_waits_first_row_in_a_real_terminal(
     assert "priority inversion" in lines[at + 2]
     tmux("send-keys", "-t", "app", "q")
     tmux.wait_for(lambda s: "waits before" not in s, "the app gone", may_end=True)
+
+
+def test_find_names_the_request_behind_a_wait_hit(hol_trace: Path) -> None:
+    from click.testing import CliRunner
+
+    from tui.cli import main
+
+    rid, _ = longest(hol_trace)
+    bare = CliRunner().invoke(main, ["find", str(hol_trace), "wait>20"])
+    named = CliRunner().invoke(main, ["find", str(hol_trace), "wait>20", "--names"])
+    assert bare.exit_code == named.exit_code == 0
+    step = bare.output.strip()
+    assert named.output.split() == [step, rid]  # the big prompt at the head, waiting
+
+
+def test_sim_lists_every_request_with_all_and_whole_ids(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from tui.cli import main
+
+    w = queueing_workload()
+    base = w["requests"][-1]
+    w["requests"] += [{**base, "id": f"{base['id']}-{i}"} for i in range(40)]
+    path = tmp_path / "many.json"
+    path.write_text(json.dumps(w))
+    short = CliRunner().invoke(main, ["sim", str(path), "--no-trace"])
+    every = CliRunner().invoke(main, ["sim", str(path), "--no-trace", "--all"])
+    assert short.exit_code == every.exit_code == 0
+    assert "... 10 more (--all lists every request)" in short.output
+    assert all(r["id"] in every.output for r in w["requests"])  # whole, not cut at 12

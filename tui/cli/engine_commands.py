@@ -49,6 +49,7 @@ from tui.cli.common import FORCE, Recording, about, check_outputs, knob_options,
     help="Run at most this many steps per second, to watch the trace live "
     "(`schedtop live TRACE`). Default: as fast as it goes.",
 )
+@click.option("--all", "every", is_flag=True, help="List every request (default: the first 40).")
 @FORCE
 @user_errors
 def sim(
@@ -59,6 +60,7 @@ def sim(
     no_trace: bool,
     redact_prompts: bool,
     pace: float,
+    every: bool,
     force: bool,
     **flags: Any,
 ) -> None:
@@ -82,7 +84,7 @@ def sim(
     recording = Recording(None if no_trace else trace_path, "sim", redact_prompts, not no_trace)
     summary = run_sim(w, decisions, sink=sink, on_engine=recording.attach)
     click.echo(about(w))
-    click.echo(format_summary(summary))
+    click.echo(format_summary(summary, max_rows=None if every else 40))
     recording.report()
 
 

@@ -198,8 +198,15 @@ def sweep(
     else:
         click.echo(sw.format_table(rows, objective))
     failed = [r for r in rows if r.error]
+    # One line per distinct error: a refused value fails every trace under it the same way.
+    by_error: dict[str, list[Any]] = {}
     for r in failed:
-        click.echo(f"schedtop: task failed: {r.trace} {r.config}: {r.error}", err=True)
+        by_error.setdefault(str(r.error), []).append(r)
+    for error, same in by_error.items():
+        names = ", ".join(dict.fromkeys(str(r.trace) for r in same))
+        configs = ", ".join(dict.fromkeys(str(r.config) for r in same))
+        count = f" ({len(same)} tasks)" if len(same) > 1 else ""
+        click.echo(f"schedtop: task failed: {names} {configs}{count}: {error}", err=True)
     if failed:
         sys.exit(1)
 
@@ -282,9 +289,17 @@ def stats(trace: str, as_json: bool, cost_model: bool) -> None:
 )
 @click.option("--backward", is_flag=True, help="Find the previous hit instead of the next.")
 @click.option("--all", "every", is_flag=True, help="List every step where one holds.")
+@click.option(
+    "--names", is_flag=True, help="After each step, the requests the hit is about (wait>, preempt)."
+)
 @user_errors
 def find(
-    trace: str, predicates: tuple[str, ...], start: int | None, backward: bool, every: bool
+    trace: str,
+    predicates: tuple[str, ...],
+    start: int | None,
+    backward: bool,
+    every: bool,
+    names: bool,
 ) -> None:
     """Find the steps where breakpoints hold (the TUI's n/N, from the shell).
 
@@ -292,8 +307,9 @@ def find(
     wait>STEPS, util<PERCENT (conditions hit where they become true), `while COND` (at
     every step it holds). Exit status 1 when nothing matches."""
     from recorder.multi import open_trace
+    from recorder.schema import printable
+    from replays.breakpoints import about, find_all, parse
     from replays.breakpoints import find as find_step
-    from replays.breakpoints import find_all, parse
     from replays.timeline import Timeline
 
     try:
@@ -313,8 +329,9 @@ def find(
             )
             hit = find_step(tl, preds, origin, backward=backward)
             hits = [] if hit is None else [hit]
-    for step in hits:
-        click.echo(str(step))
+        for step in hits:
+            who = about(tl, preds, step) if names else ()
+            click.echo(f"{step}  {' '.join(printable(r) for r in who)}" if who else str(step))
     if not hits:
         # Nothing matched: a predicate on a request the trace does not have is a mistake
         # to name (checked only now: it reads the whole trace).
