@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from recorder.errors import TraceError
 from recorder.schema import Step
@@ -38,9 +39,11 @@ from tui.commands import (
 )
 from tui.history import Event, History, names_before
 from tui.incidents import IncidentFeed
-from tui.remote import Link
 from tui.viewmodel import Context, Frame, StepInput, build_frame
 from tui.waits import WaitBook, decoders
+
+if TYPE_CHECKING:  # the session only reads a link; the network code stays in tui.remote
+    from tui.remote import Link
 
 SPEEDS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)  # steps per second
 DEFAULT_SPEED = 10
@@ -368,10 +371,12 @@ class Session:
             self._idle_shown = idle
             self.dirty = True
         if self.link is not None:
-            text = link_text(self.link(), idle)
+            link = self.link()
+            text = link_text(link, idle)
             if text != self._link_text:
-                if text.startswith("DISCONNECTED") and not self._link_text.startswith("DIS"):
-                    self.notices.append(("warning", f"{self.name}: {self.link().error}; retrying"))
+                if not link.connected and not self._link_text.startswith("DISCONNECTED"):
+                    said = "; retrying" if link.retrying else ""
+                    self.notices.append(("warning", f"{self.name}: {link.error}{said}"))
                 self._link_text = text
                 self.dirty = True
 
