@@ -70,6 +70,11 @@ async def test_maximize_and_vim_edges() -> None:
         assert table.size.height > 15  # the whole screen but the header and status line
         await pilot.press("m")
         await wait_until(pilot, lambda: app.screen.maximized is None)
+        await pilot.press("tab", "tab", "m")  # the event log, then esc puts it back
+        await wait_until(pilot, lambda: app.screen.maximized is not None)
+        assert app.screen.maximized.id == "events-pane"
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: app.screen.maximized is None)
 
 
 @app_test
