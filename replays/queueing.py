@@ -34,6 +34,7 @@ from replays.state import State
 
 NOT_REACHED = -1  # a request left unscheduled with no reason recorded (no pass reached it)
 TOP = 64  # the longest waits (and head-of-line blockings) kept
+INVERSION_STEPS = 2  # steps waited while worse priority ran, for a flagged inversion
 T = TypeVar("T")
 _BLOCKING = (Reason.KV_BLOCKS, Reason.WATERMARK, Reason.FULL_PROMPT, Reason.MAX_NUM_SEQS)
 
@@ -85,6 +86,11 @@ class QueueWait:
     knob: str  # the knobs behind it ("" when the reason names none)
     held_by: str  # behind the queue head most of the time: the head's id
     inversion: int  # steps it waited while a request of worse priority ran
+
+    @property
+    def inverted(self) -> bool:
+        """A priority inversion worth flagging (one step of it is noise: a step's order)."""
+        return self.inversion >= INVERSION_STEPS
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,7 +65,7 @@ def test_the_scan_names_the_head_of_line_blocking(hol_trace: Path) -> None:
     assert first.reason == "no free KV blocks" and "num_blocks" in first.knob
     behind = scan.waits()[1]
     assert behind.reason == "behind the queue head" and behind.held_by == rid
-    assert behind.inversion > 0  # priority 0 waited while priority 1 ran
+    assert behind.inverted  # priority 0 waited while priority 1 ran
     (hol,) = scan.head_of_line()
     assert hol.request_id == rid and len(hol.held) == 6 and hol.steps == steps
 

@@ -23,11 +23,11 @@ def rows_for(height: int) -> int:
 
 
 _DIM = "#7f848e"
-INVERSION_STEPS = 2  # flagged once it waited this long while worse priority ran (1: noise)
 
 
 class WaitsSection(TextLines):
-    """Head-of-line blocking first (it explains the waits under it), then the waits."""
+    """A line of waits per priority (over the longest waits kept), the longest waits,
+    then the longest head-of-line blocking and why its head could not get in."""
 
     vm: reactive[IncidentsVM | None] = reactive(None)
 
@@ -93,7 +93,7 @@ def _row(w: QueueWait, wide: bool) -> Text:
     if wide:
         t.append(f"p{w.priority:<2} ", style=_DIM)
     t.append(f"{middle(w.request_id, 16):<16} ")
-    if w.inversion >= INVERSION_STEPS:  # first: it is what the row is about
+    if w.inverted:  # first: it is what the row is about
         t.append("priority inversion: ", style="bold #e06c75")
     t.append(w.reason, style="#d19a66")
     if w.knob:
