@@ -184,7 +184,7 @@ async def clients_run(
 
 
 def offline_engine() -> Any:
-    from engine.serve.server import load_engine
+    from schedtop_server.server import load_engine
 
     engine, _ = load_engine(None, {})
     return engine

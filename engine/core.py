@@ -15,6 +15,7 @@ from engine.records import Sample, Scheduled, Snapshot, Step, ns
 from engine.request import Request
 from engine.scheduler import Outcome, Scheduler
 from engine.state import snapshot
+from engine.stats import Admitted, EngineStats, StepStats
 
 _REF = attrgetter("ref")
 
@@ -46,6 +47,21 @@ class StepResult:
         if self._names is None:
             self._names = {r.ref: r.request_id for group in self._requests for r in group}
         return self._names
+
+    def stats(self) -> StepStats:
+        """The step in the terms a server's metrics count (engine.stats)."""
+        rep = self.report
+        by_ref = {r.ref: r for group in self._requests for r in group}
+        admitted = tuple(
+            Admitted(
+                request_id=by_ref[a.ref].request_id,
+                num_prompt_tokens=by_ref[a.ref].num_prompt_tokens,
+                num_cached_tokens=a.cached_tokens,
+                resumed=a.resumed,
+            )
+            for a in rep.admissions
+        )
+        return StepStats(rep.num_scheduled_tokens, len(rep.preemptions), admitted)
 
     def sampled(self) -> dict[str, list[int]]:
         """The tokens each request sampled this step, by request id, in scheduling order."""
@@ -100,6 +116,21 @@ class EngineCore:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self.batches)
+
+    def has_work(self) -> bool:
+        """Requests to run, or something to report (arrivals, aborts and the blocks they
+        freed) even with nothing to run: a step now would not be empty for the trace."""
+        return self.has_unfinished() or self.scheduler.has_unreported
+
+    def stats(self) -> EngineStats:
+        """The engine's load now (engine.stats), for metrics and back-pressure."""
+        sched = self.scheduler
+        return EngineStats(
+            num_running=len(sched.running),
+            num_waiting=len(sched.waiting),
+            num_free_blocks=sched.kv.num_free_blocks,
+            num_usable_blocks=self.config.usable_blocks,
+        )
 
     def step(self, mid_step: Callable[[], None] | None = None) -> StepResult:
         """One iteration: schedule(), the runner, update_from_output(), then one step

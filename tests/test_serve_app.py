@@ -16,13 +16,13 @@ import pytest
 
 from engine.config import RunnerOptions
 from engine.request import SamplingParams
-from engine.serve.app import ServeSettings
-from engine.serve.loop import EngineLoop
-from engine.serve.server import build
 from recorder.reader import TraceReader
 from recorder.recorder import open_recording
 from recorder.schema import Client, Status, Step
 from replays.resim import resimulate
+from schedtop_server.app import ServeSettings
+from schedtop_server.loop import EngineLoop
+from schedtop_server.server import build
 from tests.model_support import tiny_engine, tiny_model
 from tests.serve_support import metric, sse_events, stream_text
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.serve.detok import IncrementalDetokenizer, StopStrings
+from schedtop_server.detok import IncrementalDetokenizer, StopStrings
 from tests.model_support import tiny_tokenizer
 
 TOK = tiny_tokenizer()

@@ -63,7 +63,7 @@ def requests() -> list[dict[str, Any]]:
 def offline_texts(reqs: list[dict[str, Any]]) -> list[str]:
     """What the offline engine, built as the server builds it, gives for each request."""
     from engine.request import SamplingParams
-    from engine.serve.server import load_engine
+    from schedtop_server.server import load_engine
 
     engine, _ = load_engine(None, {})
     prompts = [r.get("messages") or r["prompt"] for r in reqs]

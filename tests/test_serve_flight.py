@@ -10,10 +10,10 @@ from pathlib import Path
 
 import httpx
 
-from engine.serve.app import ServeSettings
-from engine.serve.server import build
 from recorder.info import summarize
 from recorder.serving import ServerRecording
+from schedtop_server.app import ServeSettings
+from schedtop_server.server import build
 from tests.model_support import tiny_engine, tiny_model
 
 

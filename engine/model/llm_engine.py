@@ -12,13 +12,14 @@ from pathlib import Path
 
 from engine.config import EngineConfig, RunnerOptions
 from engine.core import EngineCore, StepResult
-from engine.events import NULL_SINK, EventSink
+from engine.events import NULL_SINK, ClientReport, EventSink, report_client
 from engine.kv.hashing import BlockHasher
 from engine.model.errors import RequestError
 from engine.model.loader import LoadedModel, load_model
 from engine.model.runner import ModelRunner, build_runner
 from engine.model.tokenizer import ModelTokenizer
 from engine.request import Request, SamplingParams
+from engine.stats import EngineStats
 
 Messages = list[dict[str, str]]
 Prompt = str | Sequence[int] | Messages
@@ -167,6 +168,20 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()
+
+    def has_work(self) -> bool:
+        """Whether a step now would do something: run requests, or report arrivals and
+        aborts (with the blocks they freed) that happened since the last step."""
+        return self.core.has_work()
+
+    def stats(self) -> EngineStats:
+        """The engine's load now: queue lengths and KV blocks (engine.stats)."""
+        return self.core.stats()
+
+    def report_client(self, report: ClientReport) -> None:
+        """Hand what a server saw of one HTTP request to the engine's sink (the recorder
+        writes it as a CLIENT record); from the engine's thread, between two steps."""
+        report_client(self.core.sink, report)
 
     # -- stepping --------------------------------------------------------------------------
 

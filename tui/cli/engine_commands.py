@@ -212,9 +212,9 @@ def serve(
     every step, like `run`. Routes: /v1/completions, /v1/chat/completions, /v1/models,
     /health, /version, /metrics (Prometheus, vLLM's names), /v1/schedtop/stream,
     /v1/schedtop/incident. Stop it with Ctrl-C."""
-    from engine.serve.app import ServeSettings
-    from engine.serve.server import Listen, bind, load_engine, serve_forever
     from engine.version import schedtop_version
+    from schedtop_server.app import ServeSettings
+    from schedtop_server.server import Listen, bind, load_engine, serve_forever
     from tui.progress import loading
 
     if no_trace and trace_dir:

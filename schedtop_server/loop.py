@@ -17,14 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from engine.events import ClientReport, report_client
+from engine.events import ClientReport
 from engine.model.errors import RequestError
 from engine.request import SamplingParams
-from engine.serve.detok import IncrementalDetokenizer, StopStrings
+from schedtop_server.detok import IncrementalDetokenizer, StopStrings
 
 if TYPE_CHECKING:
     from engine.model.llm_engine import LLMEngine, Prompt, RequestOutput
-    from engine.serve.metrics import ServeMetrics
+    from schedtop_server.metrics import ServeMetrics
 
 log = logging.getLogger("schedtop.serve")
 
@@ -195,12 +195,13 @@ class EngineLoop:
     def _has_work(self) -> bool:
         """Requests to run, or an abort with nothing left to run: that still gets its
         step, whose record is where the trace shows the abort and the blocks freed."""
-        return self.engine.has_unfinished() or self.engine.core.scheduler.has_unreported
+        return self.engine.has_work()
 
     def _idle(self) -> None:
-        self.stats.idle_free_blocks = self.engine.core.scheduler.kv.num_free_blocks
+        state = self.engine.stats()
+        self.stats.idle_free_blocks = state.num_free_blocks
         if self.metrics is not None:
-            self.metrics.observe_state(self.engine)
+            self.metrics.observe_state(state)
         if self.on_idle is not None:
             self.on_idle()
 
@@ -210,7 +211,7 @@ class EngineLoop:
         elif isinstance(cmd, _Abort):
             self._abort(cmd.request_id)
         elif isinstance(cmd, _Client):
-            report_client(self.engine.core.sink, cmd.report)
+            self.engine.report_client(cmd.report)
 
     def _add(self, sub: Submission) -> None:
         problem, status, ids = self._check(sub)
@@ -239,7 +240,7 @@ class EngineLoop:
 
     def _check(self, sub: Submission) -> tuple[str, int, list[int]]:
         """(problem, HTTP status, prompt ids): what makes the engine refuse a request."""
-        waiting = len(self.engine.core.scheduler.waiting)
+        waiting = self.engine.stats().num_waiting
         if self.max_waiting and waiting >= self.max_waiting:
             return (
                 f"the server is overloaded: {waiting} requests are waiting "
@@ -293,14 +294,14 @@ class EngineLoop:
         outs = engine.step()
         self.stats.steps += 1
         last = engine.last_step
-        report = last.report if last is not None else None
-        if last is not None and report is not None:
-            for a in report.admissions:
-                live = self._live.get(last.names.get(a.ref, ""))
+        if last is not None:
+            step = last.stats()
+            for a in step.admitted:
+                live = self._live.get(a.request_id)
                 if live is not None and live.scheduled_at is None:
                     live.scheduled_at = started
             if self.metrics is not None:
-                self.metrics.observe_step(report, engine, started)
+                self.metrics.observe_step(step, engine.stats(), started)
         for out in outs:
             live = self._live.get(out.request_id)
             if live is not None:
@@ -366,7 +367,7 @@ class EngineLoop:
             self._send(live.sub.out, Update(num_tokens=live.num_tokens, finish_reason="abort"))
         self._live.clear()
         self._flush()
-        if self.engine.core.scheduler.has_unreported and not self.stats.errors:
+        if not self.stats.errors and self.engine.has_work():
             with contextlib.suppress(Exception):  # the last aborts' step, for the trace
                 self.engine.step()
 

@@ -23,15 +23,16 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
 from engine.events import ClientReport
-from engine.serve.loop import EngineLoop, Submission, Update
-from engine.serve.metrics import CONTENT_TYPE, ServeMetrics
-from engine.serve.protocol import (
+from recorder.serving import ServerRecording
+from recorder.stream import StreamSubscription
+from schedtop_server.loop import EngineLoop, Submission, Update
+from schedtop_server.metrics import CONTENT_TYPE, ServeMetrics
+from schedtop_server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     Shapes,
     error_body,
 )
-from engine.serve.recording import LiveRecording, ServerRecording
 
 log = logging.getLogger("schedtop.serve")
 
@@ -177,7 +178,7 @@ def build_app(
 
     @app.get("/v1/schedtop/stream")
     async def stream() -> Response:
-        if not isinstance(recording, LiveRecording):
+        if recording is None:
             return _unsupported(loop, "/v1/schedtop/stream")
         try:
             sub = await asyncio.to_thread(recording.subscribe)
@@ -376,10 +377,10 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _incident(
-    request: Request, loop: EngineLoop, settings: ServeSettings, recording: Any
+    request: Request, loop: EngineLoop, settings: ServeSettings, recording: ServerRecording | None
 ) -> Response:
     endpoint = request.url.path
-    if not isinstance(recording, LiveRecording):
+    if recording is None:
         return _unsupported(loop, endpoint)
     raw = await request.body()
     try:
@@ -397,7 +398,7 @@ async def _incident(
     return JSONResponse({"path": str(path)})
 
 
-async def _trace_bytes(sub: Any) -> AsyncIterator[bytes]:
+async def _trace_bytes(sub: StreamSubscription) -> AsyncIterator[bytes]:
     try:
         while True:
             chunk = await asyncio.to_thread(sub.get, STREAM_POLL_S)

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.serve.app import ServeSettings, build_app
-from engine.serve.loop import EngineLoop
-from engine.serve.metrics import ServeMetrics
-from engine.serve.recording import ServerRecording
+from recorder.serving import ServerRecording
+from schedtop_server.app import ServeSettings, build_app
+from schedtop_server.loop import EngineLoop
+from schedtop_server.metrics import ServeMetrics
 
 if TYPE_CHECKING:
     from fastapi import FastAPI

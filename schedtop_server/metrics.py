@@ -18,8 +18,8 @@ from prometheus_client import (
 )
 
 if TYPE_CHECKING:
-    from engine.model.llm_engine import LLMEngine, RequestOutput
-    from engine.report import StepReport
+    from engine.model.llm_engine import RequestOutput
+    from engine.stats import EngineStats, StepStats
 
 # vLLM does the same: no `*_created` series beside every counter and histogram.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -127,31 +127,24 @@ class ServeMetrics:
 
     # -- from the engine thread ------------------------------------------------------------
 
-    def observe_state(self, engine: LLMEngine) -> None:
-        sched = engine.core.scheduler
-        self.running.set(len(sched.running))
-        self.waiting.set(len(sched.waiting))
-        usable = engine.config.usable_blocks
-        free = sched.kv.num_free_blocks
-        self.kv_usage.set((usable - free) / usable if usable else 0.0)
+    def observe_state(self, state: EngineStats) -> None:
+        self.running.set(state.num_running)
+        self.waiting.set(state.num_waiting)
+        self.kv_usage.set(state.kv_usage)
 
-    def observe_step(self, report: StepReport, engine: LLMEngine, started: float) -> None:
-        """After a step that began at `started` (engine clock)."""
-        self.observe_state(engine)
-        self.preemptions.inc(len(report.preemptions))
-        self.iteration_tokens.observe(report.num_scheduled_tokens)
-        requests = engine.core.scheduler.requests
-        names = engine.last_step.names if engine.last_step is not None else {}
-        for a in report.admissions:
+    def observe_step(self, step: StepStats, state: EngineStats, started: float) -> None:
+        """After a step that began at `started` (engine clock); `state` is the engine's
+        load after it."""
+        self.observe_state(state)
+        self.preemptions.inc(step.num_preemptions)
+        self.iteration_tokens.observe(step.num_scheduled_tokens)
+        for a in step.admitted:
             if a.resumed:
                 continue
-            rid = names.get(a.ref, "")
-            self._admitted.setdefault(rid, started)
+            self._admitted.setdefault(a.request_id, started)
             if self.prefix_caching:
-                req = requests.get(rid)
-                if req is not None:
-                    self.prefix_queries.inc(req.num_prompt_tokens)
-                    self.prefix_hits.inc(a.cached_tokens)
+                self.prefix_queries.inc(a.num_prompt_tokens)
+                self.prefix_hits.inc(a.num_cached_tokens)
 
     def observe_tokens(self, out: RequestOutput, num_new: int) -> None:
         """A request got `num_new` tokens this step (vLLM counts the prompt at the first)."""

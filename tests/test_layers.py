@@ -1,0 +1,66 @@
+"""The import directions docs/architecture.md promises, checked on the source: a new
+import that breaks them fails here rather than drifting silently (issue 23)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+WEB = {"fastapi", "starlette", "uvicorn", "pydantic", "prometheus_client", "httpx"}
+OURS = {"engine", "recorder", "replays", "tui", "schedtop_server"}
+
+
+def imported(path: Path) -> set[str]:
+    """The top-level packages a module imports (at any depth in the file)."""
+    tree = ast.parse(path.read_text(), str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def modules(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+@pytest.mark.parametrize(
+    ("package", "allowed"),
+    [
+        ("engine", {"engine"}),  # no web stack, nothing of ours above it
+        ("recorder", {"engine", "recorder"}),
+        ("replays", {"engine", "recorder", "replays"}),
+        ("schedtop_server", {"engine", "recorder", "schedtop_server"}),
+    ],
+)
+def test_layers_import_downwards_only(package: str, allowed: set[str]) -> None:
+    wrong = []
+    for path in modules(package):
+        names = imported(path)
+        bad = (names & OURS) - allowed
+        if package != "schedtop_server":
+            bad |= names & WEB
+        if bad:
+            wrong.append(f"{path.relative_to(ROOT)}: {sorted(bad)}")
+    assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
+
+
+def test_only_the_command_line_imports_the_server() -> None:
+    """The TUI is a trace reader: only its command line (the composition root, however
+    it is split into modules) wires a server up; the app, its screens and widgets never."""
+    users = [
+        p.relative_to(ROOT)
+        for package in ("tui", "replays", "recorder", "engine")
+        for p in modules(package)
+        if "schedtop_server" in imported(p)
+    ]
+    assert users, "nothing starts the server: the layering test looks at the wrong tree"
+    for path in users:
+        assert path.parts[0] == "tui", path
+        assert path.name != "app.py" and not {"widgets", "screens"} & set(path.parts), path
