@@ -13,7 +13,7 @@ import hmac
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,10 +28,16 @@ from recorder.stream import StreamSubscription
 from schedtop_server.loop import EngineLoop, Submission, Update
 from schedtop_server.metrics import CONTENT_TYPE, ServeMetrics
 from schedtop_server.protocol import (
+    MAX_CLIENT_ID,
+    NEUTRAL_CHAT,
+    NEUTRAL_COMPLETION,
     ChatCompletionRequest,
     CompletionRequest,
     Shapes,
     error_body,
+    media_problem,
+    refusal,
+    take_neutral,
 )
 
 log = logging.getLogger("schedtop.serve")
@@ -82,6 +88,9 @@ class _Exchange:
     last_sent: float | None = None
     gaps: list[float] = field(default_factory=list)
     finish_reason: str = ""
+    status: int = 200  # what the response ends as (an error after acceptance changes it)
+    message: str = ""  # the error, if any
+    on_report: Callable[[str], None] | None = None  # called with the request id once ended
 
     def absorb(self, u: Update) -> None:
         if u.scheduled_at is not None and self.scheduled_at is None:
@@ -99,6 +108,8 @@ class _Exchange:
         self.last_sent = now
 
     def report(self, status: int, message: str = "") -> None:
+        if self.on_report is not None:
+            self.on_report(self.request_id)
         r = self.received
         self.loop.client_report(
             ClientReport(
@@ -164,13 +175,15 @@ def build_app(
             ],
         }
 
+    ids = _Ids()
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await _generate(request, loop, settings, chat=False)
+        return await _generate(request, loop, settings, ids, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await _generate(request, loop, settings, chat=True)
+        return await _generate(request, loop, settings, ids, chat=True)
 
     @app.post("/v1/schedtop/incident")
     async def incident(request: Request) -> Response:
@@ -213,13 +226,45 @@ class _Auth:
 # -- generation ------------------------------------------------------------------------------
 
 
+class _Ids:
+    """The engine request ids in use (asyncio side only). A client may name its request
+    (X-Request-Id, or vLLM's `request_id` field), and the trace then shows its name, as
+    vLLM's do ("cmpl-" + the client's id); two live requests with one name get a suffix,
+    since the engine's ids must be unique while a request lives."""
+
+    def __init__(self) -> None:
+        self.live: set[str] = set()
+
+    def take(self, prefix: str, client_id: str | None) -> str:
+        rid = f"{prefix}-{client_id or uuid.uuid4().hex}"
+        if rid in self.live:
+            rid = f"{rid}-{uuid.uuid4().hex[:8]}"
+        self.live.add(rid)
+        return rid
+
+    def release(self, rid: str) -> None:
+        self.live.discard(rid)
+
+
+def _client_id(request: Request, body: CompletionRequest | ChatCompletionRequest) -> str | None:
+    """The client's name for its request: the X-Request-Id header, else the body's
+    request_id (vLLM's order). Printable ASCII and bounded: it goes into the trace."""
+    given = request.headers.get("x-request-id")
+    if given is None:
+        return body.request_id
+    if not 0 < len(given) <= MAX_CLIENT_ID or not given.isprintable() or not given.isascii():
+        raise Refused(400, f"X-Request-Id must be 1 to {MAX_CLIENT_ID} printable ASCII characters")
+    return given
+
+
 async def _generate(
-    request: Request, loop: EngineLoop, settings: ServeSettings, chat: bool
+    request: Request, loop: EngineLoop, settings: ServeSettings, ids: _Ids, chat: bool
 ) -> Response:
     endpoint = request.url.path
     received = loop.clock()
     try:
         body = _parse(await request.body(), chat, settings)
+        client_id = _client_id(request, body)
     except Refused as e:
         _report_refusal(loop, endpoint, received, e.status, e.message)
         return _error(e.status, e.message, e.param)
@@ -227,15 +272,12 @@ async def _generate(
         message = "the engine is not running (see the server's log)"
         _report_refusal(loop, endpoint, received, 503, message)
         return _error(503, message)
-    ex = _Exchange(loop, endpoint, body.stream, received)
-    ex.request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    ex = _Exchange(loop, endpoint, body.streaming, received)
+    ex.request_id = ids.take("chatcmpl" if chat else "cmpl", client_id)
+    ex.on_report = ids.release
     out: asyncio.Queue[Update] = asyncio.Queue()
-    if isinstance(body, ChatCompletionRequest):
-        prompt: Any = body.chat()
-        max_tokens = body.output_limit()
-    else:
-        prompt = body.prompt
-        max_tokens = body.max_tokens
+    prompt: Any = body.chat() if isinstance(body, ChatCompletionRequest) else body.prompt
+    max_tokens = body.output_limit()
     loop.submit(
         Submission(
             request_id=ex.request_id,
@@ -243,21 +285,25 @@ async def _generate(
             params=body.sampling_params(max_tokens or 1),
             max_tokens=max_tokens,
             stops=body.stop_strings(),
-            priority=body.priority,
+            include_stop=bool(body.include_stop_str_in_output),
+            skip_special_tokens=body.skip_special_tokens is not False,
+            priority=body.priority or 0,
             arrival_time=received,
             out=out,
         )
     )
     first = await out.get()
     if first.error is not None:
+        rid = ex.request_id
         if not first.arrived:
             ex.request_id = ""  # refused before the scheduler: the trace has no such request
         ex.report(first.status, first.error)
+        ids.release(rid)
         return _error(first.status, first.error, code="overloaded" if first.status == 503 else None)
     ex.prompt_tokens = first.prompt_tokens
     shapes = Shapes(chat, ex.request_id, settings.model_name)
-    if body.stream:
-        usage = body.stream_options is not None and body.stream_options.include_usage
+    if body.streaming:
+        usage = body.usage_options()
         return StreamingResponse(
             _sse(out, ex, shapes, usage),
             media_type="text/event-stream",
@@ -275,6 +321,14 @@ def _parse(
         raise Refused(400, f"the body is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise Refused(400, "the body must be a JSON object")
+    problem = media_problem(data) if chat else None
+    if problem is not None:
+        raise Refused(400, problem[0], problem[1])
+    neutral = NEUTRAL_CHAT if chat else NEUTRAL_COMPLETION
+    value = dict(data)
+    key = take_neutral(data, neutral)
+    if key is not None:
+        raise Refused(400, refusal(key, value[key], neutral), key)
     model = ChatCompletionRequest if chat else CompletionRequest
     try:
         body: CompletionRequest | ChatCompletionRequest = model.model_validate(data)
@@ -305,32 +359,39 @@ def _sse_line(obj: Any) -> bytes:
 
 
 async def _sse(
-    out: asyncio.Queue[Update], ex: _Exchange, shapes: Shapes, include_usage: bool
+    out: asyncio.Queue[Update], ex: _Exchange, shapes: Shapes, usage: tuple[bool, bool]
 ) -> AsyncIterator[bytes]:
     """The event stream; when the client goes away, Starlette cancels this generator
-    while it waits, and the request is aborted."""
+    while it waits, and the request is aborted. `usage`: (a last chunk with the usage,
+    usage on every chunk too), vLLM's include_usage and continuous_usage_stats."""
+    include_usage, continuous = usage
     done = False
     try:
         if shapes.chat:
-            yield _sse_line(shapes.chunk("", None, first=True))
+            now = (ex.prompt_tokens, 0) if continuous else None
+            yield _sse_line(shapes.chunk("", None, first=True, usage_now=now))
         while not done:
             u = await out.get()
             ex.absorb(u)
             done = u.finish_reason is not None
+            if u.error is not None:  # failed after it started: say so in the stream
+                yield _sse_line(error_body(u.error, u.status))
+                ex.status = u.status
+                break
             if u.text or done:
-                yield _sse_line(
-                    shapes.chunk(u.text if u.text or not shapes.chat else None, u.finish_reason)
-                )
+                now = (ex.prompt_tokens, ex.completion_tokens) if continuous else None
+                text = u.text if u.text or not shapes.chat else None
+                yield _sse_line(shapes.chunk(text, u.finish_reason, usage_now=now))
                 if u.text:
                     ex.sent()
-        if include_usage:
+        if include_usage and done:
             yield _sse_line(shapes.usage_chunk(ex.prompt_tokens, ex.completion_tokens))
         yield b"data: [DONE]\n\n"
     finally:
-        if not done:
+        if not done and ex.status == 200:
             ex.loop.abort(ex.request_id)
             ex.finish_reason = "abort"
-        ex.report(200)
+        ex.report(ex.status, ex.message)
 
 
 async def _whole(
@@ -343,6 +404,9 @@ async def _whole(
         while True:
             u = await out.get()
             ex.absorb(u)
+            if u.error is not None:
+                ex.status, ex.message = u.status, u.error
+                return ""
             parts.append(u.text)
             if u.finish_reason is not None:
                 return "".join(parts)
@@ -358,6 +422,9 @@ async def _whole(
         ex.report(499, "the client closed the connection")
         return Response(status_code=499)
     text = task.result()
+    if ex.status != 200:  # failed in the engine after it was accepted
+        ex.report(ex.status, ex.message)
+        return _error(ex.status, ex.message)
     ex.sent()
     ex.report(200)
     return JSONResponse(

@@ -46,10 +46,12 @@ class IncrementalDetokenizer:
 class StopStrings:
     """Cuts the text at the first stop string, and holds back its last characters (one
     fewer than the longest stop string has, as vLLM does) until more text shows that they
-    do not start one, so that a client never sees a partial stop string."""
+    do not start one, so that a client never sees a partial stop string. With `include`
+    (vLLM's include_stop_str_in_output) the text ends after the stop string, not before."""
 
-    def __init__(self, stops: Sequence[str]) -> None:
+    def __init__(self, stops: Sequence[str], include: bool = False) -> None:
         self.stops = tuple(s for s in stops if s)
+        self.include = include
         self._hold = max((len(s) for s in self.stops), default=1) - 1
         self.text = ""  # everything decoded so far
         self.sent = 0  # characters of `text` released to the client
@@ -63,6 +65,8 @@ class StopStrings:
         self.text += delta
         cut = self._find(start)
         if cut is not None:
+            if self.include and self.matched is not None:
+                cut += len(self.matched)
             out = self.text[self.sent : cut]
             self.text = self.text[:cut]
             self.sent = cut

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import queue
 import threading
@@ -40,6 +41,8 @@ class Submission:
     params: SamplingParams  # max_tokens None-free: the HTTP side resolved defaults...
     max_tokens: int | None  # ...except this: None = up to max_model_len
     stops: tuple[str, ...]  # stop strings (cut from the text, never streamed)
+    include_stop: bool  # vLLM's include_stop_str_in_output: the text keeps the stop string
+    skip_special_tokens: bool  # special tokens left out of the text (vLLM's default)
     priority: int  # lower runs first under the priority policy
     arrival_time: float  # engine clock when the HTTP request arrived
     out: asyncio.Queue[Update]  # where this request's updates go
@@ -87,6 +90,17 @@ class _Client:
 _STOP = object()
 
 
+class EngineDeadError(SystemExit):
+    """The engine thread ended with an error: the server cannot answer any more, so the
+    process exits non-zero with the reason on stderr and a supervisor restarts it (vLLM's
+    EngineDeadError). A SystemExit, so that it passes the command's error handling
+    untouched while `finally` blocks (the recording's close) still run."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"schedtop serve: error: the engine died: {reason}")
+        self.reason = reason
+
+
 @dataclass
 class LoopStats:
     """Counters the tests and the benchmark read (engine thread writes, others read)."""
@@ -97,7 +111,8 @@ class LoopStats:
     aborted: int = 0  # requests aborted because their client went away
     idle_free_blocks: int = -1  # free KV blocks the last time the engine was idle
     live: int = 0  # requests in flight now
-    errors: list[str] = field(default_factory=list)  # unexpected exceptions, if any
+    errors: list[str] = field(default_factory=list)  # the engine's fatal error, if any
+    request_faults: int = 0  # per-request exceptions caught (the request failed, not the loop)
 
 
 class EngineLoop:
@@ -121,6 +136,8 @@ class EngineLoop:
         self.on_idle = on_idle
         self.idle_interval_s = idle_interval_s
         self.stats = LoopStats()
+        self.on_dead: Callable[[str], None] | None = None  # called from the engine thread
+        self.dead_reason: str | None = None  # why the engine thread ended, if it failed
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}
         self._aloop: asyncio.AbstractEventLoop | None = None
@@ -166,11 +183,14 @@ class EngineLoop:
                 if self._has_work():
                     self._step()
                 self._flush()
-        except Exception as e:  # a bug: say so, and fail every request rather than hang
+        except Exception as e:  # the engine itself failed: fail every request, then die
             log.exception("the engine loop failed")
-            self.stats.errors.append(f"{type(e).__name__}: {e}")
+            self.dead_reason = f"{type(e).__name__}: {e}"
+            self.stats.errors.append(self.dead_reason)
         finally:
             self._shutdown()
+        if self.dead_reason is not None and self.on_dead is not None:
+            self.on_dead(self.dead_reason)
 
     def _drain(self, block: bool) -> bool:
         """Apply the queued commands; when idle, wait for one (calling on_idle meanwhile).
@@ -201,17 +221,54 @@ class EngineLoop:
         state = self.engine.stats()
         self.stats.idle_free_blocks = state.num_free_blocks
         if self.metrics is not None:
-            self.metrics.observe_state(state)
+            self._guarded("metrics", self.metrics.observe_state, state)
         if self.on_idle is not None:
-            self.on_idle()
+            self._guarded("the recording's on_idle", self.on_idle)
+
+    def _guarded(self, what: str, fn: Callable[..., None], *args: Any) -> None:
+        """Run a side task (metrics, the recording's hooks): its failure is logged, and
+        neither the engine nor any request fails for it."""
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("%s failed; serving goes on", what)
+            self.stats.request_faults += 1
 
     def _apply(self, cmd: Any) -> None:
         if isinstance(cmd, Submission):
-            self._add(cmd)
+            try:
+                self._add(cmd)
+            except Exception as e:  # this request's fault, not the engine's
+                self._fail(cmd.request_id, cmd.out, e, "adding the request")
         elif isinstance(cmd, _Abort):
             self._abort(cmd.request_id)
         elif isinstance(cmd, _Client):
-            self.engine.report_client(cmd.report)
+            self._guarded("recording a client report", self.engine.report_client, cmd.report)
+
+    def _fail(self, request_id: str, out: asyncio.Queue[Update], e: Exception, stage: str) -> None:
+        """An exception while handling one request: that request ends with an error (400
+        for input the engine refused, else 500) and is taken out of the engine; the loop
+        and every other request go on. The engine's own state is not in doubt: every
+        stage that can fail here runs before or after the engine's step, not inside it."""
+        log.exception("request %s failed while %s", request_id, stage)
+        self.stats.request_faults += 1
+        live = self._live.pop(request_id, None)
+        try:
+            self.engine.output(request_id)
+            arrived = True  # the trace has its arrival: keep its id in the client record
+        except KeyError:
+            arrived = False
+        with contextlib.suppress(Exception):  # it may never have reached the engine
+            self.engine.abort(request_id)
+        with contextlib.suppress(Exception):
+            self.engine.forget(request_id)
+        status = 400 if isinstance(e, ValueError | TypeError | UnicodeError) else 500
+        what = "bad input" if status == 400 else "an internal error"
+        message = f"the request failed while {stage} ({what}): {type(e).__name__}: {e}"
+        num_tokens = live.num_tokens if live is not None else 0
+        self._send(
+            out, Update(error=message, status=status, num_tokens=num_tokens, arrived=arrived)
+        )
 
     def _add(self, sub: Submission) -> None:
         problem, status, ids = self._check(sub)
@@ -233,8 +290,11 @@ class EngineLoop:
             self._send(sub.out, Update(error=out.finish_message, status=400, arrived=True))
             return
         self.stats.added += 1
+        decode = engine.tokenizer.decode
+        if not sub.skip_special_tokens:
+            decode = functools.partial(decode, skip_special_tokens=False)
         self._live[sub.request_id] = _Live(
-            sub, IncrementalDetokenizer(engine.tokenizer.decode), StopStrings(sub.stops)
+            sub, IncrementalDetokenizer(decode), StopStrings(sub.stops, sub.include_stop)
         )
         self._send(sub.out, Update(prompt_tokens=len(ids)))
 
@@ -258,6 +318,9 @@ class EngineLoop:
             ids = self.engine.tokenize(sub.prompt)
         except RequestError as e:
             return str(e), 400, []
+        except Exception as e:  # the tokenizer choked on the text (a lone surrogate, ...)
+            log.info("prompt refused: the tokenizer raised %s: %s", type(e).__name__, e)
+            return f"the prompt cannot be tokenized: {type(e).__name__}: {e}", 400, []
         limit = self.engine.config.max_model_len
         if not ids:
             return "the prompt is empty", 400, ids
@@ -285,7 +348,9 @@ class EngineLoop:
         self.engine.abort(request_id)
         self.stats.aborted += 1
         if self.metrics is not None:
-            self.metrics.observe_finish(self.engine.output(request_id), "abort")
+            self._guarded(
+                "metrics", self.metrics.observe_finish, self.engine.output(request_id), "abort"
+            )
         self.engine.forget(request_id)
 
     def _step(self) -> None:
@@ -301,11 +366,14 @@ class EngineLoop:
                 if live is not None and live.scheduled_at is None:
                     live.scheduled_at = started
             if self.metrics is not None:
-                self.metrics.observe_step(step, engine.stats(), started)
+                self._guarded("metrics", self.metrics.observe_step, step, engine.stats(), started)
         for out in outs:
             live = self._live.get(out.request_id)
             if live is not None:
-                self._advance(live, out)
+                try:
+                    self._advance(live, out)
+                except Exception as e:  # detokenizing, stop strings: this request's fault
+                    self._fail(out.request_id, live.sub.out, e, "producing its text")
 
     def _advance(self, live: _Live, out: RequestOutput) -> None:
         new = out.output_token_ids[live.num_tokens :]
@@ -319,7 +387,7 @@ class EngineLoop:
         elif out.finished:
             text += live.stops.feed(live.detok.finish(), final=True)
         if self.metrics is not None:
-            self.metrics.observe_tokens(out, len(new))
+            self._guarded("metrics", self.metrics.observe_tokens, out, len(new))
         update = Update(
             text=text,
             num_tokens=live.num_tokens,
@@ -331,7 +399,12 @@ class EngineLoop:
         if reason is not None:
             del self._live[out.request_id]
             if self.metrics is not None:
-                self.metrics.observe_finish(self.engine.output(out.request_id), reason)
+                self._guarded(
+                    "metrics",
+                    self.metrics.observe_finish,
+                    self.engine.output(out.request_id),
+                    reason,
+                )
             self.engine.forget(out.request_id)
         if text or reason is not None or update.scheduled_at is not None:
             self._send(live.sub.out, update)
@@ -364,7 +437,12 @@ class EngineLoop:
         for rid, live in list(self._live.items()):
             with contextlib.suppress(Exception):  # the engine may be what failed
                 self.engine.abort(rid)
-            self._send(live.sub.out, Update(num_tokens=live.num_tokens, finish_reason="abort"))
+            if self.dead_reason is not None:  # vLLM answers EngineDeadError with a 500
+                message = f"the engine died: {self.dead_reason}"
+                update = Update(num_tokens=live.num_tokens, error=message, status=500)
+            else:
+                update = Update(num_tokens=live.num_tokens, finish_reason="abort")
+            self._send(live.sub.out, update)
         self._live.clear()
         self._flush()
         if not self.stats.errors and self.engine.has_work():

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Annotated, Any, Literal
 
@@ -16,18 +17,163 @@ class _Strict(BaseModel):
 
 
 class StreamOptions(_Strict):
-    """OpenAI's stream_options."""
+    """OpenAI's stream_options (vLLM's types: null means false)."""
 
-    include_usage: bool = False  # a last chunk with the usage counts
-    continuous_usage_stats: bool = False  # vLLM's: usage on every chunk
+    include_usage: StrictBool | None = False  # a last chunk with the usage counts
+    continuous_usage_stats: StrictBool | None = False  # vLLM's: usage on every chunk too
+
+
+class TextPart(_Strict):
+    """A chat content part of type text (OpenAI's list form of `content`)."""
+
+    type: Literal["text"]
+    text: str
 
 
 class ChatMessage(_Strict):
     """One message of a chat prompt."""
 
     role: Literal["system", "user", "assistant", "tool", "developer"]  # who speaks
-    content: str  # plain text only
+    content: str | list[TextPart] | None = None  # text, or text parts (joined by newlines)
     name: str | None = None  # an optional speaker name (passed to the template)
+    tool_calls: Annotated[list[Any], Field(max_length=0)] | None = None  # none: no tools here
+
+    def text(self) -> str:
+        """The content as the template sees it: text parts joined with newlines, as
+        vLLM's "string" content format does."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(p.text for p in self.content)
+
+
+# vLLM 0.33's request fields that this server does not implement, each with the values at
+# which it changes nothing in the output (null always means the default). Any other value
+# is refused with a 400 naming the field: a client must not get output that silently
+# ignores what it asked for. `ANY` marks fields that never change the output here (routing
+# and bookkeeping hints, multimodal or reasoning knobs of a text-only, non-reasoning model).
+ANY: tuple[Any, ...] = ("<any>",)
+_NEUTRAL_BOTH: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (0.0,),
+    "presence_penalty": (0.0,),
+    "repetition_penalty": (1.0,),
+    "min_p": (0.0,),
+    "logit_bias": ({},),
+    "use_beam_search": (False,),
+    "length_penalty": (1.0,),
+    "watermarking": (),
+    "spaces_between_special_tokens": (True,),
+    "truncate_prompt_tokens": (),
+    "truncation_side": ("left", "right"),  # only matters with truncate_prompt_tokens
+    "allowed_token_ids": (),
+    "prompt_logprobs": (),
+    "logprob_token_ids": (),
+    "bad_words": ([],),
+    "prompt_embeds": (),
+    "response_format": ({"type": "text"},),
+    "structured_outputs": (),
+    "session_id": ANY,  # a routing hint
+    "return_tokens_as_token_ids": (False,),
+    "return_token_ids": (False,),
+    "return_weight_versions": (False,),
+    "routed_experts_prompt_start": (0,),
+    "return_token_offsets": (False,),
+    "mm_payload": ANY,  # how multimodal outputs travel: there are none
+    "return_mm_kwargs": (False,),
+    "cache_salt": ANY,  # isolates prefix-cache hits; the output is the same
+    "kv_transfer_params": (),
+    "ec_transfer_params": (),
+    "vllm_xargs": ({},),
+    "repetition_detection": (),
+    "thinking_token_budget": (),
+    "stream_interval": ANY,  # how often vLLM streams; the text is the same
+    "echo": (False,),
+    "best_of": (1,),
+}
+NEUTRAL_COMPLETION: dict[str, tuple[Any, ...]] = {
+    **_NEUTRAL_BOTH,
+    "suffix": (),
+    "logprobs": (),  # an int in completions: 0 would still return logprobs
+    "add_special_tokens": (True,),  # the tokenizer's special tokens: what encode() does
+}
+NEUTRAL_CHAT: dict[str, tuple[Any, ...]] = {
+    **_NEUTRAL_BOTH,
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "tools": ([],),
+    "tool_choice": ("none", "auto"),  # with no tools, "auto" calls none either
+    "parallel_tool_calls": ANY,  # no tools
+    "reasoning_effort": (),
+    "include_reasoning": ANY,  # no reasoning parser: nothing to include or leave out
+    "add_generation_prompt": (True,),
+    "continue_final_message": (False,),
+    "add_special_tokens": (False,),  # the chat template has them already
+    "documents": (),
+    "chat_template": (),
+    "chat_template_kwargs": ({},),
+    "media_io_kwargs": ({},),
+    "mm_processor_kwargs": ({},),
+    "return_prompt_text": (False,),
+}
+
+
+def _same(a: Any, b: Any) -> bool:
+    """JSON equality without Python's True == 1 (a bool is not a number here)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+def take_neutral(data: dict[str, Any], neutral: dict[str, tuple[Any, ...]]) -> str | None:
+    """Remove from `data` the unimplemented fields sent at values that change nothing;
+    the first one that would change the output: its name (data is then left as is)."""
+    for key in [k for k in data if k in neutral]:
+        value, allowed = data[key], neutral[key]
+        if value is None or allowed is ANY or any(_same(value, a) for a in allowed):
+            del data[key]
+        else:
+            return key
+    return None
+
+
+def refusal(key: str, value: Any, neutral: dict[str, tuple[Any, ...]]) -> str:
+    """The 400's message for an unimplemented field sent at a value that matters."""
+    shown = json.dumps(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    allowed = ", ".join(["null", *(json.dumps(a) for a in neutral[key])])
+    return (
+        f"{key}={shown} is not supported by this server; it accepts {key} only where it "
+        f"changes nothing: {allowed}"
+    )
+
+
+def media_problem(data: dict[str, Any]) -> tuple[str, str] | None:
+    """(message, param) for a chat content part other than text, before pydantic, whose
+    message would list every union member that failed instead of saying why."""
+    messages = data.get("messages")
+    if not isinstance(messages, list):
+        return None
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text":
+                param = f"messages.{i}.content.{j}"
+                what = f"{kind!r} content parts are" if isinstance(kind, str) else "this part is"
+                return (
+                    f"{param}: {what} not supported: this server serves a text-only model "
+                    'and takes only {"type": "text", "text": ...} parts',
+                    param,
+                )
+    return None
+
+
+MAX_CLIENT_ID = 256  # characters of a client's request id (it goes into the trace)
 
 
 class _Sampling(_Strict):
@@ -35,31 +181,51 @@ class _Sampling(_Strict):
 
     model: str | None = None  # must name the served model when given
     n: Annotated[int, Field(ge=1)] = 1  # only 1 is supported
-    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0  # 0 = greedy
-    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0  # nucleus mass kept
-    top_k: Annotated[int, Field(ge=-1)] = 0  # vLLM: -1 or 0 = off
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None  # 0 = greedy; null: 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None  # nucleus mass kept; null: 1.0
+    top_k: Annotated[int, Field(ge=-1)] | None = None  # vLLM: -1, 0 or null = off
     seed: StrictInt | None = None  # per-request generator: the same tokens in any batch
     stop: str | list[str] | None = None  # stop strings, cut from the text
-    ignore_eos: StrictBool = False  # vLLM: keep going past EOS
-    priority: StrictInt = 0  # vLLM: lower runs first under --scheduling-policy priority
-    stream: StrictBool = False  # server-sent events
+    stop_token_ids: list[StrictInt] | None = None  # vLLM: token ids that end the output
+    include_stop_str_in_output: StrictBool | None = False  # vLLM: keep the stop string
+    skip_special_tokens: StrictBool | None = True  # vLLM: special tokens left out of text
+    ignore_eos: StrictBool | None = False  # vLLM: keep going past EOS
+    min_tokens: Annotated[int, Field(ge=0)] | None = 0  # vLLM: see problem()
+    priority: StrictInt | None = 0  # vLLM: lower runs first under --scheduling-policy priority
+    stream: StrictBool | None = False  # server-sent events
     stream_options: StreamOptions | None = None  # only with stream
-    user: str | None = None  # accepted and ignored, as OpenAI allows
+    user: str | None = None  # accepted and ignored, as OpenAI and vLLM do
+    request_id: str | None = None  # vLLM: the client's id (X-Request-Id wins)
+
+    @property
+    def streaming(self) -> bool:
+        return bool(self.stream)
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
+    def usage_options(self) -> tuple[bool, bool]:
+        """(a last usage chunk, usage on every chunk), as vLLM reads stream_options."""
+        o = self.stream_options
+        if not self.stream or o is None or not o.include_usage:
+            return False, False
+        return True, bool(o.continuous_usage_stats)
+
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=max(self.top_k, 0),
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=max(self.top_k or 0, 0),
             seed=self.seed,
-            ignore_eos=self.ignore_eos,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            ignore_eos=bool(self.ignore_eos),
         )
+
+    def output_limit(self) -> int | None:
+        raise NotImplementedError
 
     def problem(self) -> tuple[str, str] | None:
         """(message, param) for what pydantic cannot say alone."""
@@ -71,6 +237,19 @@ class _Sampling(_Strict):
             return "at most 4 stop strings", "stop"
         if self.seed is not None and not 0 <= self.seed < 2**63:
             return "seed must be in [0, 2**63)", "seed"
+        if self.request_id is not None and not 0 < len(self.request_id) <= MAX_CLIENT_ID:
+            return f"request_id must be 1 to {MAX_CLIENT_ID} characters", "request_id"
+        limit = self.output_limit()
+        if self.min_tokens and limit is not None and self.min_tokens > limit:
+            return f"min_tokens={self.min_tokens} is above max_tokens={limit}", "min_tokens"
+        if self.min_tokens and (not self.ignore_eos or self.stop_strings() or self.stop_token_ids):
+            # Only then can the output end before min_tokens, and the engine has no
+            # minimum: with ignore_eos and nothing else to stop on it changes nothing.
+            return (
+                "min_tokens > 0 is only supported with ignore_eos=true and no stop or "
+                "stop_token_ids (this server does not enforce a minimum)",
+                "min_tokens",
+            )
         return None
 
 
@@ -79,6 +258,9 @@ class CompletionRequest(_Sampling):
 
     prompt: str | Annotated[list[StrictInt], Field(min_length=1)]  # text or token ids
     max_tokens: Annotated[int, Field(ge=1)] | None = 16  # OpenAI's default; None: to the limit
+
+    def output_limit(self) -> int | None:
+        return self.max_tokens
 
 
 class ChatCompletionRequest(_Sampling):
@@ -92,7 +274,13 @@ class ChatCompletionRequest(_Sampling):
         return self.max_completion_tokens or self.max_tokens
 
     def chat(self) -> list[dict[str, str]]:
-        return [m.model_dump(exclude_none=True) for m in self.messages]
+        out = []
+        for m in self.messages:
+            d = {"role": m.role, "content": m.text()}
+            if m.name is not None:
+                d["name"] = m.name
+            out.append(d)
+        return out
 
 
 def error_body(
@@ -143,7 +331,15 @@ class Shapes:
             choice["logprobs"] = None
         return {**self._base(self.object), "choices": [choice], "usage": usage(prompt, completion)}
 
-    def chunk(self, text: str | None, reason: str | None, first: bool = False) -> dict[str, Any]:
+    def chunk(
+        self,
+        text: str | None,
+        reason: str | None,
+        first: bool = False,
+        usage_now: tuple[int, int] | None = None,
+    ) -> dict[str, Any]:
+        """One streamed chunk; `usage_now` (prompt, completion tokens so far): vLLM's
+        continuous_usage_stats."""
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(reason)}
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
@@ -154,7 +350,10 @@ class Shapes:
             choice["text"] = text or ""
             choice["logprobs"] = None
         obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return {**self._base(obj), "choices": [choice]}
+        out = {**self._base(obj), "choices": [choice]}
+        if usage_now is not None:
+            out["usage"] = usage(*usage_now)
+        return out
 
     def usage_chunk(self, prompt: int, completion: int) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from recorder.serving import ServerRecording
 from schedtop_server.app import ServeSettings, build_app
-from schedtop_server.loop import EngineLoop
+from schedtop_server.loop import EngineDeadError, EngineLoop
 from schedtop_server.metrics import ServeMetrics
 
 if TYPE_CHECKING:
@@ -89,7 +89,8 @@ def serve_forever(
     sock: socket.socket | None = None,
 ) -> EngineLoop:
     """Serve until SIGINT/SIGTERM on `sock` (default: bind `listen`'s address now);
-    returns the stopped loop (its stats)."""
+    returns the stopped loop (its stats). Raises EngineDeadError (a SystemExit: the
+    process ends with status 1 and the reason on stderr) when the engine thread failed."""
     import uvicorn
 
     app, loop = build(engine, settings, listen.max_waiting, recording)
@@ -107,10 +108,19 @@ def serve_forever(
         lifespan="on",
     )
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+    server = _server_class()(config)
+
+    def dead(reason: str) -> None:
+        # From the engine thread: uvicorn polls should_exit, then shuts down as on SIGTERM.
+        server.should_exit = True
+
+    loop.on_dead = dead
     try:
-        _server_class()(config).run(sockets=[sock])
+        server.run(sockets=[sock])
     finally:
         sock.close()
+    if loop.dead_reason is not None:
+        raise EngineDeadError(loop.dead_reason)
     return loop
 
 
