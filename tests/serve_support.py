@@ -23,15 +23,18 @@ START_TIMEOUT_S = 180.0  # model load on a busy 2-core machine
 class ServerProcess:
     """`schedtop serve --port 0 ...` as a real process; `url` once it listens."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: list[str], env: dict[str, str] | None = None, module: str = "tui.cli"
+    ) -> None:
         self.args = args
+        self.module = module  # what `python -m` runs: the CLI, or a wrapper that injects faults
         self.env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
         self.output: list[str] = []
 
     def __enter__(self) -> ServerProcess:
-        cmd = [sys.executable, "-m", "tui.cli", "serve", "--host", "127.0.0.1", "--port", "0"]
+        cmd = [sys.executable, "-m", self.module, "serve", "--host", "127.0.0.1", "--port", "0"]
         self.proc = subprocess.Popen(
             [*cmd, *self.args],
             cwd=REPO,

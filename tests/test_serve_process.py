@@ -140,3 +140,20 @@ def test_the_tui_reads_the_http_side_of_a_run_directory(
         assert session.frame().header.http == "HTTP 1 ok · 2 left"
     finally:
         session.close()
+
+
+def test_a_dead_engine_ends_the_process_with_the_reason(tmp_path: Path) -> None:
+    """vLLM's EngineDeadError behaviour: the request in flight gets a 500, /health stops
+    answering 200, and the process exits non-zero with the reason on stderr, so that a
+    supervisor restarts it."""
+    model = write_tiny_gguf(tmp_path)
+    args = ["--model", str(model), "--num-gpu-blocks-override", "128", "--no-trace"]
+    env = {"SCHEDTOP_TEST_FAIL_AFTER_STEPS": "2"}
+    with ServerProcess(args, env=env, module="tests.faulty_serve") as proc:
+        r = httpx.post(proc.url + "/v1/completions", json={**LONG, "max_tokens": 20}, timeout=60)
+        assert r.status_code == 500 and "the engine died" in r.json()["error"]["message"]
+        assert proc.proc is not None
+        status = proc.proc.wait(60)  # it exits on its own
+    assert status == 1
+    out = "".join(proc.output)
+    assert "the engine died: RuntimeError: injected engine fault" in out
