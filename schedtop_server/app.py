@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
 from engine.events import ClientReport
+from engine.model.errors import RequestError
 from recorder.serving import ServerRecording
 from recorder.stream import StreamSubscription
 from schedtop_server.loop import EngineLoop, Submission, Update
@@ -43,6 +44,10 @@ from schedtop_server.protocol import (
 log = logging.getLogger("schedtop.serve")
 
 STREAM_POLL_S = 0.5  # a live viewer's get() timeout: how soon a disconnect is noticed
+# A request body larger than this is refused (413) before it is read whole: a prompt of
+# 8 MiB is already ~2M tokens, far past any context, and reading and parsing 20 MB cost
+# seconds and gigabytes (issue 26 item 3).
+DEFAULT_MAX_BODY_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,7 @@ class ServeSettings:
     api_key: str | None = None  # required as a Bearer token on /v1/* when set
     version: str = "dev"  # /version
     incident_window_s: float = 600.0  # POST /v1/schedtop/incident's default window
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies get a 413
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -62,6 +68,8 @@ class ServeSettings:
             raise ValueError("api_key: must not be empty (leave it unset for no auth)")
         if self.incident_window_s <= 0:
             raise ValueError(f"incident_window_s={self.incident_window_s}: must be > 0")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes={self.max_body_bytes}: must be >= 1024")
 
 
 class Refused(Exception):
@@ -147,6 +155,8 @@ def build_app(
 
     if settings.api_key is not None:
         app.add_middleware(_Auth, key=settings.api_key, loop=loop)
+    # Added last, so outermost: a body too large is refused before anything reads it.
+    app.add_middleware(_BodyLimit, limit=settings.max_body_bytes, loop=loop)
 
     @app.get("/health")
     async def health() -> Response:
@@ -223,6 +233,54 @@ class _Auth:
         await self.app(scope, receive, send)
 
 
+class _BodyLimit:
+    """Refuses a request body over `limit` bytes with a 413: at once when Content-Length
+    says so, else as soon as the bytes received pass it (a chunked upload). The body is
+    read here, bounded, and handed on whole: every route reads its body whole anyway."""
+
+    def __init__(self, app: Any, limit: int, loop: EngineLoop) -> None:
+        self.app = app
+        self.limit = limit
+        self.loop = loop
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        too_big = declared is not None and declared.isdigit() and int(declared) > self.limit
+        chunks: list[bytes] = []
+        size = 0
+        more = not too_big
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # gone before it finished sending
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                too_big = True
+                break
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        if too_big:
+            message = f"the request body is larger than this server's limit of {self.limit} bytes"
+            _report_refusal(self.loop, scope["path"], self.loop.clock(), 413, message)
+            await _error(413, message, code="request_too_large")(scope, receive, send)
+            return
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: the disconnect, when it comes
+
+        await self.app(scope, replay, send)
+
+
 # -- generation ------------------------------------------------------------------------------
 
 
@@ -277,11 +335,18 @@ async def _generate(
     ex.on_report = ids.release
     out: asyncio.Queue[Update] = asyncio.Queue()
     prompt: Any = body.chat() if isinstance(body, ChatCompletionRequest) else body.prompt
+    try:
+        prompt_ids = await loop.tokenize(prompt)
+    except RequestError as e:
+        ids.release(ex.request_id)
+        ex.request_id = ""  # it never reached the engine: the trace has no such request
+        ex.report(400, str(e))
+        return _error(400, str(e))
     max_tokens = body.output_limit()
     loop.submit(
         Submission(
             request_id=ex.request_id,
-            prompt=prompt,
+            prompt_ids=prompt_ids,
             params=body.sampling_params(max_tokens or 1),
             max_tokens=max_tokens,
             stops=body.stop_strings(),

@@ -15,6 +15,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("schedtop.serve")
 
 IDLE_INTERVAL_S = 0.1  # an idle engine still calls on_idle this often
+TOKENIZER_THREADS = 2  # prompts tokenized at once, off the engine thread
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +39,7 @@ class Submission:
     """A request for the engine thread, built by the HTTP side."""
 
     request_id: str  # unique across the server's life
-    prompt: Prompt  # text, token ids, or chat messages
+    prompt_ids: list[int]  # the prompt, tokenized off the engine thread (EngineLoop.tokenize)
     params: SamplingParams  # max_tokens None-free: the HTTP side resolved defaults...
     max_tokens: int | None  # ...except this: None = up to max_model_len
     stops: tuple[str, ...]  # stop strings (cut from the text, never streamed)
@@ -143,6 +145,7 @@ class EngineLoop:
         self._aloop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._outbox: list[tuple[asyncio.Queue[Update], Update]] = []
+        self._tokenizers = ThreadPoolExecutor(TOKENIZER_THREADS, "schedtop-tokenize")
 
     # -- the asyncio side ------------------------------------------------------------------
 
@@ -153,6 +156,7 @@ class EngineLoop:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Abort what is left, run the engine thread out and wait for it."""
+        self._tokenizers.shutdown(wait=False, cancel_futures=True)
         if self._thread is None:
             return
         self._inbox.put(_STOP)
@@ -162,6 +166,20 @@ class EngineLoop:
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    async def tokenize(self, prompt: Prompt) -> list[int]:
+        """The prompt's token ids, computed in a worker thread, not the engine's: a long
+        prompt or chat template must not stall every running stream (the tokenizer and
+        the template are safe to use from several threads). Raises RequestError for a
+        prompt the model refuses or the tokenizer cannot take (a lone surrogate, ...)."""
+        aloop = asyncio.get_running_loop()
+        try:
+            return await aloop.run_in_executor(self._tokenizers, self.engine.tokenize, prompt)
+        except RequestError:
+            raise
+        except Exception as e:  # the tokenizer choked on the text: the client's input
+            log.info("prompt refused: the tokenizer raised %s: %s", type(e).__name__, e)
+            raise RequestError(f"the prompt cannot be tokenized: {type(e).__name__}: {e}") from e
 
     def submit(self, sub: Submission) -> None:
         self._inbox.put(sub)
@@ -314,13 +332,7 @@ class EngineLoop:
                 400,
                 [],
             )
-        try:
-            ids = self.engine.tokenize(sub.prompt)
-        except RequestError as e:
-            return str(e), 400, []
-        except Exception as e:  # the tokenizer choked on the text (a lone surrogate, ...)
-            log.info("prompt refused: the tokenizer raised %s: %s", type(e).__name__, e)
-            return f"the prompt cannot be tokenized: {type(e).__name__}: {e}", 400, []
+        ids = sub.prompt_ids
         limit = self.engine.config.max_model_len
         if not ids:
             return "the prompt is empty", 400, ids

@@ -291,6 +291,7 @@ def error_body(
         400: "invalid_request_error",
         401: "authentication_error",
         404: "not_found_error",
+        413: "invalid_request_error",
         503: "server_overloaded",
     }.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}

@@ -8,6 +8,8 @@ change the output. Exceptions while handling one request fail that request alone
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import httpx
 import pytest
 
 from recorder.reader import TraceReader
+from schedtop_server.app import DEFAULT_MAX_BODY_BYTES
 from schedtop_server.detok import IncrementalDetokenizer
 from schedtop_server.loop import EngineLoop
 from schedtop_server.protocol import NEUTRAL_CHAT, NEUTRAL_COMPLETION
@@ -320,3 +323,55 @@ def test_streams_mid_flight_get_an_error_event_when_the_engine_dies(
     assert r.status_code == 200
     assert events[-1] == "[DONE]" and "the engine died" in events[-2]["error"]["message"]
     assert stream_text(events[:-2], chat=False)  # some text came before
+
+
+# -- admission: body size, tokenizing off the engine thread ----------------------------------
+
+
+def test_bodies_over_the_limit_get_413_declared_or_streamed() -> None:
+    big = b'{"prompt": "' + b"a" * (DEFAULT_MAX_BODY_BYTES + 10) + b'"}'
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for i in range(0, len(big), 1 << 20):
+            yield big[i : i + (1 << 20)]
+
+    async def go() -> list[httpx.Response]:
+        async with served() as (client, loop):
+            declared = await client.post("/v1/completions", content=big)
+            streamed = await client.post("/v1/completions", content=chunks())
+            ok = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+            assert loop.stats.added == 1  # nothing too large reached the engine
+            return [declared, streamed, ok]
+
+    declared, streamed, ok = run(go())
+    for r in (declared, streamed):
+        assert r.status_code == 413
+        assert "larger than this server's limit" in r.json()["error"]["message"]
+    assert ok.status_code == 200
+
+
+def test_prompts_are_tokenized_off_the_engine_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Text and chat templates are tokenized in a worker; the engine thread only checks
+    the ids it is handed (add_request's range check)."""
+    calls: list[tuple[str, bool]] = []  # (thread, the prompt was ids already)
+
+    async def go() -> list[int]:
+        async with served() as (client, loop):
+            tokenize = loop.engine.tokenize
+
+            def spy(prompt: Any) -> list[int]:
+                ids = isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
+                calls.append((threading.current_thread().name, ids))
+                return tokenize(prompt)
+
+            monkeypatch.setattr(loop.engine, "tokenize", spy)
+            chat = {"messages": CHAT, "max_tokens": 2}
+            got = [
+                await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}),
+                await client.post("/v1/chat/completions", json=chat),
+            ]
+            return [r.status_code for r in got]
+
+    assert run(go()) == [200, 200]
+    text = [thread for thread, ids in calls if not ids]
+    assert len(text) == 2 and "schedtop-engine" not in text, calls
