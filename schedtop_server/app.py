@@ -153,6 +153,13 @@ def build_app(
 
     app = FastAPI(title="schedtop serve", version=settings.version, lifespan=lifespan)
 
+    @app.exception_handler(Exception)
+    async def internal(request: Request, e: Exception) -> Response:
+        # A bug in a handler: still an OpenAI-shaped answer (not Starlette's plain text),
+        # and recorded, so that the trace's HTTP statistics count it.
+        log.exception("%s failed", request.url.path)
+        return _refuse(loop, request.url.path, 500, f"internal error: {type(e).__name__}: {e}")
+
     if settings.api_key is not None:
         app.add_middleware(_Auth, key=settings.api_key, loop=loop)
     # Added last, so outermost: a body too large is refused before anything reads it.
@@ -382,6 +389,8 @@ def _parse(
 ) -> CompletionRequest | ChatCompletionRequest:
     try:
         data = json.loads(raw)
+    except RecursionError:  # nested deeper than the parser goes: the client's input
+        raise Refused(400, "the body is nested too deeply to parse") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise Refused(400, f"the body is not valid JSON: {e}") from None
     if not isinstance(data, dict):
@@ -413,7 +422,7 @@ def _parse(
             "model",
         )
     try:
-        body.sampling_params(1)
+        body.sampling_params(body.output_limit() or 1)  # the limits of every value
     except ValueError as e:
         raise Refused(400, str(e)) from None
     return body

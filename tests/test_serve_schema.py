@@ -375,3 +375,17 @@ def test_prompts_are_tokenized_off_the_engine_thread(monkeypatch: pytest.MonkeyP
     assert run(go()) == [200, 200]
     text = [thread for thread, ids in calls if not ids]
     assert len(text) == 2 and "schedtop-engine" not in text, calls
+
+
+def test_odd_bodies_get_openai_errors_not_plain_text() -> None:
+    async def go() -> list[httpx.Response]:
+        async with served() as (client, _):
+            deep = b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+            return [
+                await client.post("/v1/completions", content=deep),
+                await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2**40}),
+            ]
+
+    for r in run(go()):
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["type"] == "invalid_request_error"
