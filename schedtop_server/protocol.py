@@ -1,5 +1,9 @@
-"""The OpenAI request bodies the server accepts, validated strictly (an unknown field is a
-400, not silently ignored), and the response shapes it sends."""
+"""The OpenAI request bodies the server accepts and the response shapes it sends.
+
+The schema is vLLM 0.33's: every field its CompletionRequest and ChatCompletionRequest
+define is accepted, those this server implements with their meaning, the others
+(NEUTRAL_*) only at values that change nothing, so that no client gets output that
+silently ignores what it asked for. A field vLLM does not define is a 400 as well."""
 
 from __future__ import annotations
 
