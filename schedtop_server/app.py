@@ -16,11 +16,11 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from engine.events import ClientReport
 from engine.model.errors import RequestError
@@ -34,7 +34,9 @@ from schedtop_server.protocol import (
     NEUTRAL_COMPLETION,
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
     Shapes,
+    TokenizeRequest,
     error_body,
     media_problem,
     refusal,
@@ -42,6 +44,7 @@ from schedtop_server.protocol import (
 )
 
 log = logging.getLogger("schedtop.serve")
+M = TypeVar("M", bound=BaseModel)
 
 STREAM_POLL_S = 0.5  # a live viewer's get() timeout: how soon a disconnect is noticed
 # A request body larger than this is refused (413) before it is read whole: a prompt of
@@ -201,6 +204,16 @@ def build_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await _generate(request, loop, settings, ids, chat=True)
+
+    # vLLM's /tokenize and /detokenize, outside /v1 and so without the key, as vLLM has
+    # them: `vllm bench serve` calls them without one to check its tokenizer is ours.
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        return await _tokenize(request, loop, settings)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        return await _detokenize(request, loop, settings)
 
     @app.post("/v1/schedtop/incident")
     async def incident(request: Request) -> Response:
@@ -387,14 +400,7 @@ async def _generate(
 def _parse(
     raw: bytes, chat: bool, settings: ServeSettings
 ) -> CompletionRequest | ChatCompletionRequest:
-    try:
-        data = json.loads(raw)
-    except RecursionError:  # nested deeper than the parser goes: the client's input
-        raise Refused(400, "the body is nested too deeply to parse") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise Refused(400, f"the body is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise Refused(400, "the body must be a JSON object")
+    data = _json_object(raw)
     problem = media_problem(data) if chat else None
     if problem is not None:
         raise Refused(400, problem[0], problem[1])
@@ -403,28 +409,51 @@ def _parse(
     key = take_neutral(data, neutral)
     if key is not None:
         raise Refused(400, refusal(key, value[key], neutral), key)
-    model = ChatCompletionRequest if chat else CompletionRequest
+    body: CompletionRequest | ChatCompletionRequest = (
+        _validate(ChatCompletionRequest, data, settings)
+        if chat
+        else _validate(CompletionRequest, data, settings)
+    )
+    problem = body.problem()
+    if problem is not None:
+        raise Refused(400, problem[0], problem[1])
     try:
-        body: CompletionRequest | ChatCompletionRequest = model.model_validate(data)
+        body.sampling_params(body.output_limit() or 1)  # the limits of every value
+    except ValueError as e:
+        raise Refused(400, str(e)) from None
+    return body
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(raw)
+    except RecursionError:  # nested deeper than the parser goes: the client's input
+        raise Refused(400, "the body is nested too deeply to parse") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise Refused(400, f"the body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise Refused(400, "the body must be a JSON object")
+    return data
+
+
+def _validate(model: type[M], data: dict[str, Any], settings: ServeSettings) -> M:
+    """`data` as `model`, the first problem a Refused naming its field; a `model` field
+    must name the served model (404 otherwise, as OpenAI and vLLM answer)."""
+    try:
+        body = model.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
         param = ".".join(str(p) for p in err["loc"]) or None
         if err["type"] == "extra_forbidden":
             raise Refused(400, f"unknown field {param!r}", param) from None
         raise Refused(400, f"{param}: {err['msg']}" if param else err["msg"], param) from None
-    problem = body.problem()
-    if problem is not None:
-        raise Refused(400, problem[0], problem[1])
-    if body.model is not None and body.model != settings.model_name:
+    name = getattr(body, "model", None)
+    if name is not None and name != settings.model_name:
         raise Refused(
             404,
-            f"the model {body.model!r} does not exist; this server serves {settings.model_name!r}",
+            f"the model {name!r} does not exist; this server serves {settings.model_name!r}",
             "model",
         )
-    try:
-        body.sampling_params(body.output_limit() or 1)  # the limits of every value
-    except ValueError as e:
-        raise Refused(400, str(e)) from None
     return body
 
 
@@ -512,6 +541,59 @@ async def _disconnected(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+# -- vLLM's tokenizer routes -----------------------------------------------------------------
+
+
+async def _tokenize(request: Request, loop: EngineLoop, settings: ServeSettings) -> Response:
+    endpoint = request.url.path
+    try:
+        body = _validate(TokenizeRequest, _json_object(await request.body()), settings)
+        problem = body.problem()
+        if problem is not None:
+            raise Refused(400, problem[0], problem[1])
+        tokenizer = loop.engine.tokenizer
+        if body.messages is not None:
+            chat = ChatCompletionRequest(messages=body.messages).chat()
+            ids = await loop.offload(
+                tokenizer.apply_chat_template, chat, body.add_generation_prompt is not False
+            )
+        else:
+            ids = await loop.tokenize(body.prompt or "")
+            bos = tokenizer.bos_token_id
+            if body.add_special_tokens is False and ids and ids[0] == bos:
+                ids = ids[1:]  # the BOS encode() adds for this model
+        strs = None
+        if body.return_token_strs:
+            strs = [tokenizer.tokenizer.id_to_token(i) or "" for i in ids]
+    except Refused as e:
+        return _refuse(loop, endpoint, e.status, e.message, e.param)
+    except RequestError as e:
+        return _refuse(loop, endpoint, 400, str(e))
+    except Exception as e:  # the template or the tokenizer choked on the client's text
+        return _refuse(loop, endpoint, 400, f"cannot tokenize: {type(e).__name__}: {e}")
+    return JSONResponse(
+        {
+            "count": len(ids),
+            "max_model_len": settings.max_model_len,
+            "tokens": ids,
+            "token_strs": strs,
+        }  # fmt: skip
+    )
+
+
+async def _detokenize(request: Request, loop: EngineLoop, settings: ServeSettings) -> Response:
+    endpoint = request.url.path
+    try:
+        body = _validate(DetokenizeRequest, _json_object(await request.body()), settings)
+        ids = await loop.tokenize(body.tokens)  # the ids' range checked against the vocab
+        text = await loop.offload(loop.engine.tokenizer.decode, ids)
+    except Refused as e:
+        return _refuse(loop, endpoint, e.status, e.message, e.param)
+    except RequestError as e:
+        return _refuse(loop, endpoint, 400, str(e))
+    return JSONResponse({"prompt": text})
 
 
 # -- schedtop's own routes -------------------------------------------------------------------

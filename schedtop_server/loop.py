@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from engine.events import ClientReport
 from engine.model.errors import RequestError
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from schedtop_server.metrics import ServeMetrics
 
 log = logging.getLogger("schedtop.serve")
+T = TypeVar("T")
 
 IDLE_INTERVAL_S = 0.1  # an idle engine still calls on_idle this often
 TOKENIZER_THREADS = 2  # prompts tokenized at once, off the engine thread
@@ -172,14 +173,18 @@ class EngineLoop:
         prompt or chat template must not stall every running stream (the tokenizer and
         the template are safe to use from several threads). Raises RequestError for a
         prompt the model refuses or the tokenizer cannot take (a lone surrogate, ...)."""
-        aloop = asyncio.get_running_loop()
         try:
-            return await aloop.run_in_executor(self._tokenizers, self.engine.tokenize, prompt)
+            return await self.offload(self.engine.tokenize, prompt)
         except RequestError:
             raise
         except Exception as e:  # the tokenizer choked on the text: the client's input
             log.info("prompt refused: the tokenizer raised %s: %s", type(e).__name__, e)
             raise RequestError(f"the prompt cannot be tokenized: {type(e).__name__}: {e}") from e
+
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` in the tokenizer pool: tokenizer work never runs on the engine
+        thread or the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizers, fn, *args)
 
     def submit(self, sub: Submission) -> None:
         self._inbox.put(sub)

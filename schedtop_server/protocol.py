@@ -287,6 +287,29 @@ class ChatCompletionRequest(_Sampling):
         return out
 
 
+class TokenizeRequest(_Strict):
+    """POST /tokenize, vLLM's: a prompt or chat messages (the template applied)."""
+
+    model: str | None = None  # must name the served model when given
+    prompt: str | None = None  # text...
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None  # ...or a chat
+    add_special_tokens: StrictBool | None = None  # null: true for a prompt (BOS), false for chat
+    add_generation_prompt: StrictBool | None = True  # chat: end with the assistant's turn
+    return_token_strs: StrictBool | None = False  # each token's string, too
+
+    def problem(self) -> tuple[str, str] | None:
+        if (self.prompt is None) == (self.messages is None):
+            return "give exactly one of prompt and messages", "prompt"
+        return None
+
+
+class DetokenizeRequest(_Strict):
+    """POST /detokenize, vLLM's."""
+
+    model: str | None = None  # must name the served model when given
+    tokens: list[Annotated[StrictInt, Field(ge=0)]]  # token ids (checked against the vocab)
+
+
 def error_body(
     message: str, status: int, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:

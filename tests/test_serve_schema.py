@@ -389,3 +389,28 @@ def test_odd_bodies_get_openai_errors_not_plain_text() -> None:
     for r in run(go()):
         assert r.status_code == 400, r.text
         assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_tokenize_and_detokenize_as_vllm_has_them() -> None:
+    async def go() -> list[httpx.Response]:
+        async with served(api_key="k") as (client, loop):
+            tokenize, detok = "/tokenize", "/detokenize"
+            text = await client.post(tokenize, json={"prompt": "hello there", "model": "tiny"})
+            ids = text.json()["tokens"]
+            return [
+                text,
+                await client.post(detok, json={"tokens": ids}),
+                await client.post(tokenize, json={"messages": CHAT, "return_token_strs": True}),
+                await client.post(tokenize, json={"prompt": "x", "model": "other"}),
+                await client.post(detok, json={"tokens": [10**9]}),
+                await client.post(tokenize, json={"prompt": "x", "messages": CHAT}),
+            ]
+
+    text, detok, chat, other, bad_id, both = run(go())
+    assert text.status_code == 200, text.text  # open without the key, as in vLLM
+    got = text.json()
+    assert got["count"] == len(got["tokens"]) > 0 and got["max_model_len"] == 512
+    assert detok.json() == {"prompt": "hello there"}
+    assert chat.status_code == 200 and len(chat.json()["token_strs"]) == chat.json()["count"]
+    assert other.status_code == 404
+    assert bad_id.status_code == both.status_code == 400
