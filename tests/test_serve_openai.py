@@ -22,7 +22,7 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
     base = tmp_path_factory.mktemp("serve-openai")
     model = write_tiny_gguf(base)
     args = ["--model", str(model), "--num-gpu-blocks-override", "128", "--no-trace",
-            "--api-key", KEY]  # fmt: skip
+            "--api-key", KEY, "--max-body-size", "64KiB"]  # fmt: skip
     with ServerProcess(args) as proc:
         c = openai.OpenAI(base_url=proc.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
         try:
@@ -150,3 +150,9 @@ def test_the_request_id_header_names_the_response(client: openai.OpenAI) -> None
         extra_headers={"X-Request-Id": "client-42"},
     )
     assert r.id == "cmpl-client-42"
+
+
+def test_a_body_over_max_body_size_is_a_413(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.APIStatusError) as big:
+        client.completions.create(model=model_of(client), prompt="a" * 100_000, max_tokens=2)
+    assert big.value.status_code == 413 and "65536 bytes" in str(big.value)

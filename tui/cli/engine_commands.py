@@ -189,6 +189,13 @@ def run(
     metavar="SECONDS",
     help="What POST /v1/schedtop/incident copies by default.",
 )
+@click.option(
+    "--max-body-size",
+    metavar="SIZE",
+    default="8MiB",
+    show_default=True,
+    help="Refuse larger request bodies with a 413, before reading them whole.",
+)
 @click.option("--no-trace", is_flag=True, help="Do not record.")
 @click.option(
     "--redact-prompts", is_flag=True, help="Leave prompt and output token ids out of the trace."
@@ -204,6 +211,7 @@ def serve(
     trace_dir: str | None,
     trace_max_bytes: str,
     incident_window: float,
+    max_body_size: str,
     no_trace: bool,
     redact_prompts: bool,
     **options: Any,
@@ -222,6 +230,7 @@ def serve(
     try:
         listen = Listen(host, port, max_waiting)
         max_bytes = _size(trace_max_bytes, "--trace-max-bytes")
+        max_body = _size(max_body_size, "--max-body-size")
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     try:  # before the model loads: a taken port fails at once (vLLM binds first too)
@@ -240,6 +249,7 @@ def serve(
                 api_key=api_key,
                 version=schedtop_version(),
                 incident_window_s=incident_window,
+                max_body_bytes=max_body,
             )
         except ValueError as e:
             raise click.UsageError(str(e)) from None
