@@ -24,6 +24,7 @@ from replays.resim_base import (
     recorder_for,
     request_of,
 )
+from replays.run_end import run_is_over
 from replays.scripts import (
     RecordedHasher,
     RequestScript,
@@ -69,7 +70,10 @@ def _run(
     limit = 10 * num_recorded + 10_000
     step = 0
     try:
-        while step <= last_arrival or engine.has_unfinished():
+        sched = engine.scheduler
+        while not run_is_over(
+            step, last_arrival, num_recorded, sched.has_unfinished(), bool(engine.batches)
+        ):
             if step >= limit:
                 raise ResimError(f"the re-simulation is still running at step {step}")
             for ref in by_step.get(step, ()):

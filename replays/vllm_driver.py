@@ -28,6 +28,7 @@ from recorder.reader import TraceReader
 from recorder.schema import Step
 from recorder.vllm import MID_STEP_ABORT
 from replays.reducer import apply_with_view
+from replays.run_end import run_is_over
 from replays.state import State
 
 _TINY_MODEL = {
@@ -300,11 +301,14 @@ class Driver:
             arrivals.setdefault(s.arrival_step, []).append(s)
         last = max(arrivals, default=-1)
         last = max(last, self.inputs.num_steps - 1)
+        num_recorded = self.inputs.num_steps or None  # 0: a workload, no recording
         is_async = self.inputs.config.async_scheduling
         sched = self.sched
         step = 0
         try:
-            while step <= last or sched.has_unfinished_requests() or self.batches:
+            while not run_is_over(
+                step, last, num_recorded, sched.has_unfinished_requests(), bool(self.batches)
+            ):
                 if step >= max_steps:
                     raise SystemExit(f"still running at step {step}")
                 for s in arrivals.get(step, ()):

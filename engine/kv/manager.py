@@ -174,7 +174,14 @@ class KVCacheManager:
         return new_blocks
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Hash-register every block that `num_tokens` scheduled tokens fill (K4)."""
+        """Hash-register every block that `num_tokens` scheduled tokens fill (K4).
+
+        A no-op without prefix caching, as vLLM's KVCacheManager.cache_blocks: the async
+        scheduler calls it for every sample that arrives, whatever the config, and a
+        block hashed here would be kept as a cached block when freed (and so leave the
+        free queue in another order than vLLM's)."""
+        if not self.enable_caching:
+            return
         rid = request.request_id
         done = self.num_cached_block.get(rid, 0)
         full = min(num_tokens, len(request.block_hashes) * self.block_size) // self.block_size
