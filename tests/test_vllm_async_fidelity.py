@@ -7,6 +7,8 @@ vLLM 0.33's LLMEngine (in-process, async_scheduling=True) with a model-free exec
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,3 +89,25 @@ def test_vllm_async_traces_resimulate_exactly_with_vllm(
     result = resimulate_with_vllm(trace, out=tmp_path / "vllm.trace")
     assert result.reproduced, (result.divergence_step, result.fields)
     assert result.num_steps == num_recorded
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_async_traces_of_vllms_engine_loop_resimulate_with_both_engines(tmp_path: Path) -> None:
+    """A few workloads of bench/vllm_engine_fuzz.py (docs/benchmarks.md has its long runs):
+    vLLM's LLMEngine with async scheduling, recorded, re-simulated by both schedulers."""
+    spec = importlib.util.spec_from_file_location(
+        "vllm_engine_fuzz", Path(__file__).parent.parent / "bench" / "vllm_engine_fuzz.py"
+    )
+    assert spec is not None and spec.loader is not None
+    fuzz = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = fuzz  # its dataclasses look their module up there
+    spec.loader.exec_module(fuzz)
+    outcome = fuzz.fuzz(6, 2, find_vllm_python(), tmp_path)
+    assert not outcome.problems, outcome.problems
+    # What it has to cover: storms, aborts, prefix caching both ways, both block sizes,
+    # both ends of a run.
+    assert outcome.preemptions > 0 and outcome.aborts > 0
+    assert 0 < outcome.caching_off < outcome.runs
+    assert set(outcome.block_sizes) == {16, 32}
+    assert 0 < outcome.drained < outcome.runs

@@ -3,7 +3,9 @@
     python -m tests.vllm_engine SPEC.json RESULT.json
 
 Each run of SPEC (see main) is a fidelity workload (requests may also have
-"abort_step" and "stop_token_ids"), multiprocess or not, async or not. vLLM's own
+"abort_step" and "stop_token_ids"), multiprocess or not, async or not, and in-process
+stepped until the batch queue is drained (vLLM's busy loop) or not ("drain": false,
+LLM.generate's loop). vLLM's own
 LLMEngine (and, with multiprocess, its engine-core process) runs with `FakeExecutor`
 in place of a GPU worker, and with schedtop's CheckingScheduler: the recorder, plus a
 comparison of the state the trace rebuilds with vLLM's live free queue, block tables,
@@ -282,8 +284,16 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     finished: list[str] = []
     step = 0
     last = max(max(by_step, default=0), max(aborts, default=0))
+    # "drain": step on while the in-process engine core still has a batch in flight after
+    # the last finish, as vLLM's own busy loop does in its engine-core process; without it
+    # the loop is LLM.generate's, which stops when no request is unfinished.
+    drain = spec.get("drain", True)
     try:
-        while step <= last or engine.has_unfinished_requests() or _batches_in_flight(engine):
+        while (
+            step <= last
+            or engine.has_unfinished_requests()
+            or (drain and _batches_in_flight(engine))
+        ):
             if step > 20_000:
                 raise SystemExit("the engine is still running at step 20000")
             if aborts.get(step):
