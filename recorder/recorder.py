@@ -36,6 +36,9 @@ from recorder.writer import TraceSink, TraceWriter
 log = logging.getLogger("schedtop.recorder")
 
 DEFAULT_SNAPSHOT_INTERVAL = 256
+# The flush timer of open_recording's and a server's recorders: a hung engine that is
+# then killed loses at most this much of its last steps (docs/trace-format.md).
+FLUSH_INTERVAL_S = 1.0
 # The default replay-work budget between snapshots: per pool block, and at least this much
 # (below it a seek costs a few ms whatever the spacing; see default_snapshot_work).
 SNAPSHOT_WORK_PER_BLOCK = 3
@@ -87,6 +90,12 @@ class Recorder:
     recorder.background), in order: the engine's thread only builds them. Then `flush`
     and `drain` are the ways to make what was recorded reach the sink.
 
+    `flush_interval_s` starts the recorder's flush timer: its own thread (the encoding
+    thread in the background, else one that only keeps time) writes out whatever is
+    recorded and not yet in the file at least that often, steps or not. An engine that
+    hangs and is then killed (SIGKILL) so loses at most that much of its last steps;
+    without it, records reach the file only as the engine steps (and flushes).
+
     `install=False` leaves `engine.sink` alone (an owner passes reports on itself);
     `continue_from` makes this the next segment of another recording (its clock and start
     time; refs are the engine's own, so they continue; the segment starts with a snapshot)."""
@@ -110,6 +119,7 @@ class Recorder:
         install: bool = True,
         continue_from: Recorder | None = None,
         background: bool = False,
+        flush_interval_s: float | None = None,
     ) -> None:
         if snapshot_interval < 1:
             raise ValueError(f"snapshot_interval={snapshot_interval}: must be >= 1")
@@ -119,6 +129,8 @@ class Recorder:
             raise ValueError(f"snapshot_work={snapshot_work}: must be >= 0")
         if not 0 <= snapshot_budget < 1:
             raise ValueError(f"snapshot_budget={snapshot_budget}: must be in [0, 1)")
+        if flush_interval_s is not None and not flush_interval_s > 0:
+            raise ValueError(f"flush_interval_s={flush_interval_s}: must be > 0")
         if background and strict:
             raise ValueError("strict recording raises on the engine's thread: not in background")
         mid_run = engine.step_index > 0
@@ -164,7 +176,18 @@ class Recorder:
         self.header = header
         self._append(header, boundary=True)
         # Started after the header: from here on only its thread appends to the sink.
-        self._bg = Background() if background else None
+        # The timer ticks twice an interval, and each tick writes out everything appended
+        # before it: a record waits at most one interval (plus a wake-up) to reach the file.
+        tick = None if flush_interval_s is None else self._timed_flush
+        tick_s = (flush_interval_s or 0.0) / 2
+        self._bg = Background(tick=tick, tick_s=tick_s) if background else None
+        # Without the background thread, a thread that only keeps time: the sink's
+        # appending side is locked (TraceWriter.flush_buffered), so it may flush from it.
+        self._timer = (
+            Background("trace-flush-timer", tick=tick, tick_s=tick_s)
+            if tick is not None and not background
+            else None
+        )
         if mid_run:
             snap = engine.snapshot()
             self._compactor.adopt(snap)
@@ -304,6 +327,12 @@ class Recorder:
             self._bg.put(flush)
         self._bg.wake()
 
+    def _timed_flush(self) -> None:
+        """The flush timer's tick (on the recorder's own thread, not the engine's)."""
+        flush = getattr(self.sink, "flush_buffered", None)
+        if flush is not None and self.error is None:
+            flush()
+
     def drain(self) -> None:
         """Wait until every record so far is in the sink (in the background: appended)."""
         if self._bg is not None:
@@ -321,6 +350,8 @@ class Recorder:
         self._closed = True
         if self.engine.sink is self:
             self.engine.sink = self._downstream
+        if self._timer is not None:
+            self._timer.close()
         if self._bg is not None:
             self._bg.close()  # every record queued is appended: the footer indexes them
         try:
@@ -528,6 +559,7 @@ def open_recording(
             redact_prompts=redact_prompts,
             snapshot_interval=snapshot_interval,
             model=model,
+            flush_interval_s=FLUSH_INTERVAL_S,
         )
     except BaseException:
         writer.close()

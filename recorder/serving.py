@@ -41,7 +41,7 @@ from recorder.errors import RecordingError
 from recorder.framing import frame, preamble
 from recorder.paths import new_run_dir
 from recorder.reader import TraceReader
-from recorder.recorder import DEFAULT_SNAPSHOT_INTERVAL, Recorder
+from recorder.recorder import DEFAULT_SNAPSHOT_INTERVAL, FLUSH_INTERVAL_S, Recorder
 from recorder.schema import RecordType
 from recorder.segments import INCIDENTS, join, list_segments, segment_name
 from recorder.stream import DEFAULT_LIMIT, DEFAULT_MAX_VIEWERS, StreamHub, StreamSubscription
@@ -130,6 +130,9 @@ class ServerRecording:
             model=model,
             snapshot_interval=snapshot_interval,
             clock=clock,
+            # The engine thread flushes every FLUSH_S while it steps, and when idle; the
+            # timer writes out the last steps of an engine thread that hangs.
+            flush_interval_s=FLUSH_INTERVAL_S,
         )
         self._hub = StreamHub(stream_limit, max_viewers)
         self._lock = threading.Lock()  # the segment list, read by incident()

@@ -35,7 +35,9 @@ SLOW_WRITE_S = 0.002  # a write slower than this sends the following ones to the
 
 class TraceWriter:
     """Appends framed records to a new trace file, from one thread (the engine's, or the
-    recorder's encoding thread).
+    recorder's encoding thread); the recorder's flush timer may flush it from another
+    (`flush_buffered`): the appending side is under a lock of its own, which the
+    flusher thread never takes.
 
     Invariant: `offset` is the file offset the next record will have; `flushed` counts the
     bytes the OS has accepted, a prefix of the file that any reader can see."""
@@ -73,6 +75,10 @@ class TraceWriter:
         self._last_write_s = 0.0  # how long the last write of INLINE_BYTES or less took
         self._closing = False
         self._closed = False
+        # The appending side (the buffer, inline writes): the appender's thread and the
+        # recorder's flush timer. Uncontended but for a timed flush: a lock costs the
+        # appender well under a microsecond a record.
+        self._side = threading.Lock()
         lock = threading.Lock()
         self._work = threading.Condition(lock)  # the flusher waits here for batches
         self._done = threading.Condition(lock)  # flush() and drain() wait here for writes
@@ -82,6 +88,10 @@ class TraceWriter:
     def append(self, rtype: int, body: bytes, *, boundary: bool = False) -> int:
         """Buffer one record; returns its offset. `boundary` marks the end of a step, where
         live mode flushes."""
+        with self._side:
+            return self._append(rtype, body, boundary)
+
+    def _append(self, rtype: int, body: bytes, boundary: bool) -> int:
         if self.error is not None or self._closed:
             return self.offset
         start = self.offset
@@ -97,13 +107,24 @@ class TraceWriter:
             or self._buffered >= self.flush_bytes
             or self._clock() - self._last_flush >= self.flush_interval_s
         ):
-            self.flush()
+            self._flush()
         return start
 
     def flush(self) -> None:
         """Write the buffer: inline when it is small, nothing is queued and the last write
         was quick (a page-cache write costs less than waking a thread); else hand it to
         the flusher thread, so that a slow disk never holds the engine again."""
+        with self._side:
+            self._flush()
+
+    def flush_buffered(self) -> None:
+        """`flush` if anything is buffered, from any thread: the recorder's flush timer,
+        which writes out the steps of an engine that stopped stepping."""
+        with self._side:
+            if self._parts and not self._closed:
+                self._flush()
+
+    def _flush(self) -> None:
         now = self._last_flush = self._clock()
         if not self._parts:
             return
@@ -146,14 +167,15 @@ class TraceWriter:
 
     def close(self) -> None:
         """Write what is left, fsync and close. Idempotent."""
-        if self._closed:
-            return
-        self.flush()
+        with self._side:
+            if self._closed:
+                return
+            self._flush()
+            self._closed = True  # from here on, appends and timed flushes do nothing
         with self._work:
             self._closing = True
             self._work.notify()
         self._thread.join()
-        self._closed = True
         try:
             if self.error is None:
                 os.fsync(self._fd)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -315,9 +316,21 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 if out.finished:
                     finished.append(out.request_id)
             step += 1
+            if step == spec.get("hang_after_steps"):
+                _hang(engine, Path(spec["trace_dir"]) / "hung")
     finally:
         engine.engine_core.shutdown()
     return {"steps": step, "finished": finished}
+
+
+def _hang(engine: Any, marker: Path) -> None:
+    """The hang-and-kill test's hook: the engine stops stepping for good (as a hung model
+    call stops vLLM's engine core), after writing the last step its recorder has ended
+    (with async scheduling the step just scheduled is still open) for the test to find."""
+    tap = engine.engine_core.engine_core.scheduler._schedtop
+    marker.write_text(str(tap.next_step - 1))
+    while True:
+        time.sleep(3600)
 
 
 def _batches_in_flight(engine: Any) -> bool:

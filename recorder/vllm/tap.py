@@ -200,7 +200,8 @@ class Tap(KVTaps):
             self.recorder = self._recorder(facade, model, engine_name, on_record)
         except ValueError as e:
             raise UnsupportedVllm(
-                f"schedtop's recorder settings (SCHEDTOP_SNAPSHOT_*): {e}"
+                f"schedtop's recorder settings (SCHEDTOP_SNAPSHOT_*, "
+                f"SCHEDTOP_FLUSH_INTERVAL_S): {e}"
             ) from None
         self.install_kv()
 
@@ -224,6 +225,9 @@ class Tap(KVTaps):
             # Encoding a record costs about as much as all else the recorder does in a
             # step; on a thread of its own it overlaps vLLM's model step.
             background=True,
+            # That thread also flushes on a timer: vLLM calls the scheduler only while it
+            # steps, and a hung engine core that is killed must keep its last steps.
+            flush_interval_s=self.flush_interval,
         )
 
     def close(self) -> None:
