@@ -283,6 +283,7 @@ FOOTER = Body(
         (6, "num_finishes", UINT),
         (7, "num_preemptions", UINT),
         (8, "end_time_ns", UINT),
+        (9, "stopped", STR),
     ],
 )
 

@@ -34,6 +34,7 @@ class TraceSummary:
     end: int  # where the last whole record ends
     segments: tuple[Path, ...] = ()  # a run directory's segment files, oldest first
     first_time_s: float = 0.0  # when the first step ended (a mid-run trace's steps/s)
+    stopped: str = ""  # why recording stopped before the engine did (the footer's)
 
 
 def summarize(path: str | os.PathLike[str]) -> TraceSummary:
@@ -64,6 +65,7 @@ def _summarize(path: str | os.PathLike[str]) -> TraceSummary:
             last_time / 1e9,
             *totals,
             closed_cleanly=footer is not None,
+            stopped=footer.stopped if footer is not None else "",
             cut=reader.cut,
             end=end,
             segments=tuple(reader.segments) if isinstance(reader, SegmentedReader) else (),
@@ -153,6 +155,11 @@ def format_summary(s: TraceSummary) -> str:
 
 
 def _closing(s: TraceSummary) -> str:
+    if s.closed_cleanly and s.stopped:
+        text = (
+            "yes, but recording stopped before the engine did (it went on unrecorded): " + s.stopped
+        )
+        return "\n".join(textwrap.wrap(text, 88, subsequent_indent=" " * 10))
     if s.closed_cleanly:
         return "yes, cleanly (footer index present)"
     if s.cut is not None:

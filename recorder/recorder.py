@@ -343,8 +343,10 @@ class Recorder:
         """The thread that encodes and appends the records (None: the engine's own)."""
         return None if self._bg is None else self._bg.thread
 
-    def close(self) -> None:
-        """Write the footer (if recording went well), flush, fsync and close. Idempotent."""
+    def close(self, stopped: str = "") -> None:
+        """Write the footer (if recording went well), flush, fsync and close. Idempotent.
+        `stopped`: why recording stops while the engine goes on, kept in the footer so
+        that readers (`schedtop info`) can say the trace ends early and why."""
         if self._closed:
             return
         self._closed = True
@@ -356,7 +358,7 @@ class Recorder:
             self._bg.close()  # every record queued is appended: the footer indexes them
         try:
             if self.error is None and self.sink.error is None:
-                offset = self._append(self._footer())
+                offset = self._append(self._footer(stopped))
                 self._append(End(offset))
         finally:
             self.sink.close()
@@ -478,7 +480,7 @@ class Recorder:
             snapshot_work=self.snapshot_work,
         )
 
-    def _footer(self) -> Footer:
+    def _footer(self, stopped: str = "") -> Footer:
         offsets = tuple(self._step_offsets)
         if len(offsets) * 8 > MAX_RECORD_BYTES // 2:
             offsets = ()  # too many to index: readers scan instead
@@ -493,6 +495,7 @@ class Recorder:
             num_finishes=finishes,
             num_preemptions=preemptions,
             end_time_ns=self._clock() - self._t0,
+            stopped=stopped,
         )
 
 

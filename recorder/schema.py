@@ -165,6 +165,9 @@ class Footer:
     num_finishes: int  # requests that finished
     num_preemptions: int  # preemptions
     end_time_ns: int  # monotonic ns since recording started, at close (timing)
+    # Why recording stopped before the engine did ("": it recorded to the end): a request
+    # or an event the recorder cannot record (recorder.vllm), written at that close.
+    stopped: str = ""
 
 
 @dataclass(frozen=True, slots=True)

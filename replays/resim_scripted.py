@@ -71,8 +71,17 @@ def _run(
     step = 0
     try:
         sched = engine.scheduler
+        # A check of a recording that ended before its run (killed, or stopped by the
+        # recorder) ends where it does; a what-if run goes on to finish its requests.
+        footer = reader.footer
+        ended_early = not overrides and (footer is None or bool(footer.stopped))
         while not run_is_over(
-            step, last_arrival, num_recorded, sched.has_unfinished(), bool(engine.batches)
+            step,
+            last_arrival,
+            num_recorded,
+            sched.has_unfinished(),
+            bool(engine.batches),
+            ended_early,
         ):
             if step >= limit:
                 raise ResimError(f"the re-simulation is still running at step {step}")

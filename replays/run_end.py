@@ -18,6 +18,11 @@ A trace does not say which loop stepped it, but it shows it: the drain steps are
 not. So a re-simulation runs the recorded steps, then on while a request is unfinished,
 and drains batches in flight only as far as the recording did. A run with no recording to
 follow (a workload) drains them, as the busy loop does and as schedtop's engine does.
+
+A recording that ended before its run did (the process was killed, so there is no
+footer, or the recorder stopped on a request it cannot record, which the footer says)
+ends the re-simulation at its last step too: its requests still running are not
+finished, they were no longer recorded.
 """
 
 from __future__ import annotations
@@ -29,11 +34,14 @@ def run_is_over(
     num_recorded: int | None,
     has_unfinished_requests: bool,
     batches_in_flight: bool,
+    recording_ended_early: bool = False,
 ) -> bool:
     """Whether no step `step` (0-based) should run: every input is in (arrivals and aborts
     up to `last_input_step`), no request is unfinished, and either no batch is in flight
     or the recording (`num_recorded` steps; None: no recording) stopped before draining
-    it."""
+    it. With `recording_ended_early`, also once the recorded steps are done."""
+    if recording_ended_early and num_recorded is not None and step >= num_recorded:
+        return True
     if step <= last_input_step or has_unfinished_requests:
         return False
     if not batches_in_flight:

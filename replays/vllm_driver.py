@@ -71,6 +71,7 @@ class Inputs:
     config: EngineConfig  # the scheduler config
     scripts: list[Script] = field(default_factory=list)  # in arrival order
     num_steps: int = 0  # recorded steps (0: run until done)
+    ended_early: bool = False  # the recording ended before its run (killed, or stopped)
 
 
 def tiny_model_dir() -> str:
@@ -162,7 +163,9 @@ def inputs_from_trace(path: str | Path, overrides: dict[str, Any]) -> Inputs:
                 continue
             steps += 1
             _collect(rec, state, scripts)
-    return Inputs(config, scripts, steps)
+        footer = reader.footer
+        ended_early = not overrides and (footer is None or bool(footer.stopped))
+    return Inputs(config, scripts, steps, ended_early)
 
 
 def _collect(rec: Step, state: State, scripts: list[Script]) -> None:
@@ -307,7 +310,12 @@ class Driver:
         step = 0
         try:
             while not run_is_over(
-                step, last, num_recorded, sched.has_unfinished_requests(), bool(self.batches)
+                step,
+                last,
+                num_recorded,
+                sched.has_unfinished_requests(),
+                bool(self.batches),
+                self.inputs.ended_early,
             ):
                 if step >= max_steps:
                     raise SystemExit(f"still running at step {step}")

@@ -306,9 +306,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                     stop_token_ids=r.get("stop_token_ids") or None,
                     ignore_eos=True,
                 )
+                prompt: dict[str, Any] = {"prompt_token_ids": r["prompt_token_ids"]}
+                if r.get("cache_salt"):  # recorder.vllm stops recording on it
+                    prompt["cache_salt"] = r["cache_salt"]
                 engine.add_request(
                     r["id"],
-                    {"prompt_token_ids": r["prompt_token_ids"]},
+                    prompt,
                     params,
                     priority=r.get("priority", 0),
                 )

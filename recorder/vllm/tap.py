@@ -230,9 +230,9 @@ class Tap(KVTaps):
             flush_interval_s=self.flush_interval,
         )
 
-    def close(self) -> None:
+    def close(self, stopped: str = "") -> None:
         if self.recorder is not None:
-            self.recorder.close()
+            self.recorder.close(stopped)
             self.recorder = None
 
     def stop(self, why: str) -> None:
@@ -240,7 +240,7 @@ class Tap(KVTaps):
         if self.stopped is None:
             self.stopped = why
             log.warning("schedtop recording stopped: %s", why)
-            self.close()
+            self.close(why)  # the footer says why the trace ends before vLLM did
             if self.raw_allocate is not None:  # nothing to record any more
                 self.set_mode(STOPPED)
             self.mode = STOPPED
