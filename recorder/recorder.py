@@ -181,13 +181,14 @@ class Recorder:
         tick = None if flush_interval_s is None else self._timed_flush
         tick_s = (flush_interval_s or 0.0) / 2
         self._bg = Background(tick=tick, tick_s=tick_s) if background else None
-        # Without the background thread, a thread that only keeps time: the sink's
-        # appending side is locked (TraceWriter.flush_buffered), so it may flush from it.
-        self._timer = (
-            Background("trace-flush-timer", tick=tick, tick_s=tick_s)
-            if tick is not None and not background
-            else None
-        )
+        # Without the background thread, a thread that only keeps time; it flushes the
+        # sink from there, so the sink's appends take a lock from now on.
+        self._timer = None
+        if tick is not None and not background:
+            share = getattr(sink, "share_with_timer", None)
+            if share is not None:
+                share()
+            self._timer = Background("trace-flush-timer", tick=tick, tick_s=tick_s)
         if mid_run:
             snap = engine.snapshot()
             self._compactor.adopt(snap)
@@ -562,7 +563,9 @@ def open_recording(
             redact_prompts=redact_prompts,
             snapshot_interval=snapshot_interval,
             model=model,
-            flush_interval_s=FLUSH_INTERVAL_S,
+            # A live trace is flushed at every step's end: a hung engine's steps are all
+            # written already, and its appends need not take the timer's lock.
+            flush_interval_s=None if live else FLUSH_INTERVAL_S,
         )
     except BaseException:
         writer.close()

@@ -35,9 +35,9 @@ SLOW_WRITE_S = 0.002  # a write slower than this sends the following ones to the
 
 class TraceWriter:
     """Appends framed records to a new trace file, from one thread (the engine's, or the
-    recorder's encoding thread); the recorder's flush timer may flush it from another
-    (`flush_buffered`): the appending side is under a lock of its own, which the
-    flusher thread never takes.
+    recorder's encoding thread); after `share_with_timer`, the recorder's flush timer may
+    flush it from another (`flush_buffered`): the appending side is then under a lock of
+    its own, which the flusher thread never takes.
 
     Invariant: `offset` is the file offset the next record will have; `flushed` counts the
     bytes the OS has accepted, a prefix of the file that any reader can see."""
@@ -79,6 +79,7 @@ class TraceWriter:
         # recorder's flush timer. Uncontended but for a timed flush: a lock costs the
         # appender well under a microsecond a record.
         self._side = threading.Lock()
+        self._timed = False  # appends lock it too (share_with_timer)
         lock = threading.Lock()
         self._work = threading.Condition(lock)  # the flusher waits here for batches
         self._done = threading.Condition(lock)  # flush() and drain() wait here for writes
@@ -88,8 +89,10 @@ class TraceWriter:
     def append(self, rtype: int, body: bytes, *, boundary: bool = False) -> int:
         """Buffer one record; returns its offset. `boundary` marks the end of a step, where
         live mode flushes."""
-        with self._side:
-            return self._append(rtype, body, boundary)
+        if self._timed:
+            with self._side:
+                return self._append(rtype, body, boundary)
+        return self._append(rtype, body, boundary)
 
     def _append(self, rtype: int, body: bytes, boundary: bool) -> int:
         if self.error is not None or self._closed:
@@ -109,6 +112,11 @@ class TraceWriter:
         ):
             self._flush()
         return start
+
+    def share_with_timer(self) -> None:
+        """From now on a flush timer on another thread may call `flush_buffered`: appends
+        take the appending side's lock too (about 0.3 µs a record, so only then)."""
+        self._timed = True
 
     def flush(self) -> None:
         """Write the buffer: inline when it is small, nothing is queued and the last write
