@@ -24,6 +24,7 @@ import pytest
 
 from recorder.background import Background
 from recorder.multi import open_trace
+from replays.resim import resimulate
 from tests.test_vllm import find_vllm_python, vllm_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,6 +127,10 @@ def test_a_hung_vllm_engine_killed_keeps_its_last_steps(is_async: bool, tmp_path
     last = hang_then_kill(cmd, env, the_trace, marker)
     assert last >= 295  # every step driven was recorded but the open one (async)
     assert last_step_in(the_trace()) == last
+    # The killed trace is an incident to debug: it re-simulates up to where it ends.
+    result = resimulate(the_trace())
+    assert result.reproduced, result.divergence
+    assert result.num_steps == last + 1
 
 
 def test_the_timer_runs_queued_jobs_and_ticks_while_nothing_wakes_it() -> None:
