@@ -12,8 +12,11 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import queue
+import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -33,6 +36,9 @@ T = TypeVar("T")
 
 IDLE_INTERVAL_S = 0.1  # an idle engine still calls on_idle this often
 TOKENIZER_THREADS = 2  # prompts tokenized at once, off the engine thread
+# A test hook (tests/test_flight_recorder.py): after this many steps the engine thread
+# stops stepping for good, as a hung model call stops it, while the HTTP side lives on.
+HANG_AFTER_STEPS_ENV = "SCHEDTOP_TEST_HANG_AFTER_STEPS"
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +153,7 @@ class EngineLoop:
         self._thread: threading.Thread | None = None
         self._outbox: list[tuple[asyncio.Queue[Update], Update]] = []
         self._tokenizers = ThreadPoolExecutor(TOKENIZER_THREADS, "schedtop-tokenize")
+        self._hang_after = int(os.environ.get(HANG_AFTER_STEPS_ENV) or 0)
 
     # -- the asyncio side ------------------------------------------------------------------
 
@@ -391,6 +398,15 @@ class EngineLoop:
                     self._advance(live, out)
                 except Exception as e:  # detokenizing, stop strings: this request's fault
                     self._fail(out.request_id, live.sub.out, e, "producing its text")
+        if self._hang_after and self.stats.steps >= self._hang_after:
+            self._hang(last.report.step if last is not None else -1)
+
+    def _hang(self, step: int) -> None:
+        """The hang test hook: no step, no idle call, no flush from here on."""
+        print(f"{HANG_AFTER_STEPS_ENV}: the engine thread hangs after step {step}", file=sys.stderr)
+        sys.stderr.flush()
+        while True:
+            time.sleep(3600)
 
     def _advance(self, live: _Live, out: RequestOutput) -> None:
         new = out.output_token_ids[live.num_tokens :]

@@ -2,14 +2,16 @@
 of an engine that stops stepping and is then killed reads up to its last busy step,
 because the recorder's own thread flushes on a timer (Recorder(flush_interval_s=...)),
 not only when the engine steps. Real processes, real files: our engine recorded as
-`schedtop run` and `schedtop serve` record it, and (marked vllm) vLLM's real engine loop,
-sync and async, with recorder.vllm.
+`schedtop run` and `schedtop serve` record it, the real `schedtop serve` (tiny model) hung
+by its test hook ($SCHEDTOP_TEST_HANG_AFTER_STEPS), and (marked vllm) vLLM's real engine
+loop, sync and async, with recorder.vllm.
 
 No timing is asserted: the test waits (with a generous deadline) for the trace to reach
 the last step; without the timer it never does, however long the engine hangs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -20,11 +22,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
+from schedtop_server.loop import HANG_AFTER_STEPS_ENV
 from recorder.background import Background
 from recorder.multi import open_trace
 from replays.resim import resimulate
+from tests.model_support import write_tiny_gguf
+from tests.serve_support import ServerProcess
 from tests.test_vllm import find_vllm_python, vllm_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,3 +161,36 @@ def test_a_flush_interval_must_be_positive() -> None:
     engine = EngineCore(EngineConfig(), SimRunner({}))
     with pytest.raises(ValueError, match="flush_interval_s"):
         Recorder(engine, NullWriter(), flush_interval_s=0)
+
+
+def test_a_hung_schedtop_serve_killed_keeps_its_last_steps(tmp_path: Path) -> None:
+    """The real `schedtop serve` (a tiny model), its engine thread hung by the test hook
+    while a request decodes, then SIGKILLed: its run directory reads up to that step."""
+    model = write_tiny_gguf(tmp_path)
+    traces = tmp_path / "traces"
+    args = ["--model", str(model), "--num-gpu-blocks-override", "128", "--trace-dir", str(traces)]
+    env = {HANG_AFTER_STEPS_ENV: "40", "SCHEDTOP_FLUSH_INTERVAL_S": "1"}
+    with ServerProcess(args, env=env) as server:
+        body = {"prompt": "hello", "max_tokens": 400, "ignore_eos": True, "temperature": 0}
+
+        def ask() -> None:  # never answered: the engine hangs mid-request
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.post(server.url + "/v1/completions", json=body, timeout=FLUSH_WAIT_S * 2)
+
+        threading.Thread(target=ask, daemon=True).start()
+        deadline = time.monotonic() + START_S
+        said = "the engine thread hangs after step "
+        while not any(said in line for line in server.output):
+            assert time.monotonic() < deadline, "".join(server.output)[-2000:]
+            time.sleep(0.2)
+        line = next(line for line in server.output if said in line)
+        last = int(line.split(said)[1].split()[0])
+        (run,) = [p for p in traces.iterdir() if p.is_dir()]
+        deadline = time.monotonic() + FLUSH_WAIT_S
+        while last_step_in(run) < last and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGKILL)
+        server.proc.wait()
+    assert last == 39
+    assert last_step_in(run) == last
