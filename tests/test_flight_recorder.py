@@ -25,10 +25,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from schedtop_server.loop import HANG_AFTER_STEPS_ENV
 from recorder.background import Background
 from recorder.multi import open_trace
 from replays.resim import resimulate
+from schedtop_server.loop import HANG_AFTER_STEPS_ENV
 from tests.model_support import write_tiny_gguf
 from tests.serve_support import ServerProcess
 from tests.test_vllm import find_vllm_python, vllm_env
