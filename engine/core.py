@@ -149,7 +149,7 @@ class EngineCore:
         t2 = self.clock()
         outcome = sched.update_from_output(out, result)
         t3 = self.clock()
-        return self._report(decided, outcome, result, ns(t1 - t0), ns(t3 - t2))
+        return self._report(decided, outcome, result, ns(t1 - t0), ns(t3 - t2), t0)
 
     def _step_async(self, mid_step: Callable[[], None] | None) -> StepResult:
         """One iteration with two batches in flight, as vLLM's EngineCore with async
@@ -169,14 +169,14 @@ class EngineCore:
                 finishes, finished = sched.take_finishes()
                 none_yet = (0,) * len(decided.scheduled) if decided.scheduled else None
                 nothing = Outcome(finishes, finished, none_yet, (), (), [])
-                return self._report(decided, nothing, result, ns(t1 - t0), 0)
+                return self._report(decided, nothing, result, ns(t1 - t0), 0, t0)
         if mid_step is not None:
             mid_step()
         t2 = self.clock()
         old_out, old_result = batches.popleft()
         outcome = sched.update_from_output(old_out, old_result)
         t3 = self.clock()
-        return self._report(decided, outcome, old_result, ns(t1 - t0), ns(t3 - t2), old_out)
+        return self._report(decided, outcome, old_result, ns(t1 - t0), ns(t3 - t2), t0, old_out)
 
     def _report(
         self,
@@ -185,6 +185,7 @@ class EngineCore:
         result: ModelRunnerOutput,
         schedule_ns: int,
         update_ns: int,
+        began: float,
         batch: SchedulerOutput | None = None,
     ) -> StepResult:
         sched = self.scheduler
@@ -217,6 +218,9 @@ class EngineCore:
             running=tuple(map(_REF, end.running)),
             waiting=tuple(map(_REF, end.waiting)),
             timings=tuple(result.timings),
+            # The engine's work, apart from any wait before step() was called: what a
+            # step's duration means (docs/metrics.md), read last so that it covers it all.
+            work_ns=ns(self.clock() - began),
         )
         self.sink.on_step(report)
         return StepResult(

@@ -423,11 +423,27 @@ class Step:
     waiting: tuple[int, ...] | None = None  # waiting queue at the end; None: derived
     timings: tuple[Timing, ...] = ()  # runner timings resolved this step
     spec_proposed: tuple[SpecProposed, ...] = ()  # drafts proposed per request (format 1.1)
+    work_ns: int = 0  # the engine's own time in the step, from step() to this record (1.4)
 
     @property
     def num_scheduled_tokens(self) -> int:
         """The budget used: every scheduled entry's tokens, the leading decodes' included."""
         return self.num_decodes + sum(e.num_tokens for e in self.scheduled)
+
+    def duration_ns(self, prev_end_ns: int) -> int:
+        """The step's work: `work_ns` where recorded (format 1.4), else the wall time since
+        `prev_end_ns` (the previous step's end; 0 for the first step of a recording), which
+        in older traces includes any idle wait before the step (docs/metrics.md)."""
+        if self.work_ns:
+            return self.work_ns
+        return max(0, self.time_ns - prev_end_ns)
+
+    def idle_ns(self, prev_end_ns: int) -> int:
+        """The wait before the step: from `prev_end_ns` to the step's start (0 when the
+        record has no `work_ns`: an older trace cannot tell idle from work)."""
+        if not self.work_ns:
+            return 0
+        return max(0, self.time_ns - self.work_ns - prev_end_ns)
 
 
 # -- snapshot -------------------------------------------------------------------------------

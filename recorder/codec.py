@@ -238,6 +238,7 @@ STEP = Body(
         (22, "waiting", Opt(INTS)),
         (23, "timings", Items(TIMING)),
         (24, "spec_proposed", Items(SPEC_PROPOSED)),
+        (25, "work_ns", UINT),
     ],
 )
 # The fields of a steady decode step's record (StepCompactor._decodes_only), in field

@@ -143,6 +143,7 @@ class StepCompactor:
             kv_events=rep.kv_events,
             free_blocks_after_schedule=rep.free_blocks_after_schedule,
             free_blocks=rep.free_blocks,
+            work_ns=rep.work_ns,
         )
 
     def _arrival(self, a: Arrival) -> Arrival:

@@ -99,11 +99,12 @@ __all__ = [
 ]
 
 FORMAT_MAJOR = 1  # a reader refuses traces with a newer major version
-FORMAT_MINOR = 3  # minor versions only add fields and record types, which readers skip
+FORMAT_MINOR = 4  # minor versions only add fields and record types, which readers skip
 # 1.1: SpecProposed entries and Timing.propose_ns (speculative decoding); CLIENT records
 #      (schedtop serve)
 # 1.2: Header.snapshot_work (snapshots placed by replay work as well as by step count)
 # 1.3: block hashes of 8 bytes (HASH_BYTES; readers cut longer ones from older traces)
+# 1.4: Step.work_ns (the engine's work in a step, apart from the idle wait before it)
 
 Scalar = str | int | float | bool | None
 

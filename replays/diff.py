@@ -15,7 +15,7 @@ from replays.stats import TraceStats, trace_stats
 from replays.timeline import Timeline
 
 # Fields that differ from run to run with the same decisions.
-TIMING_FIELDS = frozenset({"time_ns", "schedule_ns", "update_ns", "timings"})
+TIMING_FIELDS = frozenset({"time_ns", "schedule_ns", "update_ns", "timings", "work_ns"})
 # ... and the budget, a setting rather than a decision: a bigger budget that changes
 # nothing should not be reported as a difference.
 _MASKED = TIMING_FIELDS | {"token_budget"}

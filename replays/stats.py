@@ -7,31 +7,40 @@ nothing about a model."""
 
 from __future__ import annotations
 
-from array import array
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.metrics import (
+    SECONDS,
+    Clock,
+    Lifecycle,
+    Lifecycles,
+    place_arrivals,
+    request_times,
+    run_metrics,
+    step_clock,
+    step_starts,
+)
 from recorder.multi import open_trace
 from recorder.reader import TraceReader
 from recorder.schema import (
     STATUS_LABELS,
     Client,
-    RequestState,
     Snapshot,
     Step,
     label,
-    percentile,
     printable,
 )
 from replays.clients import ServerStats, format_server, server_stats
-from replays.reducer import apply, arrived
+from replays.reducer import apply_with_view
 from replays.state import State
 
 
 @dataclass
 class RequestStats:
-    """One request's life, as the trace tells it."""
+    """One request's life, as the trace tells it (engine.metrics' lifecycle on the
+    trace's clock)."""
 
     request_id: str  # the engine's id
     arrival_step: int  # step it arrived in
@@ -44,26 +53,30 @@ class RequestStats:
     cached_tokens: int  # prefix-hit tokens at its first admission (-1: never admitted)
     ttft: float | None  # arrival to first token (seconds, or steps when simulated)
     tpot: float | None  # per output token after the first (seconds, or steps)
+    e2e: float | None = None  # arrival to finish (seconds, or steps)
+    queue: float | None = None  # arrival to the start of the first step that scheduled it
+    readmit_cached_tokens: int = 0  # prefix-hit tokens at its re-admissions
 
 
 @dataclass
 class TraceStats:
-    """The metrics of one trace."""
+    """The metrics of one trace: engine-side figures from engine.metrics (definitions in
+    docs/metrics.md), and the clients' when a server wrote the trace."""
 
     unit: str  # "s" for a timed (real-engine) trace, "steps" for a simulated one
     num_steps: int  # step records
-    duration_s: float  # from the first step's start to the last step's end
+    duration_s: float  # wall time: from the recording's start to the last step's end
     num_requests: int  # arrivals
     num_finished: int  # finished (any reason)
     num_errors: int  # finished with FINISHED_ERROR
     output_tokens: int  # over every request
-    throughput: float  # output tokens per second (timed) or per step (simulated)
+    throughput: float  # output tokens per second (timed) or per step, first arrival to end
     ttft_p50: float | None  # time to first token, median
     ttft_p99: float | None  # ... 99th percentile
     tpot_p50: float | None  # time per output token after the first, median
     tpot_p99: float | None  # ... 99th percentile
     preemptions: int  # preemptions over the trace
-    prefix_hit_rate: float  # prompt tokens served by the prefix cache at first admission
+    prefix_hit_rate: float  # first admissions' prefix-cache hits over their lookups (vLLM's)
     peak_blocks: int  # most KV blocks in use at the end of a step
     usable_blocks: int  # blocks in the pool, the null block aside
     mean_budget_use: float  # scheduled tokens / budget, averaged over steps
@@ -73,6 +86,17 @@ class TraceStats:
     spec_accepted: int = 0  # drafts accepted
     num_aborted: int = 0  # finished with FINISHED_ABORTED (a client left, or a stop string)
     server: ServerStats | None = None  # the HTTP side, when a server wrote the trace
+    itl_p50: float | None = None  # inter-token latency (between token-giving steps), median
+    itl_p99: float | None = None  # ... 99th percentile
+    e2e_p50: float | None = None  # arrival to finish, median
+    e2e_p99: float | None = None  # ... 99th percentile
+    queue_p50: float | None = None  # arrival to first scheduled, median
+    queue_p99: float | None = None  # ... 99th percentile
+    prefix_hit_tokens: int = 0  # first admissions' prefix-cache hits
+    readmit_hit_tokens: int = 0  # hits at re-admissions after a preemption
+    readmit_query_tokens: int = 0  # tokens looked up at those re-admissions
+    work_s: float = 0.0  # the steps' work (timed traces with work_ns; else 0)
+    idle_s: float = 0.0  # the waits before steps (timed traces with work_ns; else 0)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -106,12 +130,12 @@ class _Collector:
         header = reader.header
         self.timed = False  # set at the end: whether any step carries runner timings
         self.usable = header.num_blocks - 1
-        self.ends = array("q")  # each step's end, ns since recording started
-        self.first_step = header.first_step
-        self.reqs: dict[int, RequestState] = {}
-        self.finish: dict[int, tuple[int, int]] = {}  # ref -> (step, status)
+        self.fold = Lifecycles()
+        self.ends: list[float] = []  # each step's end, seconds since recording started
+        self.work: list[float | None] = []  # each step's recorded work (None: not recorded)
+        self.busy: list[float] = []  # each step's measured parts (schedule, runner, update)
+        self.idle: list[bool] = []  # nothing unfinished before the step
         self.min_free = self.usable
-        self.preemptions = 0
         self.budget_use = 0.0
         self.spec = [0, 0, 0]  # verifications, drafts verified, drafts accepted
         self.clients: list[Client] = []
@@ -125,25 +149,25 @@ class _Collector:
                     self.clients.append(rec)
                 elif isinstance(rec, Snapshot) and state is None:
                     state = State.from_snapshot(self.reader.header, rec)
-                    self.reqs.update(state.requests)
+                    for r in state.requests.values():
+                        self.fold.adopt(r)
                 continue
             if state is None:
                 state = State.initial(self.reader.header)
-            apply(state, rec, entry.offset)
-            self._observe(rec, state)
+            self.idle.append(not state.requests)
+            view = apply_with_view(state, rec, entry.offset)
+            self.fold.step(rec, view.scheduled, ((x.ref, x.count) for x in view.samples))
+            self._observe(rec)
         return self._summarise()
 
-    def _observe(self, rec: Step, state: State) -> None:
-        self.ends.append(rec.time_ns)
+    def _observe(self, rec: Step) -> None:
+        self.ends.append(rec.time_ns / 1e9)
+        self.work.append(rec.work_ns / 1e9 if rec.work_ns else None)
+        busy = rec.schedule_ns + rec.update_ns
+        for t in rec.timings:
+            busy += t.prepare_ns + t.forward_ns + t.sample_ns
+        self.busy.append(busy / 1e9)
         self.timed = self.timed or bool(rec.timings)
-        for a in rec.arrivals:
-            r = state.requests.get(a.ref)
-            if r is None:  # it finished in the same step (an error at arrival)
-                r = arrived(a, rec.step)
-            self.reqs[a.ref] = r
-        for f in rec.finishes:
-            self.finish[f.ref] = (rec.step, f.status)
-        self.preemptions += len(rec.preemptions)
         if rec.spec_accepted:
             drafts = {e.ref: e.num_spec_tokens for e in rec.scheduled}
             for acc in rec.spec_accepted:
@@ -154,66 +178,58 @@ class _Collector:
         if rec.token_budget:
             self.budget_use += rec.num_scheduled_tokens / rec.token_budget
 
-    def _time(self, step: int) -> float:
-        """When `step` ended (seconds), or the step index itself when simulated."""
+    def _clock(self) -> Clock:
+        """The trace's clock: its step ends in seconds when timed, else step indices."""
         if not self.timed:
-            return float(step)
-        i = step - self.first_step
-        return self.ends[i] / 1e9 if 0 <= i < len(self.ends) else 0.0
+            return step_clock(self.fold)
+        first = self.fold.steps[0] if self.fold.steps else 0
+        starts = step_starts(self.ends, self.work, self.busy, self.idle)
+        return Clock(SECONDS, first, self.ends, starts, place_arrivals(self.fold, starts, first))
 
-    def _arrival(self, step: int) -> float:
-        # A request arrives before its step starts: when the step before it ended.
-        return self._time(step - 1) if self.timed else float(step - 1)
-
-    def _request(self, ref: int, r: RequestState) -> RequestStats:
-        finish_step, status = self.finish.get(ref, (-1, 0))
-        first = r.first_token_step
-        if first < 0 and r.num_output_tokens > 0:
-            first = finish_step  # its first token was also its last
-        ttft = self._time(first) - self._arrival(r.arrival_step) if first >= 0 else None
-        tpot = None
-        if first >= 0 and finish_step >= 0 and r.num_output_tokens > 1:
-            tpot = (self._time(finish_step) - self._time(first)) / (r.num_output_tokens - 1)
-        name = label(STATUS_LABELS, status) if status else ""
+    def _request(self, r: Lifecycle, clock: Clock) -> RequestStats:
+        t = request_times(r, clock)
+        first = r.sample_steps[0] if r.sample_steps else -1
         return RequestStats(
             r.request_id,
             r.arrival_step,
             first,
-            finish_step,
-            name,
+            r.finish_step,
+            label(STATUS_LABELS, r.status) if r.status else "",
             r.num_prompt_tokens,
-            r.num_output_tokens,
-            r.num_preemptions,
-            r.num_cached_tokens,
-            ttft,
-            tpot,
+            r.num_samples,
+            r.preemptions,
+            r.hit_tokens[0] if r.hit_tokens else -1,
+            t.ttft,
+            t.tpot,
+            t.e2e,
+            t.queue,
+            sum(r.hit_tokens[1:]),
         )
 
     def _summarise(self) -> TraceStats:
-        requests = [self._request(ref, r) for ref, r in sorted(self.reqs.items())]
+        clock = self._clock()
+        m = run_metrics(self.fold, clock)
+        requests = [self._request(self.fold.reqs[ref], clock) for ref in sorted(self.fold.reqs)]
         steps = len(self.ends)
-        duration = self.ends[-1] / 1e9 if steps and self.timed else 0.0
-        out_tokens = sum(r.output_tokens for r in requests)
-        span = duration if self.timed else float(steps)
-        admitted = [r for r in requests if r.cached_tokens >= 0]
-        prompt = sum(r.prompt_tokens for r in admitted)
-        ttft = [r.ttft for r in requests if r.ttft is not None]
-        tpot = [r.tpot for r in requests if r.tpot is not None]
+        work = idle = 0.0
+        if self.timed and all(w is not None for w in self.work):
+            work = sum(w for w in self.work if w is not None)
+            idle = max(0.0, self.ends[-1] - work) if steps else 0.0
         return TraceStats(
-            unit="s" if self.timed else "steps",
+            unit=m.unit,
             num_steps=steps,
-            duration_s=duration,
-            num_requests=len(requests),
-            num_finished=sum(1 for r in requests if r.finish_step >= 0),
-            num_errors=sum(1 for r in requests if r.status == "error"),
-            output_tokens=out_tokens,
-            throughput=out_tokens / span if span else 0.0,
-            ttft_p50=percentile(ttft, 50),
-            ttft_p99=percentile(ttft, 99),
-            tpot_p50=percentile(tpot, 50),
-            tpot_p99=percentile(tpot, 99),
-            preemptions=self.preemptions,
-            prefix_hit_rate=sum(r.cached_tokens for r in admitted) / prompt if prompt else 0.0,
+            duration_s=self.ends[-1] if steps and self.timed else 0.0,
+            num_requests=m.num_requests,
+            num_finished=m.num_finished,
+            num_errors=m.num_errors,
+            output_tokens=m.output_tokens,
+            throughput=m.throughput,
+            ttft_p50=m.ttft_p50,
+            ttft_p99=m.ttft_p99,
+            tpot_p50=m.tpot_p50,
+            tpot_p99=m.tpot_p99,
+            preemptions=m.preemptions,
+            prefix_hit_rate=m.prefix_hit_rate,
             peak_blocks=self.usable - self.min_free,
             usable_blocks=self.usable,
             mean_budget_use=self.budget_use / steps if steps else 0.0,
@@ -221,8 +237,19 @@ class _Collector:
             spec_verifications=self.spec[0],
             spec_drafts=self.spec[1],
             spec_accepted=self.spec[2],
-            num_aborted=sum(1 for r in requests if r.status == "aborted"),
+            num_aborted=m.num_aborted,
             server=server_stats(self.clients),
+            itl_p50=m.itl_p50,
+            itl_p99=m.itl_p99,
+            e2e_p50=m.e2e_p50,
+            e2e_p99=m.e2e_p99,
+            queue_p50=m.queue_p50,
+            queue_p99=m.queue_p99,
+            prefix_hit_tokens=m.prefix_hit_tokens,
+            readmit_hit_tokens=m.readmit_hit_tokens,
+            readmit_query_tokens=m.readmit_query_tokens,
+            work_s=work,
+            idle_s=idle,
         )
 
 
@@ -230,8 +257,13 @@ def format_stats(s: TraceStats) -> str:
     """The metrics as a small table."""
     u = s.unit
     rate = "tokens/s" if u == "s" else "tokens/step"
+    span = ""
+    if u == "s":
+        span = f" in {s.duration_s:.2f} s"
+        if s.work_s:
+            span += f" (work {s.work_s:.2f} s, idle {s.idle_s:.2f} s)"
     rows = [
-        ("steps", f"{s.num_steps}" + (f" in {s.duration_s:.2f} s" if u == "s" else "")),
+        ("steps", f"{s.num_steps}{span}"),
         (
             "requests",
             f"{s.num_requests} ({s.num_finished} finished, {s.num_errors} errors, "
@@ -239,10 +271,13 @@ def format_stats(s: TraceStats) -> str:
         ),
         ("output tokens", f"{s.output_tokens}"),
         ("throughput", f"{s.throughput:.2f} {rate}"),
-        ("TTFT p50 / p99", f"{_v(s.ttft_p50, u)} / {_v(s.ttft_p99, u)}"),
-        ("TPOT p50 / p99", f"{_v(s.tpot_p50, u)} / {_v(s.tpot_p99, u)}"),
+        ("engine TTFT p50 / p99", f"{_v(s.ttft_p50, u)} / {_v(s.ttft_p99, u)}"),
+        ("engine TPOT p50 / p99", f"{_v(s.tpot_p50, u)} / {_v(s.tpot_p99, u)}"),
+        ("engine ITL p50 / p99", f"{_v(s.itl_p50, u)} / {_v(s.itl_p99, u)}"),
+        ("engine queue p50 / p99", f"{_v(s.queue_p50, u)} / {_v(s.queue_p99, u)}"),
+        ("engine e2e p50 / p99", f"{_v(s.e2e_p50, u)} / {_v(s.e2e_p99, u)}"),
         ("preemptions", f"{s.preemptions}"),
-        ("prefix-hit rate", f"{s.prefix_hit_rate:.1%}"),
+        ("prefix-hit rate", f"{s.prefix_hit_rate:.1%}" + _readmits(s)),
         ("peak KV blocks", f"{s.peak_blocks} of {s.usable_blocks}"),
         ("budget use", f"{s.mean_budget_use:.1%} mean"),
     ]
@@ -259,6 +294,12 @@ def format_stats(s: TraceStats) -> str:
         rows += format_server(s.server)
     width = max(len(k) for k, _ in rows)
     return printable("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
+
+
+def _readmits(s: TraceStats) -> str:
+    if not s.readmit_query_tokens:
+        return ""
+    return f" (re-admissions: {s.readmit_hit_tokens} of {s.readmit_query_tokens} tokens hit)"
 
 
 def _v(x: float | None, unit: str) -> str:

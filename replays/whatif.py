@@ -45,6 +45,7 @@ from replays.timebase import (
     observe_trace,
     recorded_timebase,
     timed_metrics,
+    why_untimed,
 )
 
 METRICS = (
@@ -131,8 +132,8 @@ def whatif(
     if model is None:
         if not obs.timed:
             raise WhatifError(
-                f"{path}: the trace has no step timings (a simulated run): give a step-time "
-                "model with --model FILE or --model intercept=S,prefill_tokens=S,..."
+                f"{path}: {why_untimed(path)}: give a step-time model with "
+                "--model FILE or --model intercept=S,prefill_tokens=S,..."
             )
         work, secs, excluded = obs.fit_rows()
         model = fit_model(work, secs, str(path), excluded)
@@ -322,7 +323,10 @@ class _Inputs:
         key = model.vector
         if key not in self.on_clock:
             base = recorded_timebase(self.obs, model)
-            self.on_clock[key] = (base, timed_metrics(self.obs, base.end_ns, base.arrival_ns))
+            self.on_clock[key] = (
+                base,
+                timed_metrics(self.obs, base.end_ns, base.arrival_ns, base.start_ns),
+            )
         base, metrics = self.on_clock[key]
         return base, dataclasses.replace(metrics)
 

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 from engine.config import EngineConfig, Options, RunnerOptions
 from engine.events import NULL_SINK, EventSink
 from engine.limits import MAX_TOKENS
+from engine.metrics import MetricsSink, RunMetrics
 from engine.model.errors import RequestError
 from engine.model.workload import RunWorkload, WorkloadRequest, load_run_workload, run_options
-from engine.records import percentile, printable
+from engine.records import printable
 from engine.request import SamplingParams
 from engine.workload_file import WorkloadError, atomic_output
 
@@ -42,29 +43,49 @@ def load(path: str | Path | None) -> RunWorkload:
 
 @dataclass
 class RunSummary:
-    """Totals and latency percentiles of one run."""
+    """One run: what ran, and its figures from engine.metrics (the fold `stats` and
+    `whatif` use on its trace; docs/metrics.md)."""
 
     model: str  # what ran
     setup: str  # device, dtype, attention backend, KV pool
     num_requests: int = 0  # in the workload
     num_finished: int = 0  # finished without error
     errors: list[tuple[str, str]] = field(default_factory=list)  # (id, message) refused/failed
-    num_steps: int = 0  # engine steps
-    elapsed_s: float = 0.0  # first arrival to last finish
-    prompt_tokens: int = 0  # over finished requests
-    output_tokens: int = 0  # over finished requests
-    num_preemptions: int = 0  # over the run
-    cached_tokens: int = 0  # prompt tokens served by the prefix cache
-    ttft_s: list[float] = field(default_factory=list)  # per request
-    tpot_s: list[float] = field(default_factory=list)  # per request with >= 2 tokens
+    metrics: RunMetrics | None = None  # the engine's steps folded (None: it never stepped)
+
+    @property
+    def num_steps(self) -> int:
+        return self.metrics.num_steps if self.metrics else 0
+
+    @property
+    def elapsed_s(self) -> float:
+        """First arrival to the last step's end."""
+        return self.metrics.duration if self.metrics else 0.0
+
+    @property
+    def output_tokens(self) -> int:
+        return self.metrics.output_tokens if self.metrics else 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.metrics.prompt_tokens if self.metrics else 0
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.metrics.preemptions if self.metrics else 0
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prefix-cache hits at first admissions (vLLM's prefix_cache_hits)."""
+        return self.metrics.prefix_hit_tokens if self.metrics else 0
 
     @property
     def output_tok_per_s(self) -> float:
-        return self.output_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        return self.metrics.throughput if self.metrics else 0.0
 
     @property
     def prefix_hit_rate(self) -> float:
-        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+        return self.metrics.prefix_hit_rate if self.metrics else 0.0
 
 
 def engine_config(options: Options, max_position: int) -> EngineConfig:
@@ -135,6 +156,11 @@ def _run(
     on_progress: Progress | None,
     on_engine: Callable[[LLMEngine], None] | None,
 ) -> RunSummary:
+    # The fold sees every step first-hand, on the engine's clock (the arrivals' clock); a
+    # recorder attached below passes the steps on to it.
+    core = engine.core
+    folding = MetricsSink(engine.clock, core.sink)
+    core.sink = folding
     if on_engine is not None:
         on_engine(engine)
     runner = engine.runner
@@ -147,8 +173,9 @@ def _run(
         ),
         num_requests=len(workload.requests),
     )
-    outputs = _drive(engine, workload.requests, summary, on_progress)
+    outputs = _drive(engine, workload.requests, on_progress)
     engine.close()
+    summary.metrics = folding.metrics()
     for out in outputs.values():
         _observe(summary, out)
     if outputs_path is not None:
@@ -168,7 +195,6 @@ def check_output_dir(path: str | Path) -> None:
 def _drive(
     engine: LLMEngine,
     requests: list[WorkloadRequest],
-    summary: RunSummary,
     on_progress: Progress | None,
 ) -> dict[str, RequestOutput]:
     """Add each request when its arrival time comes; step while there is work."""
@@ -177,7 +203,6 @@ def _drive(
     tokens = 0
     t0 = clock()
     i = 0
-    last_finish = t0
     while i < len(requests) or engine.has_unfinished():
         now = clock()
         while i < len(requests) and t0 + requests[i].arrival_time <= now:
@@ -190,16 +215,10 @@ def _drive(
                 if out.finished and out.request_id not in done:
                     done[out.request_id] = out
                     tokens += len(out.output_token_ids)
-                    last_finish = out.finish_time or clock()
-            summary.num_steps += 1
-            if engine.last_step is not None:
-                summary.num_preemptions += len(engine.last_step.report.preemptions)
         elif i < len(requests):
             time.sleep(max(0.0, t0 + requests[i].arrival_time - clock()))
         if on_progress is not None:
             on_progress(len(done), len(requests), tokens)
-    first = t0 + (requests[0].arrival_time if requests else 0.0)
-    summary.elapsed_s = max(0.0, last_finish - first)
     return done
 
 
@@ -231,13 +250,6 @@ def _observe(s: RunSummary, out: RequestOutput) -> None:
         s.errors.append((out.request_id, out.finish_message))
         return
     s.num_finished += 1
-    s.prompt_tokens += len(out.prompt_token_ids)
-    s.output_tokens += len(out.output_token_ids)
-    s.cached_tokens += out.num_cached_tokens
-    if out.ttft_s is not None:
-        s.ttft_s.append(out.ttft_s)
-    if out.tpot_s is not None:
-        s.tpot_s.append(out.tpot_s)
 
 
 def output_record(out: RequestOutput) -> dict[str, Any]:
@@ -266,16 +278,19 @@ def _write_outputs(path: str | Path, outputs: list[RequestOutput]) -> None:
 
 def format_summary(s: RunSummary) -> str:
     def secs(v: float | None) -> str:
-        return "-" if v is None else (f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s")
+        return "-" if v is None else (f"{v * 1000:.1f} ms" if v < 1 else f"{v:.3f} s")
 
+    m = s.metrics
+    ttft = (None, None) if m is None else (m.ttft_p50, m.ttft_p99)
+    tpot = (None, None) if m is None else (m.tpot_p50, m.tpot_p99)
     lines = [
         f"model {s.model}   ({s.setup})",
         f"requests {s.num_requests} (finished {s.num_finished}, errors {len(s.errors)})   "
         f"steps {s.num_steps}   elapsed {s.elapsed_s:.1f} s",
         f"output tokens {s.output_tokens} ({s.output_tok_per_s:.1f} tok/s)   "
         f"prompt tokens {s.prompt_tokens}",
-        f"TTFT p50 {secs(percentile(s.ttft_s, 50))}  p99 {secs(percentile(s.ttft_s, 99))}   "
-        f"TPOT p50 {secs(percentile(s.tpot_s, 50))}  p99 {secs(percentile(s.tpot_s, 99))}",
+        f"engine TTFT p50 {secs(ttft[0])}  p99 {secs(ttft[1])}   "
+        f"TPOT p50 {secs(tpot[0])}  p99 {secs(tpot[1])}   (docs/metrics.md)",
         f"preemptions {s.num_preemptions}   prefix-hit rate {s.prefix_hit_rate:.1%}",
     ]
     for rid, message in s.errors[:10]:

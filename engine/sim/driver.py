@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from engine.core import EngineCore, StepResult
 from engine.events import NULL_SINK, EventSink
 from engine.kv.hashing import BlockHasher
+from engine.metrics import Lifecycle, Lifecycles, RunMetrics, run_metrics, step_clock
 from engine.records import Status
 from engine.request import FINISH_REASONS, Request, SamplingParams
 from engine.sim.runner import SimRunner
@@ -22,37 +23,57 @@ STALL_STEPS = 1000  # steps with nothing scheduled and no arrival left before gi
 
 @dataclass
 class SimSummary:
-    """Totals and per-request queueing of one simulation."""
+    """One simulation: its steps folded by engine.metrics (in steps), as `stats` folds
+    its trace, plus what only the engine's records say (finish messages)."""
 
-    num_steps: int = 0
-    num_preemptions: int = 0
-    prefix_hit_tokens: int = 0
-    scheduled_tokens: int = 0
-    arrival_step: dict[str, int] = field(default_factory=dict)
-    first_scheduled: dict[str, int] = field(default_factory=dict)
-    first_token: dict[str, int] = field(default_factory=dict)
-    finish_step: dict[str, int] = field(default_factory=dict)
-    finish_reason: dict[str, str] = field(default_factory=dict)
-    preemptions: dict[str, int] = field(default_factory=dict)
+    fold: Lifecycles = field(default_factory=Lifecycles)  # every step, in order
+    scheduled_tokens: int = 0  # over the run
+    arrival_step: dict[str, int] = field(default_factory=dict)  # from the workload
+    finish_reason: dict[str, str] = field(default_factory=dict)  # with error messages
 
     def observe(self, result: StepResult) -> None:
         rep, names = result.report, result.names
-        self.num_steps = rep.step + 1
-        self.num_preemptions += len(rep.preemptions)
-        for a in rep.admissions:
-            self.prefix_hit_tokens += a.cached_tokens
-        for s in rep.scheduled:
-            self.scheduled_tokens += s.num_tokens
-            self.first_scheduled.setdefault(names[s.ref], rep.step)
-        for rid in result.sampled():
-            self.first_token.setdefault(rid, rep.step)
-        for p in rep.preemptions:
-            victim = names[p.victim]
-            self.preemptions[victim] = self.preemptions.get(victim, 0) + 1
+        self.fold.step_explicit(rep)
+        self.scheduled_tokens += sum(s.num_tokens for s in rep.scheduled)
         for f in rep.finishes:
-            self.finish_step[names[f.ref]] = rep.step
             reason = FINISH_REASONS[Status(f.status)]
             self.finish_reason[names[f.ref]] = f"{reason}: {f.message}" if f.message else reason
+
+    def metrics(self) -> RunMetrics:
+        """The run's figures in steps (docs/metrics.md)."""
+        return run_metrics(self.fold, step_clock(self.fold))
+
+    def lives(self) -> dict[str, Lifecycle]:
+        """Each request's lifecycle, by id."""
+        return {r.request_id: r for r in self.fold.reqs.values()}
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.fold.steps)
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.fold.preemptions
+
+    @property
+    def first_scheduled(self) -> dict[str, int]:
+        return {
+            k: r.first_scheduled_step
+            for k, r in self.lives().items()
+            if r.first_scheduled_step >= 0
+        }
+
+    @property
+    def first_token(self) -> dict[str, int]:
+        return {k: r.sample_steps[0] for k, r in self.lives().items() if r.sample_steps}
+
+    @property
+    def finish_step(self) -> dict[str, int]:
+        return {k: r.finish_step for k, r in self.lives().items() if r.finish_step >= 0}
+
+    @property
+    def preemptions(self) -> dict[str, int]:
+        return {k: r.preemptions for k, r in self.lives().items() if r.preemptions}
 
 
 def make_engine(workload: SimWorkload, sink: EventSink = NULL_SINK) -> EngineCore:

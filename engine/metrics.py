@@ -1,0 +1,379 @@
+"""One fold over Step records: each request's lifecycle, and the run's metrics from it.
+
+Every figure a command prints about latency, throughput and prefix hits comes from here:
+`run` and `sim` fold the engine's own records as they are made, `stats` and `whatif` fold
+a trace's (with the reducer spelling out the implicit decodes). The definitions are in
+docs/metrics.md, vLLM's where vLLM has the metric.
+
+The fold keeps steps, not times: a request's life is the steps where things happened to
+it. A `Clock` then gives each step its start and end and each request its arrival, in
+seconds for a real run and in steps for a simulated one, so that one fold serves the
+recorded clock, a predicted one (`whatif`) and the step count alike.
+
+Pure Python over engine.records: the engine may use it, and so may every reader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from engine.records import Arrival, RequestState, Scheduled, Status, Step, percentile
+
+SECONDS = "s"  # a real run's unit: its steps' end times
+STEPS = "steps"  # a simulated run's: its clock says nothing about a model
+
+
+@dataclass(slots=True)
+class Lifecycle:
+    """One request's life, in steps (a Clock turns them into times)."""
+
+    ref: int  # the request's ref
+    request_id: str  # the engine's request id
+    arrival_step: int  # the step it was added before (-1: before the recording)
+    arrival_time: float  # the engine's arrival clock (seconds; its origin is arbitrary)
+    num_prompt_tokens: int  # prompt length
+    first_scheduled_step: int = -1  # the first step that scheduled it (-1: never)
+    num_samples: int = 0  # output tokens sampled
+    sample_steps: list[int] = field(default_factory=list)  # steps that gave it tokens
+    finish_step: int = -1  # the step whose record reports its finish (-1: unfinished)
+    status: int = 0  # a finished Status (0: unfinished)
+    abort_step: int = -1  # the step whose record reports its abort (-1: none)
+    preemptions: int = 0  # times preempted
+    hit_tokens: list[int] = field(default_factory=list)  # prefix hits at each admission
+    queried_tokens: list[int] = field(default_factory=list)  # tokens held at each admission
+
+    @property
+    def finished_ok(self) -> bool:
+        """Finished, and not with an error (aborts count: they were served until then)."""
+        return self.finish_step >= 0 and self.status != Status.FINISHED_ERROR
+
+
+class Lifecycles:
+    """The fold: feed it every step record in order, the scheduled entries spelled out."""
+
+    def __init__(self) -> None:
+        self.reqs: dict[int, Lifecycle] = {}  # by ref
+        self.steps: list[int] = []  # each observed record's step index
+        self.preemptions = 0  # over the run
+        self.recompute_tokens = 0  # computed tokens thrown away by preemptions
+        self._unscheduled: dict[int, Lifecycle] = {}  # arrived, not yet scheduled
+
+    def adopt(self, r: RequestState) -> None:
+        """A request already there when the recording (or its readable part) began."""
+        life = Lifecycle(r.ref, r.request_id, r.arrival_step, r.arrival_time, r.num_prompt_tokens)
+        life.first_scheduled_step = r.first_scheduled_step
+        life.num_samples = r.num_output_tokens
+        life.preemptions = r.num_preemptions
+        if r.num_cached_tokens >= 0:
+            life.hit_tokens.append(r.num_cached_tokens)
+            life.queried_tokens.append(r.num_prompt_tokens)
+        self.reqs[r.ref] = life
+        if r.first_scheduled_step < 0 and r.num_computed_tokens == 0:
+            self._unscheduled[r.ref] = life
+
+    def step(
+        self, rec: Step, scheduled: Sequence[Scheduled], samples: Iterable[tuple[int, int]]
+    ) -> None:
+        """A step: its record, every scheduled entry, and (ref, tokens) per sample."""
+        self.begin(rec, scheduled)
+        self.sampled(rec.step, samples)
+
+    def step_explicit(self, rec: Step) -> None:
+        """The engine's own record of a step: every entry explicit."""
+        self.step(rec, rec.scheduled, explicit_samples(rec))
+
+    def begin(self, rec: Step, scheduled: Sequence[Scheduled]) -> None:
+        """Everything of a step but its samples, which come after its admissions."""
+        step = rec.step
+        self.steps.append(step)
+        for a in rec.arrivals:
+            self._arrive(a, step)
+        unscheduled = self._unscheduled
+        if unscheduled:
+            for e in scheduled:
+                life = unscheduled.pop(e.ref, None)
+                if life is not None:
+                    life.first_scheduled_step = step
+        reqs = self.reqs
+        for adm in rec.admissions:
+            life = reqs.get(adm.ref)
+            if life is not None:
+                # what the prefix-cache lookup covered: the prompt, and after a
+                # preemption the outputs too (vLLM's request.num_tokens)
+                life.hit_tokens.append(adm.cached_tokens)
+                life.queried_tokens.append(life.num_prompt_tokens + life.num_samples)
+        for p in rec.preemptions:
+            self.preemptions += 1
+            self.recompute_tokens += p.tokens_lost
+            life = reqs.get(p.victim)
+            if life is not None:
+                life.preemptions += 1
+        for f in rec.finishes:
+            life = reqs.get(f.ref)
+            if life is not None:
+                life.finish_step, life.status = step, f.status
+                if f.status == Status.FINISHED_ABORTED:
+                    life.abort_step = step
+
+    def _arrive(self, a: Arrival, step: int) -> None:
+        life = Lifecycle(a.ref, a.request_id, step, a.arrival_time, a.num_prompt_tokens)
+        self.reqs[a.ref] = life
+        self._unscheduled[a.ref] = life
+
+    def sampled(self, step: int, samples: Iterable[tuple[int, int]]) -> None:
+        reqs = self.reqs
+        for ref, count in samples:
+            life = reqs.get(ref)
+            if life is not None and count:
+                life.num_samples += count
+                if not life.sample_steps or life.sample_steps[-1] != step:
+                    life.sample_steps.append(step)
+
+
+def explicit_samples(rec: Step) -> Iterable[tuple[int, int]]:
+    """(ref, tokens) of every sample of an explicit record (the engine's): one per
+    scheduled entry unless `sample_counts` says otherwise, then `other_samples`."""
+    counts = rec.sample_counts
+    if counts is None:
+        yield from ((e.ref, 1) for e in rec.scheduled)
+    else:
+        yield from ((e.ref, c) for e, c in zip(rec.scheduled, counts) if c)
+    yield from ((s.ref, s.count) for s in rec.other_samples)
+
+
+# -- clocks ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Clock:
+    """When each observed step began and ended, and when each request arrived."""
+
+    unit: str  # SECONDS or STEPS
+    first_step: int  # the step of ends[0]
+    ends: Sequence[float]  # per observed step: its end
+    starts: Sequence[float]  # per observed step: when its work began (after any idle)
+    arrivals: dict[int, float]  # per ref: when it arrived
+
+    def end(self, step: int) -> float:
+        return self.ends[step - self.first_step]
+
+    def start(self, step: int) -> float:
+        return self.starts[step - self.first_step]
+
+
+def step_clock(fold: Lifecycles) -> Clock:
+    """The clock of a simulated run: step s ends at s and starts at s - 1, and a request
+    added before step s arrived when step s - 1 ended, so that a request sampled in the
+    step it arrived before has a TTFT of 1 step."""
+    first = fold.steps[0] if fold.steps else 0
+    ends = [float(s) for s in fold.steps]
+    starts = [e - 1.0 for e in ends]
+    arrivals = {ref: float(r.arrival_step - 1) for ref, r in fold.reqs.items()}
+    return Clock(STEPS, first, ends, starts, arrivals)
+
+
+def place_arrivals(fold: Lifecycles, starts: Sequence[float], first_step: int) -> dict[int, float]:
+    """Arrival times on a recording's step clock, from the engine's arrival clock.
+
+    The engine stamps arrivals on its own clock, whose origin a trace does not record;
+    their differences are exact. A request added before step s arrived by the time step s
+    began; the latest origin that puts every arrival at or before its step's start is the
+    estimate (exact when any request arrived while the engine waited for it, as the first
+    one of a run always does)."""
+    lives = [r for r in fold.reqs.values() if r.arrival_step >= first_step]
+    if not lives:
+        return {ref: 0.0 for ref in fold.reqs}
+    slack = min(starts[r.arrival_step - first_step] - r.arrival_time for r in lives)
+    base = min(r.arrival_time for r in lives)
+    origin = max(slack, -base)  # no arrival before the recording's time 0
+    return {ref: max(0.0, r.arrival_time + origin) for ref, r in fold.reqs.items()}
+
+
+def step_starts(
+    ends: Sequence[float], work: Sequence[float | None], busy: Sequence[float], idle: Sequence[bool]
+) -> list[float]:
+    """Each step's start: its end minus its work where the record has it (format 1.4).
+    An older record (work None) starts when the step before it ended, unless it is the
+    first or the engine was idle before it (nothing unfinished): then its end minus its
+    measured parts (`busy`: schedule, runner, update), so that the wait before it is not
+    taken for work (docs/metrics.md)."""
+    out: list[float] = []
+    for i, end in enumerate(ends):
+        w = work[i]
+        if w is not None:
+            out.append(end - w)
+        elif i and not idle[i]:
+            out.append(ends[i - 1])
+        else:
+            out.append(end - busy[i])
+    return out
+
+
+# -- metrics ---------------------------------------------------------------------------------
+
+
+@dataclass
+class RequestTimes:
+    """One request's latencies on a clock (None: it never got that far)."""
+
+    ttft: float | None  # arrival -> end of the step that sampled its first token
+    tpot: float | None  # (last token - first token) / (output tokens - 1), finished only
+    e2e: float | None  # arrival -> end of the step that finished it (errors aside)
+    queue: float | None  # arrival -> start of the first step that scheduled it
+    itl: list[float]  # between consecutive steps that gave it tokens
+
+
+def request_times(r: Lifecycle, clock: Clock) -> RequestTimes:
+    arrival = clock.arrivals.get(r.ref, 0.0)
+    steps = r.sample_steps
+    ttft = tpot = e2e = queue = None
+    itl: list[float] = []
+    if r.first_scheduled_step >= clock.first_step:
+        queue = max(0.0, clock.start(r.first_scheduled_step) - arrival)
+    if steps and steps[0] >= clock.first_step:
+        times = [clock.end(s) for s in steps]
+        ttft = times[0] - arrival
+        itl = [b - a for a, b in zip(times, times[1:])]
+        if r.finished_ok and r.num_samples > 1:
+            tpot = (times[-1] - times[0]) / (r.num_samples - 1)
+    if r.finished_ok and r.arrival_step >= clock.first_step:
+        e2e = clock.end(r.finish_step) - arrival
+    return RequestTimes(ttft, tpot, e2e, queue, itl)
+
+
+@dataclass
+class RunMetrics:
+    """A run's figures, engine side (docs/metrics.md), in `unit` (seconds or steps)."""
+
+    unit: str  # "s" (a real run) or "steps" (a simulated one)
+    num_steps: int  # step records
+    num_requests: int  # arrivals
+    num_finished: int  # finished (any reason)
+    num_errors: int  # finished with FINISHED_ERROR
+    num_aborted: int  # finished with FINISHED_ABORTED
+    prompt_tokens: int  # prompts of the requests that were scheduled
+    output_tokens: int  # tokens sampled
+    duration: float  # from the first arrival to the last step's end
+    throughput: float  # output tokens per unit
+    ttft_p50: float | None  # time to first token (vllm:time_to_first_token_seconds)
+    ttft_p99: float | None
+    tpot_p50: float | None  # time per output token (vllm:request_time_per_output_token)
+    tpot_p99: float | None
+    itl_p50: float | None  # inter-token latency (vllm:inter_token_latency_seconds)
+    itl_p99: float | None
+    e2e_p50: float | None  # end to end (vllm:e2e_request_latency_seconds)
+    e2e_p99: float | None
+    queue_p50: float | None  # arrival to first scheduled (vllm:request_queue_time_seconds)
+    queue_p99: float | None
+    preemptions: int  # preemptions
+    recompute_tokens: int  # computed tokens thrown away by preemptions
+    prefix_hit_tokens: int  # prefix-cache hits at first admissions (vllm:prefix_cache_hits)
+    prefix_query_tokens: int  # tokens looked up then (vllm:prefix_cache_queries)
+    readmit_hit_tokens: int  # hits at re-admissions after a preemption
+    readmit_query_tokens: int  # tokens looked up then
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """vLLM's prefix-cache hit rate: first admissions' hits over their lookups."""
+        return (
+            self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["prefix_hit_rate"] = self.prefix_hit_rate
+        return out
+
+
+def run_metrics(fold: Lifecycles, clock: Clock, last_end: float | None = None) -> RunMetrics:
+    """The run's figures: the fold's lives on `clock`. `last_end`: the run's end when it is
+    not the last observed step's (default)."""
+    lives = [fold.reqs[ref] for ref in sorted(fold.reqs)]
+    times = [request_times(r, clock) for r in lives]
+    ttft = [t.ttft for t in times if t.ttft is not None]
+    tpot = [t.tpot for t in times if t.tpot is not None]
+    e2e = [t.e2e for t in times if t.e2e is not None]
+    queue = [t.queue for t in times if t.queue is not None]
+    itl = [g for t in times for g in t.itl]
+    first = (
+        [r.hit_tokens[0] for r in lives if r.hit_tokens],
+        [r.queried_tokens[0] for r in lives if r.queried_tokens],
+    )
+    again = (
+        [h for r in lives for h in r.hit_tokens[1:]],
+        [q for r in lives for q in r.queried_tokens[1:]],
+    )
+    out_tokens = sum(r.num_samples for r in lives)
+    end = last_end if last_end is not None else (clock.ends[-1] if clock.ends else 0.0)
+    start = min(clock.arrivals.values(), default=end)
+    if clock.unit == SECONDS and clock.starts:
+        start = min(start, clock.starts[0])  # a trace that began mid-run
+    duration = max(0.0, end - start)
+    return RunMetrics(
+        unit=clock.unit,
+        num_steps=len(fold.steps),
+        num_requests=len(lives),
+        num_finished=sum(1 for r in lives if r.finish_step >= 0),
+        num_errors=sum(1 for r in lives if r.status == Status.FINISHED_ERROR),
+        num_aborted=sum(1 for r in lives if r.status == Status.FINISHED_ABORTED),
+        prompt_tokens=sum(r.num_prompt_tokens for r in lives if r.first_scheduled_step >= 0),
+        output_tokens=out_tokens,
+        duration=duration,
+        throughput=out_tokens / duration if duration > 0 else 0.0,
+        ttft_p50=percentile(ttft, 50),
+        ttft_p99=percentile(ttft, 99),
+        tpot_p50=percentile(tpot, 50),
+        tpot_p99=percentile(tpot, 99),
+        itl_p50=percentile(itl, 50),
+        itl_p99=percentile(itl, 99),
+        e2e_p50=percentile(e2e, 50),
+        e2e_p99=percentile(e2e, 99),
+        queue_p50=percentile(queue, 50),
+        queue_p99=percentile(queue, 99),
+        preemptions=fold.preemptions,
+        recompute_tokens=fold.recompute_tokens,
+        prefix_hit_tokens=sum(first[0]),
+        prefix_query_tokens=sum(first[1]),
+        readmit_hit_tokens=sum(again[0]),
+        readmit_query_tokens=sum(again[1]),
+    )
+
+
+# -- the engine's side: a sink that folds a run as it happens ----------------------------------
+
+
+class MetricsSink:
+    """An EventSink that folds every step of a real run on the engine's clock (seconds),
+    then passes it on: `run`'s summary, from the same fold as a trace's `stats`."""
+
+    def __init__(self, clock: Callable[[], float], downstream: Any = None) -> None:
+        self.clock = clock  # the engine's: the one its arrivals are stamped with
+        self.downstream = downstream  # the sink it replaced (None: none)
+        self.fold = Lifecycles()
+        self.ends: list[float] = []  # per step
+        self.starts: list[float] = []  # per step: its end minus its work
+
+    def on_step(self, report: Step) -> None:
+        end = self.clock()
+        self.fold.step_explicit(report)
+        self.ends.append(end)
+        self.starts.append(end - report.work_ns / 1e9)
+        if self.downstream is not None:
+            self.downstream.on_step(report)
+
+    def on_client(self, report: Any) -> None:
+        on_client = getattr(self.downstream, "on_client", None)
+        if on_client is not None:
+            on_client(report)
+
+    def close(self) -> None:
+        if self.downstream is not None:
+            self.downstream.close()
+
+    def metrics(self) -> RunMetrics:
+        fold = self.fold
+        first = fold.steps[0] if fold.steps else 0
+        arrivals = {ref: r.arrival_time for ref, r in fold.reqs.items()}
+        return run_metrics(fold, Clock(SECONDS, first, self.ends, self.starts, arrivals))
