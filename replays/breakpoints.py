@@ -168,7 +168,8 @@ class Matcher:
         if kind == "free":
             return rec.free_blocks < p.value
         if kind == "slow":
-            return (rec.time_ns - self.prev_time_ns) / 1e6 > p.value
+            # the step's work, not the idle wait before it (format 1.4; docs/metrics.md)
+            return rec.duration_ns(self.prev_time_ns) / 1e6 > p.value
         if kind == "util":
             return (
                 rec.token_budget > 0

@@ -57,8 +57,9 @@ from replays.state import State
 __all__ = ["ExportError", "ExportSummary", "export_perfetto"]
 
 ENGINE_PID, REQUESTS_PID = 1, 2
-STEPS_TID, PHASES_TID = 1, 2
+STEPS_TID, PHASES_TID, IDLE_TID = 1, 2, 3
 REQUEST_TID_BASE = 1000  # request ref r is thread 1000 + r: clear of the engine's threads
+IDLE_MIN_NS = 1_000_000  # a wait before a step this long is drawn as an idle slice
 SYNTHETIC_STEP_NS = 1_000_000  # the clock of a trace without step times
 TIMING_WINDOW = 32  # steps a slice waits for runner timings, which may arrive late
 
@@ -196,6 +197,11 @@ class _Exporter:
         assert state is not None
         k, start = rec.step, self.prev_end
         end = self._end_of(rec)
+        if rec.work_ns and not self.synthetic and end - rec.work_ns - start >= IDLE_MIN_NS:
+            # The wait before the step is idle, not the step's work (format 1.4); the
+            # host's few µs between two busy steps stay in the step's slice.
+            start = end - rec.work_ns
+            self._emit(complete("idle", "idle", self.prev_end, start, ENGINE_PID, IDLE_TID, {}))
         for arrival in rec.arrivals:
             self._arrive(arrival.ref, arrival.request_id, start, k)
         preempted: dict[str, Any] = {}
@@ -420,6 +426,8 @@ class _Exporter:
         }
         if rec.time_ns:
             args["time_ns"] = rec.time_ns
+        if rec.work_ns:
+            args["work_ns"] = rec.work_ns
         if rec.schedule_ns:
             args["schedule_ns"] = rec.schedule_ns
         if rec.update_ns:
@@ -497,7 +505,7 @@ class _Exporter:
         self._emit(metadata("process_name", REQUESTS_PID, REQUESTS_PID, {"name": "requests"}))
         for pid, order in ((ENGINE_PID, 0), (REQUESTS_PID, 1)):
             self._emit(metadata("process_sort_index", pid, pid, {"sort_index": order}))
-        for tid, name in ((STEPS_TID, "steps"), (PHASES_TID, "phases")):
+        for tid, name in ((STEPS_TID, "steps"), (PHASES_TID, "phases"), (IDLE_TID, "idle")):
             self._emit(metadata("thread_name", ENGINE_PID, tid, {"name": name}))
             self._emit(metadata("thread_sort_index", ENGINE_PID, tid, {"sort_index": tid}))
 

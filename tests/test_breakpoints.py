@@ -56,7 +56,7 @@ def brute(run: Recorded, tl: Timeline, p: Predicate) -> list[int]:
         elif k == "free":
             hit = rep.free_blocks < v
         elif k == "slow":
-            hit = (t - prev_t) / 1e6 > v
+            hit = tl.record(i).duration_ns(prev_t) / 1e6 > v
         elif k == "util":
             hit = 100 * rep.num_scheduled_tokens / rep.token_budget < v
         else:

@@ -23,7 +23,7 @@ from recorder.reader import TraceReader
 from recorder.recorder import Recorder
 from recorder.schema import Kernel, Kind, Snapshot, Status, Step, Timing
 from recorder.writer import MemoryWriter
-from replays.export import export_perfetto
+from replays.export import IDLE_MIN_NS, export_perfetto
 from replays.reducer import StepView, apply_with_view
 from replays.state import State
 from tests.helpers import record, req, workload, write_trace
@@ -230,7 +230,11 @@ def test_the_demo_exports_valid_trace_event_json(demo: Any) -> None:
 
 
 def test_one_step_slice_per_step_from_the_previous_end_to_its_own(demo: Any) -> None:
+    """Each step's slice ends at its end, and starts where the previous one ended, unless
+    the engine waited before it (IDLE_MIN_NS or more): then it starts where its recorded
+    work did, and an idle slice covers the wait."""
     _, t, events, _ = demo
+    idle = {e["ts"] + e["dur"]: e["ts"] for e in events if e["ph"] == "X" and e["tid"] == 3}
     steps = sorted(
         (e for e in events if e["ph"] == "X" and e["pid"] == 1 and e["tid"] == 1),
         key=lambda e: e["ts"],
@@ -240,12 +244,17 @@ def test_one_step_slice_per_step_from_the_previous_end_to_its_own(demo: Any) -> 
     for e, view in zip(steps, t.views):
         rec = view.record
         assert e["name"] == f"step {rec.step}" and e["args"]["step"] == rec.step
-        assert (e["ts"], e["ts"] + e["dur"]) == (us(prev), us(rec.time_ns))
+        start = prev
+        if rec.time_ns - rec.work_ns - prev >= IDLE_MIN_NS:
+            start = rec.time_ns - rec.work_ns
+            assert idle.pop(us(start)) == us(prev)
+        assert (e["ts"], e["ts"] + e["dur"]) == (us(start), us(rec.time_ns))
         assert e["args"]["scheduled_tokens"] == rec.num_scheduled_tokens
         assert e["args"]["token_budget"] == rec.token_budget
         assert e["args"]["schedule_ns"] == rec.schedule_ns
         assert e["args"]["preemptions"] == len(rec.preemptions)
         prev = rec.time_ns
+    assert not idle
     phases = {e["name"] for e in events if e["ph"] == "X" and e["tid"] == 2 and e["pid"] == 1}
     assert phases == {"schedule", "update"}  # the simulated runner reports no timings
 

@@ -67,9 +67,10 @@ def digest(
     def name(ref: int) -> str:
         return names.get(ref) or arrived.get(ref, f"#{ref}")
 
-    step_ns = 0 if prev_time_ns is None else max(0, rec.time_ns - prev_time_ns)
+    # the step's work, not the wait before it (Step.duration_ns; docs/metrics.md)
+    step_ns = rec.work_ns if prev_time_ns is None else rec.duration_ns(prev_time_ns)
     if engine_time:
-        step_ns = rec.schedule_ns + rec.update_ns
+        step_ns = rec.work_ns or rec.schedule_ns + rec.update_ns
     return Digest(
         rec.step,
         rec.time_ns,

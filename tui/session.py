@@ -632,9 +632,11 @@ class Session:
             return 0, None
         if self.simulated:
             rec = tl.record(i)
-            return rec.schedule_ns + rec.update_ns, None
-        end = tl.record(i).time_ns
-        step_ns = end - (tl.record(i - 1).time_ns if i > tl.first_step else 0)
+            return rec.work_ns or rec.schedule_ns + rec.update_ns, None
+        rec = tl.record(i)
+        end = rec.time_ns
+        # the step's work, not the wait before it (Step.duration_ns; docs/metrics.md)
+        step_ns = rec.duration_ns(tl.record(i - 1).time_ns if i > tl.first_step else 0)
         lo = max(tl.first_step, i - RATE_STEPS)
         if lo == i:
             return max(0, step_ns), None
