@@ -18,7 +18,8 @@ from recorder.segments import list_segments
 
 @dataclass
 class ServerStats:
-    """The HTTP side of a server's trace: counts and client-side latencies (seconds)."""
+    """The HTTP side of a server's trace: counts and client-side latencies (seconds), as
+    `vllm bench serve` defines them (docs/metrics.md)."""
 
     http_requests: int  # responses recorded
     statuses: dict[int, int]  # responses per HTTP status code
@@ -35,6 +36,8 @@ class ServerStats:
     e2e_p50: float | None  # arrival -> response ended
     e2e_p99: float | None
     endpoints: dict[str, int] = field(default_factory=dict)  # responses per route
+    tpot_p50: float | None = None  # (e2e - TTFT) / (output tokens - 1), >= 2 tokens
+    tpot_p99: float | None = None
 
 
 def server_stats(clients: Iterable[Client]) -> ServerStats | None:
@@ -47,7 +50,14 @@ def server_stats(clients: Iterable[Client]) -> ServerStats | None:
     queue = [c.queue_ns / 1e9 for c in served if c.queue_ns is not None]
     ttft = [c.ttft_ns / 1e9 for c in served if c.ttft_ns is not None]
     itl = [g / 1e9 for c in served for g in c.itl_ns]
-    e2e = [c.e2e_ns / 1e9 for c in served if c.finish_reason not in ("", "abort")]
+    done = [c for c in served if c.finish_reason not in ("", "abort")]
+    e2e = [c.e2e_ns / 1e9 for c in done]
+    # vllm bench serve's TPOT: the time after the first token over the tokens after it
+    tpot = [
+        (c.e2e_ns - c.ttft_ns) / 1e9 / (c.completion_tokens - 1)
+        for c in done
+        if c.ttft_ns is not None and c.completion_tokens > 1
+    ]
     return ServerStats(
         http_requests=len(records),
         statuses=dict(sorted(statuses.items())),
@@ -64,6 +74,8 @@ def server_stats(clients: Iterable[Client]) -> ServerStats | None:
         e2e_p50=percentile(e2e, 50),
         e2e_p99=percentile(e2e, 99),
         endpoints=dict(sorted(Counter(c.endpoint for c in records).items())),
+        tpot_p50=percentile(tpot, 50),
+        tpot_p99=percentile(tpot, 99),
     )
 
 
@@ -80,6 +92,7 @@ def format_server(s: ServerStats) -> list[tuple[str, str]]:
         ("client aborts", f"{s.aborted}"),
         ("client queue p50 / p99", f"{_ms(s.queue_p50)} / {_ms(s.queue_p99)}"),
         ("client TTFT p50 / p99", f"{_ms(s.ttft_p50)} / {_ms(s.ttft_p99)}"),
+        ("client TPOT p50 / p99", f"{_ms(s.tpot_p50)} / {_ms(s.tpot_p99)}"),
         ("client ITL p50 / p99", f"{_ms(s.itl_p50)} / {_ms(s.itl_p99)}"),
         ("client e2e p50 / p99", f"{_ms(s.e2e_p50)} / {_ms(s.e2e_p99)}"),
     ]

@@ -1,0 +1,175 @@
+"""One truth for every number (issue 24): `run`'s and `sim`'s printed summaries, `stats
+--json` and `whatif --json`'s "recorded" side come from one fold (engine.metrics) and
+agree; a step's duration is its work, not the idle wait before it."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from engine.metrics import Lifecycles, run_metrics, step_clock
+from engine.records import Admission, Arrival, Finish, Preemption, SamplingParams, Scheduled, Step
+from recorder.reader import TraceReader
+from replays.breakpoints import find_all, parse
+from replays.stats import trace_stats
+from replays.timeline import Timeline
+from tests.model_support import needs_default_model, write_tiny_gguf
+from tui.cli import main
+
+FIGURES = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")
+
+
+def _cli(*args: str) -> str:
+    result = CliRunner().invoke(main, list(args))
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def _printed(out: str) -> dict[str, float]:
+    """TTFT/TPOT p50/p99 as `run` prints them, in seconds."""
+    m = re.search(
+        r"engine TTFT p50 (\S+ m?s)  p99 (\S+ m?s)   TPOT p50 (\S+ m?s)  p99 (\S+ m?s)", out
+    )
+    assert m, out
+
+    def secs(text: str) -> float:
+        value, unit = text.split()
+        return float(value) / (1000 if unit == "ms" else 1)
+
+    return dict(zip(FIGURES, map(secs, m.groups())))
+
+
+def _agree(a: float | None, b: float | None, rel: float = 0.01) -> bool:
+    assert a is not None and b is not None
+    return abs(a - b) <= rel * max(abs(a), abs(b)) + 1e-4  # + the printed 0.1 ms
+
+
+def _check_run_stats_whatif(out: str, trace: Path) -> None:
+    printed = _printed(out)
+    stats = json.loads(_cli("stats", str(trace), "--json"))
+    recorded = json.loads(_cli("whatif", str(trace), "--json"))["recorded"]
+    assert stats["unit"] == "s"
+    for k in FIGURES:
+        assert _agree(printed[k], stats[k]), (k, printed[k], stats[k])
+        assert _agree(stats[k], recorded[k]), (k, stats[k], recorded[k])
+    rate = re.search(r"prefix-hit rate (\S+)%", out)
+    assert rate and abs(float(rate.group(1)) / 100 - stats["prefix_hit_rate"]) < 0.001
+
+
+def _run_workload(tmp_path: Path, n: int, gap: float = 0.0) -> Path:
+    path = tmp_path / "w.json"
+    requests = [
+        {
+            "id": f"r{i}",
+            "prompt": "the same system prompt for every request, " * 3 + f"question {i} " * i,
+            "arrival_time": 0.01 * i + (gap if i >= n // 2 else 0.0),
+            "sampling": {"max_tokens": 8, "temperature": 0.0, "ignore_eos": True},
+        }
+        for i in range(n)
+    ]
+    path.write_text(json.dumps({"requests": requests}))
+    return path
+
+
+TINY = ["--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--block-size", "16"]
+TINY += ["--num-gpu-blocks-override", "64", "--max-model-len", "256"]
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf"))
+
+
+def test_run_stats_and_whatif_agree_on_a_real_run(tiny_gguf: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "run.trace"
+    w = _run_workload(tmp_path, 8)
+    out = _cli("run", "--model", str(tiny_gguf), "--workload", str(w), *TINY, "--trace", str(trace))
+    _check_run_stats_whatif(out, trace)
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@needs_default_model
+def test_run_stats_and_whatif_agree_on_the_default_model(tmp_path: Path) -> None:
+    trace = tmp_path / "run.trace"
+    w = _run_workload(tmp_path, 6)
+    limits = ["--max-num-batched-tokens", "64", "--max-num-seqs", "4"]
+    out = _cli("run", "--workload", str(w), "--trace", str(trace), *limits)
+    _check_run_stats_whatif(out, trace)
+
+
+def test_sim_and_stats_agree_in_steps(tmp_path: Path) -> None:
+    """The demo workload preempts and hits the prefix cache, also on re-admission."""
+    trace = tmp_path / "sim.trace"
+    out = _cli("sim", "--trace", str(trace))
+    stats = json.loads(_cli("stats", str(trace), "--json"))
+    assert stats["unit"] == "steps" and stats["preemptions"] > 0
+    m = re.search(r"engine TTFT p50 (\S+)  p99 (\S+)   TPOT p50 (\S+)  p99 (\S+)", out)
+    assert m, out
+    for k, v in zip(FIGURES, m.groups()):
+        assert float(v) == pytest.approx(stats[k], abs=0.005), k
+    hits = re.search(r"prefix-hit rate (\S+)% \((\d+) of (\d+) tokens at first admissions", out)
+    assert hits, out
+    assert float(hits.group(1)) == pytest.approx(100 * stats["prefix_hit_rate"], abs=0.05)
+    assert int(hits.group(2)) == stats["prefix_hit_tokens"]
+    assert f"re-admissions {stats['readmit_hit_tokens']} of" in out
+    assert f"preemptions {stats['preemptions']}" in out
+
+
+def _arrival(ref: int, prompt: int) -> Arrival:
+    return Arrival(ref, f"r{ref}", prompt, 0, float(ref), None, SamplingParams(max_tokens=4))
+
+
+def test_hits_at_re_admission_are_counted_apart_from_first_admissions() -> None:
+    fold = Lifecycles()
+    e = Scheduled(0, 32, 0, 0)
+    fold.step_explicit(
+        Step(0, arrivals=(_arrival(0, 32),), scheduled=(e,), admissions=(Admission(0, 16, False),))
+    )
+    fold.step_explicit(Step(1, scheduled=(Scheduled(0, 1, 2, 32),)))
+    fold.step_explicit(Step(2, preemptions=(Preemption(0, 0, 34),), sample_counts=()))
+    again = Scheduled(0, 34, 0, 0)
+    fold.step_explicit(Step(3, scheduled=(again,), admissions=(Admission(0, 32, True),)))
+    fold.step_explicit(Step(4, scheduled=(Scheduled(0, 1, 2, 34),), finishes=(Finish(0, 4),)))
+    m = run_metrics(fold, step_clock(fold))
+    assert (m.prefix_hit_tokens, m.prefix_query_tokens) == (16, 32)
+    assert (m.readmit_hit_tokens, m.readmit_query_tokens) == (32, 34)  # prompt + 2 outputs
+    assert m.prefix_hit_rate == 0.5 and m.preemptions == 1 and m.recompute_tokens == 34
+    # sampled at steps 0, 1, 3, 4: TTFT 1 step (its arrival step), TPOT (4 - 0) / 3
+    assert m.ttft_p50 == 1.0 and m.tpot_p50 == pytest.approx(4 / 3)
+    assert m.itl_p99 == pytest.approx(1.98) and m.e2e_p50 == 5.0
+
+
+def test_a_run_with_an_idle_gap_has_no_step_longer_than_its_work(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    trace = tmp_path / "gap.trace"
+    w = _run_workload(tmp_path, 4, gap=1.2)
+    _cli("run", "--model", str(tiny_gguf), "--workload", str(w), *TINY, "--trace", str(trace))
+    with TraceReader(trace) as reader:
+        recs = list(reader.steps())
+    prev = 0
+    waits = []
+    for rec in recs:
+        assert rec.work_ns > 0
+        assert rec.duration_ns(prev) == rec.work_ns
+        waits.append(rec.idle_ns(prev))
+        prev = rec.time_ns
+    assert max(waits) > 1e9  # the gap is there, as idle
+    assert max(r.work_ns for r in recs) < 1e9
+    with TraceReader(trace) as reader:
+        tl = Timeline(reader)
+        assert list(find_all(tl, [parse("slow>1000")])) == []
+    stats = trace_stats(trace)
+    assert stats.idle_s > 1.0 and stats.work_s < stats.duration_s - 1.0
+    export = tmp_path / "gap.json"
+    _cli("export", str(trace), "--perfetto", str(export))
+    events: list[dict[str, Any]] = json.loads(export.read_text())["traceEvents"]
+    steps = [e for e in events if e.get("cat") == "step"]
+    assert max(e["dur"] for e in steps) < 1e6  # µs
+    assert max(e["dur"] for e in events if e.get("cat") == "idle") > 1e6
