@@ -35,6 +35,7 @@ class TraceSummary:
     segments: tuple[Path, ...] = ()  # a run directory's segment files, oldest first
     first_time_s: float = 0.0  # when the first step ended (a mid-run trace's steps/s)
     stopped: str = ""  # why recording stopped before the engine did (the footer's)
+    work_s: float | None = None  # the steps' work (format 1.4); None: some step lacks it
 
 
 def summarize(path: str | os.PathLike[str]) -> TraceSummary:
@@ -51,7 +52,7 @@ def _summarize(path: str | os.PathLike[str]) -> TraceSummary:
         size = reader.size if isinstance(reader, SegmentedReader) else reader.path.stat().st_size
         # Every record is read and checked, footer or not: a footer only says the writer
         # got to the end, not that what lies before it is whole (issue 14).
-        last_step, last_time, totals, end = _count(reader, size)
+        last_step, last_time, totals, end, work_ns = _count(reader, size)
         footer = reader.footer
         if footer is not None:
             _check_footer(reader, last_step, totals)
@@ -70,6 +71,7 @@ def _summarize(path: str | os.PathLike[str]) -> TraceSummary:
             end=end,
             segments=tuple(reader.segments) if isinstance(reader, SegmentedReader) else (),
             first_time_s=_first_time(reader, last_step) / 1e9,
+            work_s=None if work_ns is None else work_ns / 1e9,
         )
 
 
@@ -102,20 +104,24 @@ def _first_time(reader: TraceReader, last_step: int) -> int:
     return first.time_ns if first is not None else 0
 
 
-def _count(reader: TraceReader, size: int) -> tuple[int, int, tuple[int, int, int, int], int]:
+def _count(
+    reader: TraceReader, size: int
+) -> tuple[int, int, tuple[int, int, int, int], int, int | None]:
     last_step = reader.header.first_step - 1
     last_time = arrivals = finishes = preemptions = snapshots = 0
+    work: int | None = 0  # the steps' work_ns; None once a step has none
     for entry in reader.entries():
         rec = entry.record
         if isinstance(rec, Step):
             last_step, last_time = rec.step, rec.time_ns
+            work = work + rec.work_ns if work is not None and rec.work_ns else None
             arrivals += len(rec.arrivals)
             finishes += len(rec.finishes)
             preemptions += len(rec.preemptions)
         elif isinstance(rec, Snapshot):
             snapshots += 1
     end = reader.cut.offset if reader.cut is not None else size
-    return last_step, last_time, (arrivals, finishes, preemptions, snapshots), end
+    return last_step, last_time, (arrivals, finishes, preemptions, snapshots), end, work
 
 
 def format_summary(s: TraceSummary) -> str:
@@ -133,6 +139,10 @@ def format_summary(s: TraceSummary) -> str:
         if s.first_time_s
         else f"duration {s.duration_s:.3f} s"
     )
+    if s.work_s is not None and s.last_step >= s.first_step:
+        # wall time stays the duration; how much of it the engine worked is said beside it
+        span = s.duration_s - s.first_time_s
+        when += f" (work {s.work_s:.3f} s, idle {max(0.0, span - s.work_s):.3f} s)"
     knobs = textwrap.wrap(
         " ".join(f"{k}={v}" for k, v in sorted(h.config.items())), 88, subsequent_indent=" " * 10
     ) or [""]

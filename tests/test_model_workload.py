@@ -15,10 +15,10 @@ from engine.model.api import (
     engine_config,
     format_summary,
     load,
-    percentile,
     run_workload,
 )
 from engine.model.workload import parse_run_workload
+from engine.records import percentile
 from engine.workload_file import WorkloadError
 from tests.model_support import write_tiny_gguf
 from tui.cli import main
