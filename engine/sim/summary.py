@@ -17,9 +17,7 @@ def format_summary(s: SimSummary, max_rows: int | None = 40) -> str:
     errors = sum(1 for r in s.finish_reason.values() if r.split(":")[0] == "error")
     readmits = ""
     if m.readmit_query_tokens:
-        readmits = (
-            f"; re-admissions {m.readmit_hit_tokens} of {m.readmit_query_tokens} tokens hit"
-        )
+        readmits = f"; re-admissions {m.readmit_hit_tokens} of {m.readmit_query_tokens} tokens hit"
     lines = [
         f"steps {m.num_steps}   requests {len(s.arrival_step)} (finished {m.num_finished}, "
         f"errors {errors})   scheduled tokens {s.scheduled_tokens}",
