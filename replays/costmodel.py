@@ -37,6 +37,10 @@ MIN_STEP_NS = 1_000  # a step takes at least 1 µs: the clock must move even on 
 OUTLIER_MADS = 5.0  # residuals beyond this many (scaled) median absolute deviations are dropped
 OUTLIER_ROUNDS = 8  # refits with the outliers of the previous fit left out, until stable
 OUTLIER_MIN = 0.25  # ... but never one within 25% of its prediction (a clean fit has tiny MADs)
+HOLDOUT_EVERY = 5  # every 5th fitted step is held out, predicted by a fit on the others
+# Below this held-out R², whatif and sweep warn and mark their predictions (docs/whatif.md):
+# the model explains less than half of the steps' variation it did not see.
+TRUST_R2 = 0.5
 
 
 def step_work(entries: Iterable[tuple[int, int, int]]) -> tuple[int, int, int, int, int]:
@@ -71,6 +75,15 @@ class FitQuality:
     rmse_s: float  # root-mean-square error per step, seconds
     mape: float  # mean of |predicted - measured| / measured over the fitted steps
     mean_step_s: float  # mean measured step time, seconds
+    holdout_r2: float | None = None  # R² on held-out steps (None: too few steps to hold out)
+    holdout_mape: float | None = None  # mean relative error on held-out steps
+    num_holdout: int = 0  # steps held out (every HOLDOUT_EVERY-th fitted step)
+
+    @property
+    def trust_r2(self) -> float:
+        """The R² that says how far to trust predictions: the held-out one where there is
+        one (a fit always explains its own steps better than new ones)."""
+        return self.r2 if self.holdout_r2 is None else self.holdout_r2
 
 
 @dataclass(frozen=True)
@@ -213,9 +226,40 @@ def fit_model(work: np.ndarray, seconds: np.ndarray, source: str, excluded: int 
         rmse_s=math.sqrt(ss_res / len(yk)),
         mape=float((np.abs(yk - pred) / yk).mean()),
         mean_step_s=float(yk.mean()),
+        **_holdout(xk, yk),
     )
     return CostModel(
         float(coef[0]), {f: float(coef[i + 1]) for i, f in enumerate(FEATURES)}, quality
+    )
+
+
+def _holdout(x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+    """The fit's quality on steps it did not see: every HOLDOUT_EVERY-th step held out,
+    predicted by a fit (the same constraints) on the others."""
+    n = len(y)
+    if n < 2 * HOLDOUT_EVERY:
+        return {}
+    test = np.arange(n) % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
+    coef = _nonneg_lstsq(x[~test], y[~test])
+    yt, pred = y[test], x[test] @ coef
+    ss_tot = float(((yt - yt.mean()) ** 2).sum())
+    ss_res = float(((yt - pred) ** 2).sum())
+    return {
+        "holdout_r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0,
+        "holdout_mape": float((np.abs(yt - pred) / yt).mean()),
+        "num_holdout": int(test.sum()),
+    }
+
+
+def trust_warning(m: CostModel) -> str | None:
+    """A warning when a fitted model explains too little of its steps to be trusted."""
+    q = m.fit
+    if q is None or q.trust_r2 >= TRUST_R2:
+        return None
+    which = "held-out " if q.holdout_r2 is not None else ""
+    return (
+        f"the step-time model's {which}R² is {q.trust_r2:.3f} (below {TRUST_R2}; fitted on "
+        f"{q.source}): its predictions are rough; --min-r2 or --strict refuse them"
     )
 
 
@@ -262,6 +306,14 @@ def format_model(m: CostModel) -> str:
             f"R² {q.r2:.3f}   RMSE {q.rmse_s * 1e3:.2f} ms   mean relative error "
             f"{q.mape:.1%}   mean step {q.mean_step_s * 1e3:.2f} ms"
         )
+        if q.holdout_r2 is not None and q.holdout_mape is not None:
+            lines.append(
+                f"held out: R² {q.holdout_r2:.3f}   mean relative error {q.holdout_mape:.1%}   "
+                f"({q.num_holdout} steps, every {HOLDOUT_EVERY}th, predicted by a fit on "
+                "the others)"
+            )
+        if q.trust_r2 < TRUST_R2:
+            lines.append(f"untrusted: R² below {TRUST_R2} (docs/whatif.md)")
     return "\n".join(lines)
 
 

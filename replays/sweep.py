@@ -21,7 +21,7 @@ from typing import Any
 
 from engine.config import parse_setting
 from recorder.reader import TraceReader
-from replays.costmodel import CostModel
+from replays.costmodel import TRUST_R2, CostModel
 from replays.whatif import METRICS, WhatifError, whatif
 
 EXECUTORS = ("serial", "pool", "ray")
@@ -42,6 +42,7 @@ class SweepTask:
     overrides: tuple[tuple[str, Any], ...]  # the grid point (key, value), in grid order
     model: CostModel | None  # the step-time model; None: fitted on the trace itself
     recorded: bool  # the grid point is the trace's recorded config
+    min_r2: float | None = None  # refuse a fitted model whose held-out R² is below it
 
 
 @dataclass
@@ -53,6 +54,12 @@ class SweepRow:
     recorded: bool  # the grid point is the trace's recorded config
     metrics: dict[str, Any] | None = None  # the predicted TimedMetrics; None on error
     error: str | None = None  # why the task failed
+    fit_r2: float | None = None  # the step-time model's held-out R² (None: given by hand)
+
+    @property
+    def untrusted(self) -> bool:
+        """Predicted with a model that explains too little of its steps (TRUST_R2)."""
+        return self.fit_r2 is not None and self.fit_r2 < TRUST_R2
 
     def value(self, objective: str) -> float | None:
         v = None if self.metrics is None else self.metrics.get(objective)
@@ -100,10 +107,13 @@ def find_traces(paths: Iterable[str]) -> list[str]:
 
 
 def plan(
-    traces: Sequence[str], grid: Sequence[tuple[str, list[Any]]], model: CostModel | None
+    traces: Sequence[str],
+    grid: Sequence[tuple[str, list[Any]]],
+    model: CostModel | None,
+    min_r2: float | None = None,
 ) -> list[SweepTask]:
     """The tasks: each trace under each grid point, and under its recorded config as a
-    baseline when no grid point is it."""
+    baseline when no grid point is it. `min_r2`: each task refuses a worse-fitted model."""
     keys = [k for k, _ in grid]
     points = [tuple(zip(keys, combo)) for combo in itertools.product(*(v for _, v in grid))]
     tasks: list[SweepTask] = []
@@ -111,8 +121,8 @@ def plan(
         recorded = _recorded_config(trace)
         marks = [all(recorded.get(k) == v for k, v in p) for p in points]
         if not any(marks):
-            tasks.append(SweepTask(trace, (), model, True))
-        tasks += [SweepTask(trace, p, model, m) for p, m in zip(points, marks)]
+            tasks.append(SweepTask(trace, (), model, True, min_r2))
+        tasks += [SweepTask(trace, p, model, m, min_r2) for p, m in zip(points, marks)]
     return tasks
 
 
@@ -128,10 +138,12 @@ def run_task(task: SweepTask) -> SweepRow:
     """One task, in whatever process runs it; errors come back in the row."""
     config = dict(task.overrides)
     try:
-        result = whatif(task.trace, config, task.model, check=False)
+        result = whatif(task.trace, config, task.model, check=False, min_r2=task.min_r2)
     except Exception as e:
         return SweepRow(task.trace, config, task.recorded, error=f"{type(e).__name__}: {e}")
-    return SweepRow(task.trace, config, task.recorded, result.predicted.to_json())
+    fit = result.model.fit
+    r2 = None if fit is None else fit.trust_r2
+    return SweepRow(task.trace, config, task.recorded, result.predicted.to_json(), fit_r2=r2)
 
 
 def run_sweep(
@@ -284,12 +296,15 @@ def format_table(rows: Sequence[SweepRow], objective: str) -> str:
     for r in ranked(rows, objective):
         name = Path(r.trace).name
         cfg = (_cfg(r.config) or "(recorded)") + (" *" if r.recorded else "")
+        cfg += " ?" if r.untrusted else ""
         if r.metrics is None:
             table.append((name, cfg, "error: " + (r.error or ""), *[""] * (len(shown) - 1)))
             continue
         table.append((name, cfg, *(_show(k, r.metrics[k]) for k in shown)))
     lines = _grid(table)
     lines.append("* the trace's recorded config")
+    if any(r.untrusted for r in rows):
+        lines.append(f"? predicted with a step-time model of held-out R² below {TRUST_R2}")
     summary = by_config(rows, objective)
     if len({r.trace for r in rows}) > 1 and summary:
         lines += ["", f"configs by mean {objective} over traces:"]

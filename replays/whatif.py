@@ -117,11 +117,13 @@ def whatif(
     model: CostModel | None = None,
     out: str | Path | None = None,
     check: bool = True,
+    min_r2: float | None = None,
 ) -> WhatifResult:
     """Predict the trace at `path` under its config with `overrides`, with `model`
     (default: fitted on the trace's own timings); write the predicted trace to `out`.
     `check` compares each predicted step's decisions with the recording's (sweeps, which
-    only want the metrics, skip it)."""
+    only want the metrics, skip it). `min_r2`: refuse a fitted model whose held-out R² is
+    below it (WhatifError)."""
     inputs = _inputs(path)
     obs = inputs.obs
     if inputs.first_step != 0:
@@ -137,6 +139,11 @@ def whatif(
             )
         work, secs, excluded = obs.fit_rows()
         model = fit_model(work, secs, str(path), excluded)
+    if min_r2 is not None and model.fit is not None and model.fit.trust_r2 < min_r2:
+        raise WhatifError(
+            f"{path}: the step-time model's R² on held-out steps is {model.fit.trust_r2:.3f}, "
+            f"below --min-r2 {min_r2}: its predictions are not to be trusted"
+        )
     base, recorded = inputs.recorded(model)
     config = config_for(inputs.header.config, overrides or {})
     predicted, differs = _TimedRun(inputs, config, model, base).run(out, check)

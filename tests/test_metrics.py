@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -16,8 +17,11 @@ from engine.metrics import Lifecycles, run_metrics, step_clock
 from engine.records import Admission, Arrival, Finish, Preemption, SamplingParams, Scheduled, Step
 from recorder.reader import TraceReader
 from replays.breakpoints import find_all, parse
+from replays.costmodel import TRUST_R2, fit_model, trust_warning
 from replays.stats import trace_stats
+from replays.sweep import SweepRow, format_table
 from replays.timeline import Timeline
+from replays.whatif import METRICS
 from tests.model_support import needs_default_model, write_tiny_gguf
 from tui.cli import main
 
@@ -173,3 +177,30 @@ def test_a_run_with_an_idle_gap_has_no_step_longer_than_its_work(
     steps = [e for e in events if e.get("cat") == "step"]
     assert max(e["dur"] for e in steps) < 1e6  # µs
     assert max(e["dur"] for e in events if e.get("cat") == "idle") > 1e6
+
+
+def test_the_fit_is_judged_on_steps_it_did_not_see() -> None:
+    rng = np.random.default_rng(5)
+    work = rng.integers(0, 500, size=(60, 5))
+    work[:, 2] = 0
+    exact = 0.002 + work @ np.array([2e-5, 1e-4, 0.0, 1e-7, 3e-5])
+    good = fit_model(work, exact, "exact")
+    assert good.fit is not None and good.fit.holdout_r2 == pytest.approx(1.0)
+    assert good.fit.num_holdout == 12 and trust_warning(good) is None
+    noise = fit_model(work, rng.uniform(0.01, 0.02, size=60), "noise")
+    assert noise.fit is not None and noise.fit.trust_r2 < TRUST_R2
+    assert "held-out R²" in (trust_warning(noise) or "")
+    metrics = dict.fromkeys(METRICS, 1.0)
+    rows = [SweepRow("a.trace", {"max_num_seqs": 4}, False, metrics, fit_r2=0.1)]
+    table = format_table(rows, "ttft_p99")
+    assert "max_num_seqs=4 ?" in table and f"held-out R² below {TRUST_R2}" in table
+
+
+def test_whatif_refuses_a_model_below_min_r2(tiny_gguf: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "run.trace"
+    w = _run_workload(tmp_path, 8)
+    _cli("run", "--model", str(tiny_gguf), "--workload", str(w), *TINY, "--trace", str(trace))
+    result = CliRunner().invoke(main, ["whatif", str(trace), "--min-r2", "1.0"])
+    assert result.exit_code == 2 and "below --min-r2 1.0" in result.stderr
+    shown = CliRunner().invoke(main, ["whatif", str(trace)])
+    assert shown.exit_code == 0 and "held out: R²" in shown.stdout

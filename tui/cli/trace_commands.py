@@ -12,6 +12,18 @@ import click
 
 from tui.cli.common import FORCE, check_outputs, user_errors
 
+MIN_R2 = click.option(
+    "--min-r2",
+    type=click.FloatRange(max=1.0),
+    metavar="R2",
+    help="Refuse to predict with a fitted step-time model whose R² on held-out steps is below R2.",
+)
+STRICT = click.option(
+    "--strict",
+    is_flag=True,
+    help="Refuse a fitted step-time model below the trust threshold (--min-r2 0.5).",
+)
+
 
 @click.command()
 @click.argument("trace", metavar="TRACE")
@@ -110,6 +122,8 @@ _MODEL_HELP = (
     help="Write the predicted trace here (replay, diff, stats, export it).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print recorded and predicted as JSON.")
+@MIN_R2
+@STRICT
 @FORCE
 @user_errors
 def whatif(
@@ -118,6 +132,8 @@ def whatif(
     model_spec: str | None,
     out: str | None,
     as_json: bool,
+    min_r2: float | None,
+    strict: bool,
     force: bool,
 ) -> None:
     """Predict a trace's run under another config, in time: arrivals at their recorded
@@ -125,7 +141,7 @@ def whatif(
     import json
 
     from engine.sim.api import parse_settings
-    from replays.costmodel import parse_model
+    from replays.costmodel import TRUST_R2, parse_model, trust_warning
     from replays.whatif import whatif as predict
 
     inputs: list[str | None] = [
@@ -135,7 +151,10 @@ def whatif(
     check_outputs({"--trace": out}, inputs, force, out)
     overrides = parse_settings(settings)
     model = parse_model(model_spec) if model_spec else None
-    r = predict(trace, overrides, model, out)
+    r = predict(trace, overrides, model, out, min_r2=TRUST_R2 if strict else min_r2)
+    warning = trust_warning(r.model)
+    if warning is not None:
+        click.echo(f"schedtop: warning: {warning}", err=True)
     click.echo(json.dumps(r.to_json(), indent=1) if as_json else r.format())
     if out is not None and not as_json:
         click.echo(f"trace: {out}")
@@ -163,6 +182,8 @@ def whatif(
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print the rows as CSV.")
+@MIN_R2
+@STRICT
 @user_errors
 def sweep(
     traces: tuple[str, ...],
@@ -173,6 +194,8 @@ def sweep(
     use_ray: bool,
     as_json: bool,
     as_csv: bool,
+    min_r2: float | None,
+    strict: bool,
 ) -> None:
     """Predict every trace under every config of a grid; rank the configs by an objective.
 
@@ -180,7 +203,7 @@ def sweep(
     import json
 
     from replays import sweep as sw
-    from replays.costmodel import parse_model
+    from replays.costmodel import TRUST_R2, parse_model
     from tui.progress import SweepProgress
 
     if as_json and as_csv:
@@ -188,7 +211,7 @@ def sweep(
     points = sw.parse_grid(grid)
     sw.check_objective(objective)
     model = parse_model(model_spec) if model_spec else None
-    tasks = sw.plan(sw.find_traces(traces), points, model)
+    tasks = sw.plan(sw.find_traces(traces), points, model, TRUST_R2 if strict else min_r2)
     with SweepProgress(len(tasks)) as progress:
         rows = sw.run_sweep(tasks, "ray" if use_ray else "pool", jobs, progress)
     if as_json:
@@ -197,6 +220,13 @@ def sweep(
         click.echo(sw.to_csv(rows, objective), nl=False)
     else:
         click.echo(sw.format_table(rows, objective))
+    shaky = dict.fromkeys(str(r.trace) for r in rows if r.untrusted)
+    for name in shaky:
+        click.echo(
+            f"schedtop: warning: {name}: the step-time model's held-out R² is below "
+            f"{TRUST_R2}; its rows are marked ? (--min-r2 or --strict refuse them)",
+            err=True,
+        )
     failed = [r for r in rows if r.error]
     # One line per distinct error: a refused value fails every trace under it the same way.
     by_error: dict[str, list[Any]] = {}
