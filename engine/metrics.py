@@ -174,14 +174,19 @@ def step_clock(fold: Lifecycles) -> Clock:
     return Clock(STEPS, first, ends, starts, arrivals)
 
 
-def place_arrivals(fold: Lifecycles, starts: Sequence[float], first_step: int) -> dict[int, float]:
+def place_arrivals(
+    fold: Lifecycles, starts: Sequence[float], first_step: int, origin: float | None = None
+) -> dict[int, float]:
     """Arrival times on a recording's step clock, from the engine's arrival clock.
 
-    The engine stamps arrivals on its own clock, whose origin a trace does not record;
-    their differences are exact. A request added before step s arrived by the time step s
-    began; the latest origin that puts every arrival at or before its step's start is the
-    estimate (exact when any request arrived while the engine waited for it, as the first
-    one of a run always does)."""
+    `origin`: the arrival clock's reading at the recording's time 0 (Header's
+    arrival_origin_ns, format 1.4), which places them exactly. Older traces do not record
+    it; their arrivals' differences are exact, and a request added before step s arrived
+    by the time step s began: the latest origin that puts every arrival at or before its
+    step's start is the estimate (late by the time from the first request's arrival to the
+    first step, its tokenization, a few ms)."""
+    if origin is not None:
+        return {ref: r.arrival_time - origin for ref, r in fold.reqs.items()}
     lives = [r for r in fold.reqs.values() if r.arrival_step >= first_step]
     if not lives:
         return {ref: 0.0 for ref in fold.reqs}

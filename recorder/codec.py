@@ -208,6 +208,7 @@ HEADER = Body(
         (9, "first_step", UINT),
         (10, "snapshot_interval", UINT),
         (11, "snapshot_work", UINT),
+        (12, "arrival_origin_ns", Opt(INT)),
     ],
 )
 STEP = Body(

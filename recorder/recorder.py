@@ -155,13 +155,20 @@ class Recorder:
         self.on_step_record = on_step_record  # sees every Step record before it is written
         self.error: str | None = None  # why recording stopped, once it has
         self._clock = clock
+        # The engine's arrival clock at time 0 (where the engine stamps arrivals): read
+        # beside the recorder's own, it puts Arrival.arrival_time on the steps' clock.
+        self._arrival_origin_ns: int | None = None
         if continue_from is None:
             self._t0 = clock()
+            arrival_clock = getattr(engine, "arrival_clock", None)
+            if arrival_clock is not None:
+                self._arrival_origin_ns = round(arrival_clock() * 1e9)
             start_ns = wall_clock()
         else:
             # The next segment of one recording: the same clock and start time, so that
             # the segments put end to end read as one trace.
             self._t0 = continue_from._t0
+            self._arrival_origin_ns = continue_from._arrival_origin_ns
             start_ns = continue_from.start_time_ns
         self._closed = False
         self._first_step = engine.step_index
@@ -479,6 +486,7 @@ class Recorder:
             first_step=engine.step_index,
             snapshot_interval=self.snapshot_interval,
             snapshot_work=self.snapshot_work,
+            arrival_origin_ns=self._arrival_origin_ns,
         )
 
     def _footer(self, stopped: str = "") -> Footer:

@@ -104,7 +104,8 @@ FORMAT_MINOR = 4  # minor versions only add fields and record types, which reade
 #      (schedtop serve)
 # 1.2: Header.snapshot_work (snapshots placed by replay work as well as by step count)
 # 1.3: block hashes of 8 bytes (HASH_BYTES; readers cut longer ones from older traces)
-# 1.4: Step.work_ns (the engine's work in a step, apart from the idle wait before it)
+# 1.4: Step.work_ns (the engine's work in a step, apart from the idle wait before it);
+#      Header.arrival_origin_ns (arrival times on the trace's clock)
 
 Scalar = str | int | float | bool | None
 
@@ -139,6 +140,7 @@ class Header:
     first_step: int = 0  # the step of the first step record (> 0: attached mid-run)
     snapshot_interval: int = 256  # steps from one snapshot (or the start) to the next, at most
     snapshot_work: int = 0  # replay work from one snapshot to the next, at most (0: no bound)
+    arrival_origin_ns: int | None = None  # the arrival clock at time 0, ns (None: unknown)
 
     def __post_init__(self) -> None:
         # a crafted header must fail as a TraceError here, not as a ZeroDivisionError later

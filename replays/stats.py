@@ -184,7 +184,11 @@ class _Collector:
             return step_clock(self.fold)
         first = self.fold.steps[0] if self.fold.steps else 0
         starts = step_starts(self.ends, self.work, self.busy, self.idle)
-        return Clock(SECONDS, first, self.ends, starts, place_arrivals(self.fold, starts, first))
+        origin = self.reader.header.arrival_origin_ns
+        arrivals = place_arrivals(
+            self.fold, starts, first, None if origin is None else origin / 1e9
+        )
+        return Clock(SECONDS, first, self.ends, starts, arrivals)
 
     def _request(self, r: Lifecycle, clock: Clock) -> RequestStats:
         t = request_times(r, clock)

@@ -37,6 +37,7 @@ class Observer(Lifecycles):
         self.idle_before: list[bool] = []  # nothing unfinished before the step
         self.timed = False  # some step carries runner timings
         self.min_free = usable_blocks
+        self.arrival_origin_ns: int | None = None  # the trace header's (format 1.4)
 
     def observe(self, rec: Step, view: StepView, idle: bool) -> None:
         """A trace's record, with the reducer's view of it (the implicit decodes spelled out)."""
@@ -131,6 +132,7 @@ def observe_trace(
     with TraceReader(path) as reader:
         header = reader.header
         obs = Observer(header.num_blocks - 1)
+        obs.arrival_origin_ns = header.arrival_origin_ns
         state: State | None = None
         for entry in reader.entries():
             rec = entry.record
@@ -198,7 +200,8 @@ def recorded_timebase(obs: Observer, model: CostModel) -> Timebase:
     if obs.timed:
         ends = list(obs.end_ns)
         starts = obs.starts_ns(ends)
-        placed = place_arrivals(obs, [t / 1e9 for t in starts], first)
+        origin = None if obs.arrival_origin_ns is None else obs.arrival_origin_ns / 1e9
+        placed = place_arrivals(obs, [t / 1e9 for t in starts], first, origin)
         arrivals = [round(placed[r] * 1e9) for r in refs]
     else:
         work = np.array(obs.work, dtype=np.int64).reshape(-1, 5)

@@ -35,7 +35,9 @@ def masked(path: Path) -> list[bytes]:
         for entry in reader.entries():
             rec = entry.record
             if isinstance(rec, Step):
-                rec = dataclasses.replace(rec, time_ns=0, schedule_ns=0, update_ns=0, timings=())
+                rec = dataclasses.replace(
+                    rec, time_ns=0, schedule_ns=0, update_ns=0, timings=(), work_ns=0
+                )
             elif isinstance(rec, Footer):
                 rec = dataclasses.replace(rec, step_offsets=(), snapshot_offsets=(), end_time_ns=0)
             elif isinstance(rec, End):

@@ -70,7 +70,7 @@ def digest(
     # the step's work, not the wait before it (Step.duration_ns; docs/metrics.md)
     step_ns = rec.work_ns if prev_time_ns is None else rec.duration_ns(prev_time_ns)
     if engine_time:
-        step_ns = rec.work_ns or rec.schedule_ns + rec.update_ns
+        step_ns = rec.schedule_ns + rec.update_ns
     return Digest(
         rec.step,
         rec.time_ns,

@@ -632,7 +632,7 @@ class Session:
             return 0, None
         if self.simulated:
             rec = tl.record(i)
-            return rec.work_ns or rec.schedule_ns + rec.update_ns, None
+            return rec.schedule_ns + rec.update_ns, None
         rec = tl.record(i)
         end = rec.time_ns
         # the step's work, not the wait before it (Step.duration_ns; docs/metrics.md)

@@ -156,13 +156,13 @@ def _run(
     on_progress: Progress | None,
     on_engine: Callable[[LLMEngine], None] | None,
 ) -> RunSummary:
-    # The fold sees every step first-hand, on the engine's clock (the arrivals' clock); a
-    # recorder attached below passes the steps on to it.
+    if on_engine is not None:
+        on_engine(engine)
+    # The fold sees every step first-hand, on the engine's clock (the arrivals' clock),
+    # before a recorder attached above stamps it: the two read their clocks µs apart.
     core = engine.core
     folding = MetricsSink(engine.clock, core.sink)
     core.sink = folding
-    if on_engine is not None:
-        on_engine(engine)
     runner = engine.runner
     summary = RunSummary(
         model=engine.model.spec.name,

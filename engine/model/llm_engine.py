@@ -76,6 +76,7 @@ class LLMEngine:
         self.runner, self.config = build_runner(model, config or EngineConfig(), self.options)
         self.clock = clock
         self.core = EngineCore(self.config, self.runner, sink, clock)
+        self.core.arrival_clock = clock  # add_request stamps arrivals with it
         self._hasher = BlockHasher(self.config.block_size)
         self._outputs: dict[str, RequestOutput] = {}
         self._live: dict[str, Request] = {}  # queued or running
