@@ -204,3 +204,20 @@ def test_whatif_refuses_a_model_below_min_r2(tiny_gguf: Path, tmp_path: Path) ->
     assert result.exit_code == 2 and "below --min-r2 1.0" in result.stderr
     shown = CliRunner().invoke(main, ["whatif", str(trace)])
     assert shown.exit_code == 0 and "held out: R²" in shown.stdout
+
+
+def test_a_paced_sim_trace_counts_the_pacing_as_idle(tmp_path: Path) -> None:
+    """`sim --pace` sleeps between steps: that wait is idle, not the steps' work."""
+    trace = tmp_path / "paced.trace"
+    case = Path(__file__).parent / "data" / "fidelity" / "a_decode_plus_arrival.workload.json"
+    _cli("sim", str(case), "--pace", "10", "--trace", str(trace))  # 100 ms a step
+    with TraceReader(trace) as reader:
+        recs = list(reader.steps())
+    prev = 0
+    for rec in recs:
+        assert 0 < rec.duration_ns(prev) == rec.work_ns < 50_000_000
+        if rec.step:
+            assert rec.idle_ns(prev) > 50_000_000
+        prev = rec.time_ns
+    with TraceReader(trace) as reader:
+        assert list(find_all(Timeline(reader), [parse("slow>50")])) == []
