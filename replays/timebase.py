@@ -156,7 +156,7 @@ def fit_trace(path: str | Path) -> CostModel:
     """The cost model fitted on a trace's own step timings."""
     obs, _ = observe_trace(path)
     if not obs.timed:
-        raise CostModelError(f"{path}: {why_untimed(path)}: give a model with --model")
+        raise CostModelError(f"{path}: {why_untimed(path)}: there are no step times to fit")
     work, secs, excluded = obs.fit_rows()
     return fit_model(work, secs, str(path), excluded)
 

@@ -221,3 +221,16 @@ def test_a_paced_sim_trace_counts_the_pacing_as_idle(tmp_path: Path) -> None:
         prev = rec.time_ns
     with TraceReader(trace) as reader:
         assert list(find_all(Timeline(reader), [parse("slow>50")])) == []
+
+
+def test_no_step_timings_says_why(tmp_path: Path) -> None:
+    data = Path(__file__).parent / "data"
+    sim = tmp_path / "sim.trace"
+    _cli("sim", str(data / "fidelity" / "a_decode_plus_arrival.workload.json"), "--trace", str(sim))
+    for trace, why in (
+        (sim, "a simulated run"),
+        (data / "vllm_abort_order.trace", "plugin in vLLM"),
+    ):
+        for command in (["whatif", str(trace)], ["stats", str(trace), "--cost-model"]):
+            res = CliRunner().invoke(main, command)
+            assert res.exit_code == 2 and f"no step timings: {why}" in res.stderr, command
