@@ -229,7 +229,7 @@ def test_no_step_timings_says_why(tmp_path: Path) -> None:
     _cli("sim", str(data / "fidelity" / "a_decode_plus_arrival.workload.json"), "--trace", str(sim))
     for trace, why in (
         (sim, "a simulated run"),
-        (data / "vllm_abort_order.trace", "plugin in vLLM"),
+        (data / "vllm_abort_order.trace", "recorded by schedtop's plugin in vLLM"),
     ):
         for command in (["whatif", str(trace)], ["stats", str(trace), "--cost-model"]):
             res = CliRunner().invoke(main, command)
