@@ -377,8 +377,18 @@ class MetricsSink:
         if self.downstream is not None:
             self.downstream.close()
 
-    def metrics(self) -> RunMetrics:
+    def run_clock(self) -> Clock:
+        """The run's clock: the engine's, arrivals as the engine stamped them."""
         fold = self.fold
         first = fold.steps[0] if fold.steps else 0
         arrivals = {ref: r.arrival_time for ref, r in fold.reqs.items()}
-        return run_metrics(fold, Clock(SECONDS, first, self.ends, self.starts, arrivals))
+        return Clock(SECONDS, first, self.ends, self.starts, arrivals)
+
+    def metrics(self) -> RunMetrics:
+        return run_metrics(self.fold, self.run_clock())
+
+    def request_times(self) -> dict[str, RequestTimes]:
+        """Each request's latencies, by request id (the last request of a reused id)."""
+        clock = self.run_clock()
+        lives = (self.fold.reqs[ref] for ref in sorted(self.fold.reqs))
+        return {r.request_id: request_times(r, clock) for r in lives}

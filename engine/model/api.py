@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from engine.config import EngineConfig, Options, RunnerOptions
 from engine.events import NULL_SINK, EventSink
 from engine.limits import MAX_TOKENS
-from engine.metrics import MetricsSink, RunMetrics
+from engine.metrics import MetricsSink, RequestTimes, RunMetrics
 from engine.model.errors import RequestError
 from engine.model.workload import RunWorkload, WorkloadRequest, load_run_workload, run_options
 from engine.records import printable
@@ -179,7 +179,8 @@ def _run(
     for out in outputs.values():
         _observe(summary, out)
     if outputs_path is not None:
-        _write_outputs(outputs_path, [outputs[r.id] for r in workload.requests])
+        times = folding.request_times()
+        _write_outputs(outputs_path, [outputs[r.id] for r in workload.requests], times)
     return summary
 
 
@@ -252,8 +253,10 @@ def _observe(s: RunSummary, out: RequestOutput) -> None:
     s.num_finished += 1
 
 
-def output_record(out: RequestOutput) -> dict[str, Any]:
-    """One line of the --outputs file (docs/workload-format.md)."""
+def output_record(out: RequestOutput, times: RequestTimes | None = None) -> dict[str, Any]:
+    """One line of the --outputs file (docs/workload-format.md); `times`: the request's
+    latencies from the run's fold (engine.metrics), the numbers the summary's percentiles
+    are of, else the engine's output's own."""
     record: dict[str, Any] = {
         "id": out.request_id,
         "prompt_token_ids": out.prompt_token_ids,
@@ -262,18 +265,20 @@ def output_record(out: RequestOutput) -> dict[str, Any]:
         "finish_reason": out.finish_reason,
         "num_preemptions": out.num_preemptions,
         "num_cached_tokens": out.num_cached_tokens,
-        "ttft_s": out.ttft_s,
-        "tpot_s": out.tpot_s,
+        "ttft_s": out.ttft_s if times is None else times.ttft,
+        "tpot_s": out.tpot_s if times is None else times.tpot,
     }
     if out.finish_message:
         record["error"] = out.finish_message
     return record
 
 
-def _write_outputs(path: str | Path, outputs: list[RequestOutput]) -> None:
+def _write_outputs(
+    path: str | Path, outputs: list[RequestOutput], times: dict[str, RequestTimes]
+) -> None:
     with atomic_output(path) as f:
         for out in outputs:
-            f.write(json.dumps(output_record(out)) + "\n")
+            f.write(json.dumps(output_record(out, times.get(out.request_id))) + "\n")
 
 
 def format_summary(s: RunSummary) -> str:
