@@ -65,6 +65,9 @@ class Lifecycles:
         life = Lifecycle(r.ref, r.request_id, r.arrival_step, r.arrival_time, r.num_prompt_tokens)
         life.first_scheduled_step = r.first_scheduled_step
         life.num_samples = r.num_output_tokens
+        if r.num_output_tokens:
+            # its first token came before the recording: no TTFT, TPOT or ITL from here
+            life.sample_steps.append(r.first_token_step)
         life.preemptions = r.num_preemptions
         if r.num_cached_tokens >= 0:
             life.hit_tokens.append(r.num_cached_tokens)
