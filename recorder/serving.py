@@ -26,6 +26,8 @@ import dataclasses
 import datetime
 import json
 import logging
+import math
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -43,7 +45,7 @@ from recorder.paths import new_run_dir
 from recorder.reader import TraceReader
 from recorder.recorder import DEFAULT_SNAPSHOT_INTERVAL, FLUSH_INTERVAL_S, Recorder
 from recorder.schema import RecordType
-from recorder.segments import INCIDENTS, join, list_segments, segment_name
+from recorder.segments import INCIDENTS, is_run_dir, join, list_segments, segment_name
 from recorder.stream import DEFAULT_LIMIT, DEFAULT_MAX_VIEWERS, StreamHub, StreamSubscription
 from recorder.writer import TraceWriter
 
@@ -52,11 +54,45 @@ log = logging.getLogger("schedtop.recorder")
 DEFAULT_MAX_BYTES = 2 << 30
 MIN_MAX_BYTES = 64 << 10
 SEGMENTS_PER_BOUND = 8  # a segment is closed at max_bytes / 8
-SEGMENT_S = 60.0  # ...or after this long: an incident copies whole segments
+SEGMENT_S = 60.0  # ...or after this long
+INCIDENT_SHARE = 4  # incidents may use 1/4 of max_bytes unless given their own bound
+INCIDENT_INTERVAL_S = 10.0  # at most one incident this often (a rate limit: each copies MBs)
+MAX_NOTE_CHARS = 4096  # an incident's note: a line for a human, not a payload
+META_RESERVE = 1024  # an incident's JSON file, less its note
+ROTATE_RETRY_S = 1.0  # a failed segment creation is tried again after this long
+DEFAULT_KEEP_RUNS = 16  # run directories kept in a trace directory (a crash loop makes many)
 FLUSH_S = 0.1  # written records reach the file at least this often while steps run
 FLUSH_WAIT_S = 2.0  # incident(): how long to wait for the engine thread to flush
 
-__all__ = ["ServerRecording", "StreamSubscription", "open_server_recording"]
+__all__ = [
+    "IncidentError",
+    "IncidentResult",
+    "ServerRecording",
+    "StreamSubscription",
+    "open_server_recording",
+]
+
+
+class IncidentError(RecordingError):
+    """An incident that was not cut; `status` is the HTTP status a server answers with
+    (429 too soon after the last one, 507 no room for it) and `retry_after_s` when to try
+    again, if waiting helps."""
+
+    def __init__(self, message: str, status: int, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentResult:
+    """An incident trace that was written."""
+
+    path: Path  # the trace file
+    relative: str  # its path relative to the run's parent (the trace directory)
+    first_step: int  # its first step
+    last_step: int  # its last step
+    size: int  # bytes
 
 
 # What a viewer's stream carries after its header and snapshot: not the segments' own
@@ -102,6 +138,8 @@ class ServerRecording:
         model: str | None = None,
         snapshot_interval: int = DEFAULT_SNAPSHOT_INTERVAL,
         segment_s: float = SEGMENT_S,
+        incident_max_bytes: int | None = None,
+        incident_interval_s: float = INCIDENT_INTERVAL_S,
         stream_limit: int = DEFAULT_LIMIT,
         max_viewers: int = DEFAULT_MAX_VIEWERS,
         clock: Callable[[], int] = time.monotonic_ns,
@@ -110,6 +148,15 @@ class ServerRecording:
             raise ValueError(f"max_bytes={max_bytes}: must be at least {MIN_MAX_BYTES} bytes")
         if segment_s <= 0:
             raise ValueError(f"segment_s={segment_s}: must be > 0")
+        if incident_max_bytes is None:
+            incident_max_bytes = max_bytes // INCIDENT_SHARE
+        if not 0 <= incident_max_bytes <= max_bytes // 2:
+            raise ValueError(
+                f"incident_max_bytes={incident_max_bytes}: must be in 0..{max_bytes // 2} "
+                "(half the trace bound at most: incidents count against it; 0 = no incidents)"
+            )
+        if not incident_interval_s >= 0:
+            raise ValueError(f"incident_interval_s={incident_interval_s}: must be >= 0")
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -123,7 +170,15 @@ class ServerRecording:
         self.max_bytes = max_bytes
         self.segment_bytes = max_bytes // SEGMENTS_PER_BOUND
         self.segment_s = segment_s
-        self.error: str | None = None  # why rotation or recording stopped, if it has
+        # Incidents count against max_bytes: the segments keep out of their share.
+        self.incident_max_bytes = incident_max_bytes
+        self.incident_interval_s = incident_interval_s
+        self.error: str | None = None  # why recording stopped, if it has
+        self.rotate_error: str | None = None  # the last failed rotation (retried), if any
+        self.rotations_failed = 0
+        self._rotate_retry_at = 0  # clock: no rotation is tried before this
+        self._last_incident: int | None = None  # clock of the last incident cut
+        self._incident_lock = threading.Lock()  # one incident at a time
         self._clock = clock
         self._options: dict[str, Any] = dict(
             redact_prompts=redact_prompts,
@@ -161,6 +216,10 @@ class ServerRecording:
         """A server's view of one HTTP request (engine thread, between two steps)."""
         self._recorder.on_client(report)
         report_client(self._downstream, report)
+        # Client records alone can fill a segment (a flood of refused requests and no
+        # step at all): the bound is checked on every append, not only after steps.
+        if self._rotation_due():
+            self._rotate()
 
     def on_idle(self) -> None:
         """Called by the engine thread when it has no work (at least every 100 ms):
@@ -200,6 +259,13 @@ class ServerRecording:
         return self._recorder.flushed_step
 
     @property
+    def stopped(self) -> str | None:
+        """Why the recording stopped (None while it records)."""
+        if self._closed:
+            return self.error or self._recorder.error or "closed"
+        return self.error or self._recorder.error
+
+    @property
     def _writer(self) -> TraceWriter | None:
         sink = self._recorder.sink
         return sink if isinstance(sink, TraceWriter) else None
@@ -226,7 +292,9 @@ class ServerRecording:
         return out
 
     def _rotation_due(self) -> bool:
-        if self.error is not None or self._recorder.error is not None:
+        if self.error is not None or self._recorder.error is not None or self._closed:
+            return False
+        if self.rotate_error is not None and self._clock() < self._rotate_retry_at:
             return False
         writer = self._writer
         size = writer.offset - self._start_bytes if writer is not None else 0
@@ -244,9 +312,17 @@ class ServerRecording:
         try:
             new = self._new_segment(old)
         except RecordingError as e:
-            self.error = str(e)
-            log.warning("cannot start a new segment (%s); recording goes on in %s", e, old.path)
+            # Tried again later (a full disk may get room): one failure must not end the
+            # bound for the rest of the run. Meanwhile the oldest segments make room.
+            if self.rotate_error is None:
+                log.warning("cannot start a new segment (%s); retrying", e)
+            self.rotate_error = str(e)
+            self.rotations_failed += 1
+            self._rotate_retry_at = self._clock() + int(ROTATE_RETRY_S * 1e9)
+            with self._lock:
+                self._delete_oldest(self._current_size())
             return
+        self.rotate_error = None
         # The next segment is on disk before this one ends: a reader that finds this
         # one finished and no next one knows the recording is over.
         old.close()
@@ -262,11 +338,18 @@ class ServerRecording:
             self._closed_segments.append(_Closed(path, size, old.elapsed_ns))
             self._delete_oldest()
 
-    def _delete_oldest(self) -> None:
-        """Keep the closed segments within max_bytes less room for the one being written:
-        its opening header and snapshot, segment_bytes of steps, and as much again (it
-        may overshoot by a step, and the next opening snapshot may be larger)."""
-        room = self.max_bytes - 2 * (self.segment_bytes + self._start_bytes)
+    def _current_size(self) -> int:
+        writer = self._writer
+        return writer.offset if writer is not None else 0
+
+    def _delete_oldest(self, current: int = 0) -> None:
+        """Keep the closed segments within max_bytes less the incidents' share and room
+        for the one being written: its opening header and snapshot, segment_bytes of
+        steps, and as much again (it may overshoot by a step, and the next opening
+        snapshot may be larger); or less its actual size, when it has grown past that
+        (rotation failing)."""
+        written = max(current, 2 * (self.segment_bytes + self._start_bytes))
+        room = self.max_bytes - self.incident_max_bytes - written
         total = sum(s.size for s in self._closed_segments)
         while self._closed_segments and total > room:
             gone = self._closed_segments.pop(0)
@@ -301,25 +384,81 @@ class ServerRecording:
         between two steps (or idle call). Raises TooManyViewers past the limit."""
         return self._hub.subscribe()
 
-    def incident(self, window_s: float, note: str | None = None) -> Path:
+    def incident(self, window_s: float, note: str | None = None) -> IncidentResult:
         """Copy the segments covering the last `window_s` seconds into one trace file
-        (under `incidents/` in the run's directory) and return its path. A note goes into
-        a JSON file of the same name next to it."""
-        if not window_s > 0:
-            raise ValueError(f"window_s={window_s}: must be > 0")
+        (under `incidents/` in the run's directory). A note goes into a JSON file of the
+        same name next to it. The window is cut to the newest segments that fit within
+        incident_max_bytes (the result's first_step says where it begins), older
+        incidents are deleted to make room, and one is cut at most once per
+        incident_interval_s: IncidentError otherwise. ValueError for a window
+        that is not a finite number > 0 or a note over MAX_NOTE_CHARS."""
+        if not (math.isfinite(window_s) and window_s > 0):
+            raise ValueError(f"window_s={window_s}: must be a finite number > 0")
+        if note is not None and len(note) > MAX_NOTE_CHARS:
+            raise ValueError(f"note: {len(note)} characters; at most {MAX_NOTE_CHARS}")
+        if self.incident_max_bytes == 0:
+            raise IncidentError("incidents are off (an incident bound of 0 bytes)", 507)
+        if not self._incident_lock.acquire(blocking=False):
+            raise IncidentError(
+                "another incident is being cut", 429, retry_after_s=self.incident_interval_s
+            )
+        try:
+            return self._cut_incident(window_s, note)
+        finally:
+            self._incident_lock.release()
+
+    def _cut_incident(self, window_s: float, note: str | None) -> IncidentResult:
+        now = self._clock()
+        if self._last_incident is not None:
+            wait = self._last_incident + self.incident_interval_s * 1e9 - now
+            if wait > 0:
+                raise IncidentError(
+                    f"one incident per {self.incident_interval_s:g} s; try again in "
+                    f"{wait / 1e9:.1f} s",
+                    429,
+                    retry_after_s=wait / 1e9,
+                )
         self._wait_for_flush()
         rec = self._recorder
         since = rec.elapsed_ns - int(window_s * 1e9)
+        # Room for the note's JSON file beside the trace (its other fields are small).
+        budget = self.incident_max_bytes - len(json.dumps(note)) - META_RESERVE
         with self._lock:
-            paths = [s.path for s in self._closed_segments if s.end_ns >= since]
-            paths.append(self.segment)
+            wanted = [s.path for s in self._closed_segments if s.end_ns >= since]
+            wanted.append(self.segment)
+            # The newest segments that fit the incidents' bound: a window longer than
+            # that is cut (the reply's first step says where), not refused.
+            paths: list[Path] = []
+            estimate = 0
+            for p in reversed(wanted):
+                size = _file_size(p)
+                if paths and estimate + size > budget:
+                    break
+                paths.insert(0, p)
+                estimate += size
             readers = _open_all(paths)  # open now: rotation may delete them from here on
         try:
+            if estimate > budget:
+                raise IncidentError(
+                    f"the segment being written is {estimate} bytes, more than the "
+                    f"incidents' bound of {self.incident_max_bytes} bytes: raise "
+                    "--incident-max-bytes",
+                    507,
+                )
             out = self._incident_path()
+            self._last_incident = now
+            self._make_room(self.incident_max_bytes - budget + estimate)
             joined = join(readers, out)
         finally:
             for r in readers:
                 r.close()
+        if joined.size > budget:  # the estimate missed (a segment grew meanwhile)
+            out.unlink(missing_ok=True)
+            raise IncidentError(
+                f"the incident came to {joined.size} bytes, more than the incidents' bound "
+                f"of {self.incident_max_bytes} bytes: ask for a shorter window",
+                507,
+            )
         meta = {
             "trace": out.name,
             "note": note,
@@ -327,10 +466,47 @@ class ServerRecording:
             "first_step": joined.first_step,
             "last_step": joined.last_step,
             "segments": [p.name for p in paths],
+            "cut_to_bound": len(paths) < len(wanted),
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }
-        out.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
-        return out
+        try:
+            out.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
+        except OSError as e:
+            raise RecordingError(f"{out}: cannot write its note: {e.strerror}") from None
+        self._make_room(0, keep=out)  # hold the bound exactly, whatever the estimate
+        return IncidentResult(
+            out,
+            out.relative_to(self.directory.parent).as_posix(),
+            joined.first_step,
+            joined.last_step,
+            joined.size,
+        )
+
+    def _make_room(self, wanted: int, keep: Path | None = None) -> None:
+        """Delete the oldest incidents (never `keep`) until those left plus `wanted`
+        bytes fit within incident_max_bytes."""
+        folder = self.directory / INCIDENTS
+        try:
+            files = sorted(p for p in folder.iterdir() if p.suffix in (".trace", ".json"))
+        except OSError:
+            return
+        sizes = {p: _file_size(p) for p in files}
+        total = sum(sizes.values())
+        # Names sort by time; a trace and its note share a stem and go together (the
+        # stem has a dot of its own: "incident-20261201-120000.123").
+        stems = sorted({p.name.rsplit(".", 1)[0] for p in sizes})
+        if keep is not None:
+            stems = [s for s in stems if s != keep.name.rsplit(".", 1)[0]]
+        for stem in stems:
+            if total + wanted <= self.incident_max_bytes:
+                break
+            for p in (folder / f"{stem}.trace", folder / f"{stem}.json"):
+                if p in sizes:
+                    try:
+                        p.unlink()
+                        total -= sizes[p]
+                    except OSError as e:
+                        log.warning("cannot delete the old incident %s: %s", p, e.strerror)
 
     def _wait_for_flush(self) -> None:
         with self._flush_cond:
@@ -355,6 +531,34 @@ class ServerRecording:
         return path
 
 
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def prune_runs(parent: Path, kind: str, keep: int) -> list[Path]:
+    """Delete the oldest run directories of `kind` in `parent` so that at most `keep`
+    remain (a crash loop starts a new one each time, and the per-run bound does not
+    bound them together); returns those deleted. Only directories named as
+    recorder.paths.new_run_dir names them and holding segments are touched."""
+    if keep < 1:
+        raise ValueError(f"keep={keep}: must be >= 1")
+    try:
+        runs = sorted(p for p in parent.iterdir() if f"-{kind}-" in p.name and is_run_dir(p))
+    except OSError:
+        return []
+    gone = []
+    for run in runs[: max(0, len(runs) - keep)]:
+        try:
+            shutil.rmtree(run)
+            gone.append(run)
+        except OSError as e:
+            log.warning("cannot delete the old run directory %s: %s", run, e.strerror)
+    return gone
+
+
 def _open_all(paths: list[Path]) -> list[TraceReader]:
     readers: list[TraceReader] = []
     try:
@@ -374,17 +578,26 @@ def open_server_recording(
     max_bytes: int = DEFAULT_MAX_BYTES,
     redact_prompts: bool = False,
     model: str | None = None,
+    incident_max_bytes: int | None = None,
+    keep_runs: int = DEFAULT_KEEP_RUNS,
 ) -> ServerRecording:
     """Record a server's engine (an LLMEngine or an EngineCore) into a new run directory
-    under `trace_dir` (None: the default trace directory). Raises ValueError for a bad
+    under `trace_dir` (None: the default trace directory), deleting the oldest server
+    runs there beyond `keep_runs` (this one included). Raises ValueError for a bad
     bound, RecordingError when the directory cannot be made."""
     core = getattr(engine, "core", engine)
     if not isinstance(core, EngineCore):
         raise TypeError(f"cannot record a {type(engine).__name__}: not an engine")
-    return ServerRecording(
+    if keep_runs < 1:
+        raise ValueError(f"keep_runs={keep_runs}: must be >= 1")
+    run = new_run_dir("serve", trace_dir)
+    recording = ServerRecording(
         core,
-        new_run_dir("serve", trace_dir),
+        run,
         max_bytes=max_bytes,
         redact_prompts=redact_prompts,
         model=model,
+        incident_max_bytes=incident_max_bytes,
     )
+    prune_runs(run.parent, "serve", keep_runs)
+    return recording

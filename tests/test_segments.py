@@ -270,7 +270,7 @@ def incident_while_idle(rec: ServerRecording, window_s: float, note: str | None)
     t = threading.Thread(target=engine_thread)
     t.start()
     try:
-        return rec.incident(window_s, note)
+        return rec.incident(window_s, note).path
     finally:
         stop.set()
         t.join()
