@@ -12,6 +12,7 @@ import asyncio
 import hmac
 import json
 import logging
+import math
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -24,7 +25,8 @@ from pydantic import BaseModel, ValidationError
 
 from engine.events import ClientReport
 from engine.model.errors import RequestError
-from recorder.serving import ServerRecording
+from recorder.errors import RecordingError
+from recorder.serving import IncidentError, ServerRecording
 from recorder.stream import StreamSubscription
 from schedtop_server.loop import EngineLoop, Submission, Update
 from schedtop_server.metrics import CONTENT_TYPE, ServeMetrics
@@ -51,6 +53,12 @@ STREAM_POLL_S = 0.5  # a live viewer's get() timeout: how soon a disconnect is n
 # 8 MiB is already ~2M tokens, far past any context, and reading and parsing 20 MB cost
 # seconds and gigabytes (issue 26 item 3).
 DEFAULT_MAX_BODY_BYTES = 8 << 20
+# A request's headers, and then its body, must arrive within this long: a client that
+# trickles them (slowloris) otherwise holds a connection and its buffers for as long as it
+# likes. uvicorn's keep-alive timeout only covers the idle time between two requests.
+DEFAULT_READ_TIMEOUT_S = 30.0
+RETRY_AFTER_S = 1  # a 503's Retry-After: the queue or a restart is seconds away, not minutes
+UNAUTHENTICATED_RECORD_S = 10.0  # 401s are counted, and recorded at most this often
 
 
 @dataclass(frozen=True)
@@ -63,8 +71,11 @@ class ServeSettings:
     version: str = "dev"  # /version
     incident_window_s: float = 600.0  # POST /v1/schedtop/incident's default window
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies get a 413
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S  # headers, then the body, within this
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.read_timeout_s) and self.read_timeout_s > 0):
+            raise ValueError(f"read_timeout_s={self.read_timeout_s}: must be a number > 0")
         if not self.model_name:
             raise ValueError("model_name: must not be empty")
         if self.api_key is not None and not self.api_key:
@@ -164,13 +175,24 @@ def build_app(
         return _refuse(loop, request.url.path, 500, f"internal error: {type(e).__name__}: {e}")
 
     if settings.api_key is not None:
-        app.add_middleware(_Auth, key=settings.api_key, loop=loop)
-    # Added last, so outermost: a body too large is refused before anything reads it.
-    app.add_middleware(_BodyLimit, limit=settings.max_body_bytes, loop=loop)
+        app.add_middleware(_Auth, key=settings.api_key, loop=loop, metrics=metrics)
+    # Added last, so outermost: a body too large or too slow is refused before anything
+    # reads it.
+    app.add_middleware(
+        _BodyLimit, limit=settings.max_body_bytes, loop=loop, timeout_s=settings.read_timeout_s
+    )
 
     @app.get("/health")
     async def health() -> Response:
-        return Response(status_code=200 if loop.alive else 503)
+        # vLLM answers 200 with no body; the body here adds what a probe may want to log.
+        # A stopped recording does not fail the probe: serving goes on without it.
+        engine = "draining" if loop.draining else "running" if loop.alive else "dead"
+        state: dict[str, Any] = {"engine": engine, "recording": _recording_state(recording)}
+        if loop.dead_reason is not None:
+            state["reason"] = loop.dead_reason
+        ok = loop.alive and not loop.draining
+        headers = None if ok else {"Retry-After": str(RETRY_AFTER_S)}
+        return JSONResponse(state, status_code=200 if ok else 503, headers=headers)
 
     @app.get("/version")
     async def version() -> dict[str, str]:
@@ -178,6 +200,9 @@ def build_app(
 
     @app.get("/metrics")
     async def prometheus() -> Response:
+        if recording is not None:
+            metrics.observe_recording(recording.stopped is None, recording.rotations_failed)
+        metrics.draining.set(1 if loop.draining else 0)
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")
@@ -237,20 +262,36 @@ class _Auth:
     /metrics stay open (probes and Prometheus scrapers carry no key). Plain ASGI, so that
     streamed responses and disconnects pass through untouched."""
 
-    def __init__(self, app: Any, key: str, loop: EngineLoop) -> None:
+    def __init__(self, app: Any, key: str, loop: EngineLoop, metrics: ServeMetrics) -> None:
         self.app = app
         self.expected = f"Bearer {key}".encode()
         self.loop = loop
+        self.metrics = metrics
+        self.unrecorded = 0  # 401s since the last one recorded
+        self.recorded_at: float | None = None  # engine clock of that record
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 message = "missing or wrong API key: send 'Authorization: Bearer KEY'"
-                _report_refusal(self.loop, scope["path"], self.loop.clock(), 401, message)
+                self._count()
                 await _error(401, message, code="invalid_api_key")(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+    def _count(self) -> None:
+        """Anyone can send 401s, as fast as they like: each is counted (/metrics), and
+        the trace gets one record per UNAUTHENTICATED_RECORD_S saying how many, with no
+        byte the client chose (its path is not kept), so that they cannot fill the disk."""
+        self.metrics.unauthenticated.inc()
+        self.unrecorded += 1
+        now = self.loop.clock()
+        if self.recorded_at is not None and now - self.recorded_at < UNAUTHENTICATED_RECORD_S:
+            return
+        n, self.unrecorded, self.recorded_at = self.unrecorded, 0, now
+        message = f"{n} request(s) without a valid API key since the last such record"
+        _report_refusal(self.loop, "/v1/*", now, 401, message)
 
 
 class _BodyLimit:
@@ -258,10 +299,11 @@ class _BodyLimit:
     says so, else as soon as the bytes received pass it (a chunked upload). The body is
     read here, bounded, and handed on whole: every route reads its body whole anyway."""
 
-    def __init__(self, app: Any, limit: int, loop: EngineLoop) -> None:
+    def __init__(self, app: Any, limit: int, loop: EngineLoop, timeout_s: float) -> None:
         self.app = app
         self.limit = limit
         self.loop = loop
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
@@ -272,8 +314,18 @@ class _BodyLimit:
         chunks: list[bytes] = []
         size = 0
         more = not too_big
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
         while more:
-            message = await receive()
+            left = deadline - asyncio.get_running_loop().time()
+            try:  # the whole body within the timeout, however it is trickled
+                message = await asyncio.wait_for(receive(), max(left, 0.0))
+            except TimeoutError:
+                message = f"the request body did not arrive within {self.timeout_s:g} s"
+                _report_refusal(self.loop, scope["path"], self.loop.clock(), 408, message)
+                response = _error(408, message, code="request_timeout")
+                response.headers["Connection"] = "close"
+                await response(scope, receive, send)
+                return
             if message["type"] == "http.disconnect":
                 return  # gone before it finished sending
             chunk = message.get("body", b"")
@@ -348,6 +400,10 @@ async def _generate(
         return _error(e.status, e.message, e.param)
     if not loop.alive:  # nobody would ever answer: say so rather than hang
         message = "the engine is not running (see the server's log)"
+        _report_refusal(loop, endpoint, received, 503, message)
+        return _error(503, message)
+    if loop.draining:  # shutting down: another replica (or this one restarted) will serve it
+        message = "the server is shutting down; retry later"
         _report_refusal(loop, endpoint, received, 503, message)
         return _error(503, message)
     ex = _Exchange(loop, endpoint, body.streaming, received)
@@ -615,10 +671,35 @@ async def _incident(
     note, window = data.get("note"), data.get("window_s", settings.incident_window_s)
     if note is not None and not isinstance(note, str):
         return _refuse(loop, endpoint, 400, "note: must be a string", "note")
-    if isinstance(window, bool) or not isinstance(window, int | float) or window <= 0:
-        return _refuse(loop, endpoint, 400, "window_s: must be a number > 0", "window_s")
-    path = await asyncio.to_thread(recording.incident, float(window), note)
-    return JSONResponse({"path": str(path)})
+    if (
+        isinstance(window, bool)
+        or not isinstance(window, int | float)
+        or not math.isfinite(window)  # JSON's Infinity and NaN, which Python reads
+        or window <= 0
+    ):
+        return _refuse(loop, endpoint, 400, "window_s: must be a finite number > 0", "window_s")
+    try:
+        cut = await asyncio.to_thread(recording.incident, float(window), note)
+    except ValueError as e:  # the note's length
+        return _refuse(loop, endpoint, 400, str(e), "note")
+    except IncidentError as e:
+        retry = None if e.retry_after_s is None else max(1, math.ceil(e.retry_after_s))
+        response = _refuse(loop, endpoint, e.status, str(e))
+        if retry is not None:
+            response.headers["Retry-After"] = str(retry)
+        return response
+    except (RecordingError, OSError) as e:  # a full disk, a directory gone
+        return _refuse(loop, endpoint, 507, f"cannot write the incident: {e}")
+    # The path is relative to the trace directory: the server's own layout is not the
+    # client's business, and whoever reads the trace directory finds it there.
+    return JSONResponse(
+        {
+            "path": cut.relative,
+            "first_step": cut.first_step,
+            "last_step": cut.last_step,
+            "bytes": cut.size,
+        }
+    )
 
 
 async def _trace_bytes(sub: StreamSubscription) -> AsyncIterator[bytes]:
@@ -662,4 +743,21 @@ def _report_refusal(
 def _error(
     status: int, message: str, param: str | None = None, code: str | None = None
 ) -> JSONResponse:
-    return JSONResponse(error_body(message, status, param, code), status_code=status)
+    # A 503 says when to come back (overload and shutdown pass within seconds).
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    return JSONResponse(
+        error_body(message, status, param, code), status_code=status, headers=headers
+    )
+
+
+def _recording_state(recording: ServerRecording | None) -> dict[str, Any]:
+    """The flight recorder's state for /health."""
+    if recording is None:
+        return {"state": "off"}
+    stopped = recording.stopped
+    state: dict[str, Any] = {"state": "recording" if stopped is None else "stopped"}
+    if stopped is not None:
+        state["reason"] = stopped
+    if recording.rotate_error is not None:
+        state["rotation_error"] = recording.rotate_error
+    return state

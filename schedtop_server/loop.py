@@ -96,6 +96,12 @@ class _Client:
     report: ClientReport
 
 
+@dataclass(frozen=True, slots=True)
+class _AbortAll:
+    message: str  # what every request still running is told
+    status: int  # ...with this HTTP status
+
+
 _STOP = object()
 
 
@@ -147,6 +153,8 @@ class EngineLoop:
         self.stats = LoopStats()
         self.on_dead: Callable[[str], None] | None = None  # called from the engine thread
         self.dead_reason: str | None = None  # why the engine thread ended, if it failed
+        # Set once a shutdown begins (asyncio side): new requests get a 503 from then on.
+        self.draining = False
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}
         self._aloop: asyncio.AbstractEventLoop | None = None
@@ -201,6 +209,18 @@ class EngineLoop:
 
     def client_report(self, report: ClientReport) -> None:
         self._inbox.put(_Client(report))
+
+    def abort_all(self, message: str, status: int = 503) -> None:
+        """Abort every request the engine holds, through the engine (the trace records
+        the aborts), each answered with `message` as an error: a stream ends with an error
+        event and [DONE], a whole response with that status."""
+        self._inbox.put(_AbortAll(message, status))
+
+    @property
+    def idle(self) -> bool:
+        """No request in the engine and none on its way to it (as last seen by the
+        engine thread; good enough to end a drain, which polls)."""
+        return self.stats.live == 0 and self._inbox.empty()
 
     # -- the engine thread -----------------------------------------------------------------
 
@@ -274,6 +294,11 @@ class EngineLoop:
             self._abort(cmd.request_id)
         elif isinstance(cmd, _Client):
             self._guarded("recording a client report", self.engine.report_client, cmd.report)
+        elif isinstance(cmd, _AbortAll):
+            for rid, live in list(self._live.items()):
+                self._abort(rid)
+                update = Update(num_tokens=live.num_tokens, error=cmd.message, status=cmd.status)
+                self._send(live.sub.out, update)
 
     def _fail(self, request_id: str, out: asyncio.Queue[Update], e: Exception, stage: str) -> None:
         """An exception while handling one request: that request ends with an error (400

@@ -121,9 +121,30 @@ class ServeMetrics:
             (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
         )
         self._admitted: dict[str, float] = {}  # request id -> engine clock at first admission
+        # schedtop's own: what vLLM has no name for.
+        self.unauthenticated = counter(
+            "schedtop:unauthenticated_requests",
+            "Requests refused for a missing or wrong API key (counted, not recorded one by one).",
+        )
+        self.recording = gauge(
+            "schedtop:recording",
+            "1 while the flight recorder records; 0 once it has stopped (/health says why).",
+        )
+        self.rotation_failures = gauge(
+            "schedtop:recording_rotation_failures",
+            "Failed segment creations so far (each retried); rotation holds the disk bound.",
+        )
+        self.draining = gauge(
+            "schedtop:draining", "1 once a shutdown has begun: new requests get a 503."
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def observe_recording(self, recording: bool, rotation_failures: int) -> None:
+        """The flight recorder's state (read when /metrics is scraped)."""
+        self.recording.set(1 if recording else 0)
+        self.rotation_failures.set(rotation_failures)
 
     # -- from the engine thread ------------------------------------------------------------
 

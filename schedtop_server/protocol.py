@@ -178,6 +178,9 @@ def media_problem(data: dict[str, Any]) -> tuple[str, str] | None:
 
 
 MAX_CLIENT_ID = 256  # characters of a client's request id (it goes into the trace)
+# Integers that reach the trace are bounded here: the trace's integers are 64-bit, and a
+# value past that (priority 2**64) used to end the flight recorder while serving went on.
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
 class _Sampling(_Strict):
@@ -187,15 +190,16 @@ class _Sampling(_Strict):
     n: Annotated[int, Field(ge=1)] = 1  # only 1 is supported
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None  # 0 = greedy; null: 1.0
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None  # nucleus mass kept; null: 1.0
-    top_k: Annotated[int, Field(ge=-1)] | None = None  # vLLM: -1, 0 or null = off
+    top_k: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = None  # -1, 0 or null = off
     seed: StrictInt | None = None  # per-request generator: the same tokens in any batch
     stop: str | list[str] | None = None  # stop strings, cut from the text
-    stop_token_ids: list[StrictInt] | None = None  # vLLM: token ids that end the output
+    stop_token_ids: list[Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]] | None = None
     include_stop_str_in_output: StrictBool | None = False  # vLLM: keep the stop string
     skip_special_tokens: StrictBool | None = True  # vLLM: special tokens left out of text
     ignore_eos: StrictBool | None = False  # vLLM: keep going past EOS
-    min_tokens: Annotated[int, Field(ge=0)] | None = 0  # vLLM: see problem()
-    priority: StrictInt | None = 0  # vLLM: lower runs first under --scheduling-policy priority
+    min_tokens: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = 0  # vLLM: see problem()
+    # vLLM: lower runs first under --scheduling-policy priority
+    priority: Annotated[StrictInt, Field(ge=INT32_MIN, le=INT32_MAX)] | None = 0
     stream: StrictBool | None = False  # server-sent events
     stream_options: StreamOptions | None = None  # only with stream
     user: str | None = None  # accepted and ignored, as OpenAI and vLLM do
@@ -318,8 +322,11 @@ def error_body(
         400: "invalid_request_error",
         401: "authentication_error",
         404: "not_found_error",
+        408: "timeout_error",
         413: "invalid_request_error",
+        429: "rate_limit_error",
         503: "server_overloaded",
+        507: "insufficient_storage",
     }.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 

@@ -3,14 +3,18 @@ that `--port 0` works and the address can be printed before the first request)."
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import signal
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.errors import UserError
 from recorder.serving import ServerRecording
 from schedtop_server.app import ServeSettings, build_app
 from schedtop_server.loop import EngineDeadError, EngineLoop
@@ -22,6 +26,14 @@ if TYPE_CHECKING:
     from engine.model.llm_engine import LLMEngine
 
 
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
+ABORT_GRACE_S = 10.0  # after aborting, how long handlers get to send their last events
+HANDLER_GRACE_S = 5  # uvicorn's own wait for connections to close, once draining ended
+
+
+log = logging.getLogger("schedtop.serve")
+
+
 @dataclass(frozen=True)
 class Listen:
     """Where to listen and how much to queue."""
@@ -29,22 +41,47 @@ class Listen:
     host: str = "127.0.0.1"  # loopback unless asked otherwise
     port: int = 8000  # 0: any free port (printed once bound)
     max_waiting: int = 0  # waiting requests before 503s (0 = no bound)
+    shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S  # running requests may finish
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port={self.port}: must be in 0..65535")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting={self.max_waiting}: must be >= 0 (0 = no bound)")
+        if not (math.isfinite(self.shutdown_timeout_s) and self.shutdown_timeout_s >= 0):
+            raise ValueError(f"shutdown_timeout={self.shutdown_timeout_s}: must be a number >= 0")
 
 
 def load_engine(model: str | None, overrides: dict[str, Any]) -> tuple[LLMEngine, str]:
     """The engine `schedtop run` builds with these flags (None = not given), and the
-    model's name for clients: its file or directory name."""
+    model's name for clients: its file or directory name. Raises KVPoolTooSmall (a
+    UserError: one line, exit status 2) when the KV pool cannot hold one request of
+    max_model_len tokens."""
     from engine.model.api import build_engine
 
     engine = build_engine(model=model, overrides=overrides)
+    check_kv_pool(engine)
     source = Path(engine.model.source)
     return engine, source.stem if source.is_file() else source.name
+
+
+class KVPoolTooSmall(UserError):
+    """The KV pool cannot hold one request of max_model_len tokens."""
+
+
+def check_kv_pool(engine: LLMEngine) -> None:
+    """A server must be able to run the longest request it accepts: vLLM refuses to
+    start when its KV cache cannot hold max_model_len tokens. Without this check, such a
+    request is accepted and then finished by the scheduler as one that can never fit."""
+    config = engine.config
+    fits = config.usable_blocks * config.block_size
+    if config.max_model_len > fits:
+        raise KVPoolTooSmall(
+            f"max_model_len={config.max_model_len} is larger than the {fits} tokens the KV "
+            f"pool can hold ({config.usable_blocks} usable blocks of {config.block_size}): "
+            f"a request that long could never run; lower --max-model-len to {fits} or give "
+            "the pool more blocks"
+        )
 
 
 def build(
@@ -104,11 +141,16 @@ def serve_forever(
         app,
         log_level="warning",
         access_log=False,
-        timeout_graceful_shutdown=5,
+        # Our own drain (GracefulServer) runs first; this is only for the handlers to
+        # send their last events once every request has ended or been aborted.
+        timeout_graceful_shutdown=HANDLER_GRACE_S,
         lifespan="on",
+        http=_protocol_class(settings.read_timeout_s),
     )
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
     server = _server_class()(config)
+    server.engine_loop = loop
+    server.shutdown_timeout_s = listen.shutdown_timeout_s
 
     def dead(reason: str) -> None:
         # From the engine thread: uvicorn polls should_exit, then shuts down as on SIGTERM.
@@ -127,14 +169,108 @@ def serve_forever(
 def _server_class() -> Any:
     import uvicorn
 
-    class Server(uvicorn.Server):
+    class GracefulServer(uvicorn.Server):
         """uvicorn re-raises SIGINT/SIGTERM once it has shut down, which would end the
-        process before the recording is closed: here the signal only stops serving."""
+        process before the recording is closed: here the signal only stops serving.
+
+        And it stops serving gracefully (issue 26 item 6): uvicorn alone would give
+        running requests 5 s, then cancel their handlers before the engine aborts them
+        (plain-text 500s, streams cut without [DONE], none of it in the trace). Here the
+        first signal starts a drain: new requests get a 503 with Retry-After, running ones
+        may finish within shutdown_timeout_s, then the engine aborts what is left and each
+        of them ends with an error (an error event and [DONE] on a stream), recorded;
+        only then does uvicorn close the connections. A second signal aborts at once; a
+        third Ctrl-C stops waiting for connections."""
+
+        engine_loop: EngineLoop | None = None
+        shutdown_timeout_s = DEFAULT_SHUTDOWN_TIMEOUT_S
+        _drain_deadline: float | None = None  # monotonic: abort what still runs after this
+        _aborted_at: float | None = None
 
         def handle_exit(self, sig: int, frame: Any) -> None:
-            if self.should_exit and sig == signal.SIGINT:
-                self.force_exit = True  # a second Ctrl-C: stop waiting for connections
-            else:
+            loop = self.engine_loop
+            if loop is None or self.should_exit:
+                if self.should_exit and sig == signal.SIGINT:
+                    self.force_exit = True  # stop waiting for connections
                 self.should_exit = True
+            elif self._drain_deadline is None:
+                loop.draining = True
+                self._drain_deadline = time.monotonic() + self.shutdown_timeout_s
+            else:
+                self._drain_deadline = time.monotonic()  # a second signal: abort now
 
-    return Server
+        async def on_tick(self, counter: int) -> bool:
+            loop = self.engine_loop
+            if loop is not None and self._drain_deadline is not None and not self.should_exit:
+                self._drain(loop)
+            return bool(await super().on_tick(counter))
+
+        def _drain(self, loop: EngineLoop) -> None:
+            assert self._drain_deadline is not None
+            now = time.monotonic()
+            if loop.idle or not loop.alive:
+                self.should_exit = True
+            elif now >= self._drain_deadline:
+                if self._aborted_at is None:
+                    self._aborted_at = now
+                    log.warning("shutdown: aborting the %d requests still running", loop.stats.live)
+                elif now - self._aborted_at > ABORT_GRACE_S:
+                    self.should_exit = True  # the engine does not answer: stop anyway
+                    return
+                # Again each tick: a request admitted meanwhile (it was being tokenized
+                # when the drain began) is aborted too.
+                loop.abort_all(
+                    "the server is shutting down: this request was aborted "
+                    f"after the {self.shutdown_timeout_s:g} s shutdown timeout",
+                    503,
+                )
+
+    return GracefulServer
+
+
+def _protocol_class(read_timeout_s: float) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with a header read timeout: a connection whose request
+    headers have not all arrived `read_timeout_s` after its first byte (or after it was
+    opened) is closed. uvicorn bounds a header's size (h11's max incomplete event size)
+    and the idle time between requests (timeout_keep_alive), not the time a client may
+    take to send one: 200 connections trickling headers were held for as long as they
+    liked. The body's time is bounded by the app (app._BodyLimit), which can answer 408."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class TimedH11Protocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._header_timer is None and self._between_requests():
+                self._arm()  # the first bytes of the next request on a kept-alive connection
+            super().data_received(data)
+
+        def on_response_complete(self) -> None:
+            self._disarm()  # the keep-alive timeout takes over until the next bytes
+            super().on_response_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _between_requests(self) -> bool:
+            return self.cycle is None or self.cycle.response_complete
+
+        def _arm(self) -> None:
+            self._header_timer = self.loop.call_later(read_timeout_s, self._expired)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _expired(self) -> None:
+            self._header_timer = None
+            if self._between_requests() and not self.transport.is_closing():
+                self.transport.close()
+
+    return TimedH11Protocol

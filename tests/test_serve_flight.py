@@ -39,9 +39,17 @@ def test_incident_and_too_many_viewers(tmp_path: Path) -> None:
                 viewer.close()
                 r = await client.post("/v1/schedtop/incident", json={"note": "x"})
                 assert r.status_code == 200, r.text
-                path = Path(r.json()["path"])
+                reply = r.json()
+                # relative to the trace directory: no server path is given away
+                assert not Path(reply["path"]).is_absolute()
+                path = tmp_path / reply["path"]
                 info = summarize(path)
                 assert info.closed_cleanly and info.num_arrivals == 3
+                assert (reply["first_step"], reply["last_step"]) == (
+                    info.first_step,
+                    info.last_step,
+                )
+                assert reply["bytes"] == path.stat().st_size
                 assert json.loads(path.with_suffix(".json").read_text())["note"] == "x"
 
     try:

@@ -108,14 +108,18 @@ def stop(s: Server) -> None:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One server for the module (the tests run in order; the last one kills it): a 64 KiB
-    bound, and a small KV pool so that an opening snapshot stays small."""
+    """One server for the module (the tests run in order; the last one kills it): a 128 KiB
+    bound, half of it for incidents (they count against it; half, the most allowed, so
+    that the incident below holds every segment kept), and a small KV pool so that an
+    opening snapshot stays small."""
     base = tmp_path_factory.mktemp("serve-rec")
     s = start_server(
         base / "traces",
         "--model",
         str(write_tiny_gguf(base)),
         "--trace-max-bytes",
+        "128KiB",
+        "--incident-max-bytes",
         "64KiB",
         "--num-gpu-blocks-override",
         "256",
@@ -216,7 +220,7 @@ async def test_live_over_http_shows_the_load_and_matches_the_trace(server: Serve
             tl = Timeline(mine)
             assert tl.first_step > 0, "attached mid-run: the stream started with a snapshot"
             assert tl.last_step >= step
-            lo = max(tl.first_step, r.header.first_step)  # (old segments go: 64 KiB bound)
+            lo = max(tl.first_step, r.header.first_step)  # (old segments go: 128 KiB bound)
             for s in (lo, (lo + step) // 2, step):
                 assert tl.state(s).to_snapshot() == state_at(r, s).to_snapshot(), s
     finally:
@@ -227,14 +231,16 @@ async def test_live_over_http_shows_the_load_and_matches_the_trace(server: Serve
 def test_rotation_incident_and_kill_9(server: Server) -> None:
     Load(server, 120, max_tokens=4, prompt_words=90).done()
     # an incident of the last 10 minutes: everything still kept
-    path = Path(str(server.post("/v1/schedtop/incident", {"note": "slow"})["path"]))
+    reply = server.post("/v1/schedtop/incident", {"note": "slow"})
+    path = server.directory.parent / str(reply["path"])
     info = summarize(path)
     assert info.closed_cleanly and info.num_finishes >= 1
     out = CliRunner().invoke(main, ["info", str(path)])
     assert out.exit_code == 0 and "closed    yes, cleanly" in out.output
     segs = list_segments(server.directory)
-    assert segs[0].seq > 0, "a 64 KiB bound deleted old segments"
-    assert sum(s.path.stat().st_size for s in segs) <= 64 << 10
+    assert segs[0].seq > 0, "a 128 KiB bound deleted old segments"
+    # the whole directory, the incident included, within the bound
+    assert sum(f.stat().st_size for f in server.directory.rglob("*") if f.is_file()) <= 128 << 10
     with TraceReader(segs[0].path) as oldest:
         assert info.first_step <= oldest.header.first_step
     # every kept segment reads on its own; the directory as one trace

@@ -196,6 +196,34 @@ def run(
     show_default=True,
     help="Refuse larger request bodies with a 413, before reading them whole.",
 )
+@click.option(
+    "--read-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="A request's headers, then its body, must arrive within this (slow clients are cut).",
+)
+@click.option(
+    "--shutdown-timeout",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="On SIGTERM/Ctrl-C, running requests may finish within this; then they are aborted.",
+)
+@click.option(
+    "--incident-max-bytes",
+    metavar="SIZE",
+    help="Incidents' share of --trace-max-bytes (default: a quarter of it; at most half).",
+)
+@click.option(
+    "--trace-keep-runs",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Server run directories kept in the trace directory (the oldest are deleted).",
+)
 @click.option("--no-trace", is_flag=True, help="Do not record.")
 @click.option(
     "--redact-prompts", is_flag=True, help="Leave prompt and output token ids out of the trace."
@@ -212,6 +240,10 @@ def serve(
     trace_max_bytes: str,
     incident_window: float,
     max_body_size: str,
+    read_timeout: float,
+    shutdown_timeout: float,
+    incident_max_bytes: str | None,
+    trace_keep_runs: int,
     no_trace: bool,
     redact_prompts: bool,
     **options: Any,
@@ -228,9 +260,14 @@ def serve(
     if no_trace and trace_dir:
         raise click.UsageError("--trace-dir and --no-trace exclude each other")
     try:
-        listen = Listen(host, port, max_waiting)
+        listen = Listen(host, port, max_waiting, shutdown_timeout)
         max_bytes = _size(trace_max_bytes, "--trace-max-bytes")
         max_body = _size(max_body_size, "--max-body-size")
+        incident_bytes = (
+            None
+            if incident_max_bytes is None
+            else _size(incident_max_bytes, "--incident-max-bytes")
+        )
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     try:  # before the model loads: a taken port fails at once (vLLM binds first too)
@@ -250,11 +287,20 @@ def serve(
                 version=schedtop_version(),
                 incident_window_s=incident_window,
                 max_body_bytes=max_body,
+                read_timeout_s=read_timeout,
             )
         except ValueError as e:
             raise click.UsageError(str(e)) from None
         if not no_trace:
-            recording = _server_recording(engine, trace_dir, max_bytes, redact_prompts, settings)
+            recording = _server_recording(
+                engine,
+                trace_dir,
+                settings,
+                max_bytes=max_bytes,
+                redact_prompts=redact_prompts,
+                incident_max_bytes=incident_bytes,
+                keep_runs=trace_keep_runs,
+            )
         serve_forever(
             engine,
             settings,
@@ -285,9 +331,7 @@ def _size(text: str, option: str) -> int:
         raise click.BadParameter(str(e), param_hint=option) from None
 
 
-def _server_recording(
-    engine: Any, trace_dir: str | None, max_bytes: int, redact: bool, settings: Any
-) -> Any:
+def _server_recording(engine: Any, trace_dir: str | None, settings: Any, **options: Any) -> Any:
     """The recording of a server run, wired to its engine core: rotating segments in a
     new directory under `trace_dir`, a live stream, incidents."""
     from pathlib import Path
@@ -298,12 +342,12 @@ def _server_recording(
         return open_server_recording(
             engine,
             Path(trace_dir) if trace_dir is not None else None,
-            max_bytes=max_bytes,
-            redact_prompts=redact,
             model=settings.model_name,
+            **options,
         )
     except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--trace-max-bytes") from None
+        hint = "--incident-max-bytes" if "incident" in str(e) else "--trace-max-bytes"
+        raise click.BadParameter(str(e), param_hint=hint) from None
 
 
 def _where(recording: Any) -> str:
