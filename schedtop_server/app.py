@@ -533,9 +533,9 @@ async def _sse(
             u = await out.get()
             ex.absorb(u)
             done = u.finish_reason is not None
-            if u.error is not None:  # failed after it started: say so in the stream
+            if u.error is not None:  # failed or aborted after it started: say so, then [DONE]
                 yield _sse_line(error_body(u.error, u.status))
-                ex.status = u.status
+                ex.status, ex.message = u.status, u.error
                 break
             if u.text or done:
                 now = (ex.prompt_tokens, ex.completion_tokens) if continuous else None
