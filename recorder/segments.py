@@ -13,6 +13,7 @@ as one trace.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from array import array
@@ -77,12 +78,16 @@ class Joined:
     size: int  # bytes
 
 
-def join(readers: Sequence[TraceReader], out: Path) -> Joined:
+def join(readers: Sequence[TraceReader], out: Path, since_ns: int | None = None) -> Joined:
     """Write consecutive segments as one trace file at `out`: the first one's header,
     every record of each segment (its snapshots included) in order, and a footer. Records
-    are copied as they are, not decoded again. The file appears whole or not at all (it
-    is written under a temporary name and renamed). Raises TraceError when the segments do
-    not follow each other, RecordingError when `out` cannot be written."""
+    are copied as they are, not decoded again. With `since_ns` (the recording's clock),
+    the first segment is cut at a step boundary: the output starts at its last snapshot
+    taken before a step later than `since_ns` (a trace needs a state to start from), so
+    that an incident is not a whole segment older than asked for. The file appears whole
+    or not at all (it is written under a temporary name and renamed). Raises TraceError
+    when the segments do not follow each other, RecordingError when `out` cannot be
+    written."""
     if not readers:
         raise ValueError("join() needs at least one segment")
     part = out.with_name(out.name + ".part")
@@ -92,7 +97,7 @@ def join(readers: Sequence[TraceReader], out: Path) -> Joined:
         raise RecordingError(f"{out}: cannot write the trace: {e.strerror}") from None
     try:
         with f:
-            joined = _Joiner(f, readers).run(out)
+            joined = _Joiner(f, readers).run(out, since_ns)
             f.flush()
             os.fsync(f.fileno())
         os.replace(part, out)
@@ -117,19 +122,25 @@ class _Joiner:
         self.counts = [0, 0, 0]  # arrivals, finishes, preemptions
         self.end_time_ns = 0
 
-    def run(self, out: Path) -> Joined:
+    def run(self, out: Path, since_ns: int | None = None) -> Joined:
         first = self.readers[0]
+        start, next_step = (None, first.header.first_step)
+        if since_ns is not None:
+            start, next_step = _cut_point(first, since_ns)
+        header = dataclasses.replace(first.header, first_step=next_step)
         self._write(preamble(*first.version))
-        self._frame(*encode(first.header))
-        next_step = first.header.first_step
-        for reader in self.readers:
+        self._frame(*encode(header))
+        for i, reader in enumerate(self.readers):
+            if i == 0:
+                next_step = self._copy(reader, next_step, start)
+                continue
             _check_follows(reader, first.header, next_step)
             next_step = self._copy(reader, next_step)
         offsets = tuple(self.step_offsets)
         if len(offsets) * 8 > MAX_RECORD_BYTES // 2:
             offsets = ()  # too many to index: readers scan instead
         footer = Footer(
-            first_step=first.header.first_step,
+            first_step=header.first_step,
             step_offsets=offsets,
             snapshot_steps=tuple(s for s, _ in self.snapshots),
             snapshot_offsets=tuple(o for _, o in self.snapshots),
@@ -141,13 +152,14 @@ class _Joiner:
         )
         at = self._frame(*encode(footer))
         self._frame(*encode(End(at)))
-        return Joined(out, first.header.first_step, next_step - 1, self.offset)
+        return Joined(out, header.first_step, next_step - 1, self.offset)
 
-    def _copy(self, reader: TraceReader, next_step: int) -> int:
-        """Copy one segment's records; returns the step after its last."""
-        footer = reader.footer
+    def _copy(self, reader: TraceReader, next_step: int, start: int | None = None) -> int:
+        """Copy one segment's records (from the record at `start`: then its footer's
+        totals are not the copy's); returns the step after its last."""
+        footer = reader.footer if start is None else None
         last: bytes | None = None
-        for _, rtype, body in reader.frames():
+        for _, rtype, body in reader.frames(start):
             if rtype == RecordType.STEP:
                 self.step_offsets.append(self._frame(rtype, body))
                 next_step += 1
@@ -187,6 +199,24 @@ class _Joiner:
     def _write(self, data: bytes) -> None:
         self.f.write(data)
         self.offset += len(data)
+
+
+def _cut_point(reader: TraceReader, since_ns: int) -> tuple[int | None, int]:
+    """Where to start copying `reader` for a window from `since_ns`: (the offset of the
+    last snapshot before the first step later than `since_ns`, the step after that
+    snapshot); (None, its first step) when that is its opening snapshot."""
+    step = reader.header.first_step
+    best: tuple[int | None, int] = (None, step)
+    seen_step = False
+    for offset, rtype, body in reader.frames():
+        if rtype == RecordType.STEP:
+            if _Joiner._decode_step(body).time_ns > since_ns:
+                break
+            step += 1
+            seen_step = True
+        elif rtype == RecordType.SNAPSHOT and seen_step:
+            best = (offset, step)
+    return best
 
 
 def check_same_engine(reader: TraceReader, first: Header) -> None:

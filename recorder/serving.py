@@ -448,7 +448,7 @@ class ServerRecording:
             out = self._incident_path()
             self._last_incident = now
             self._make_room(self.incident_max_bytes - budget + estimate)
-            joined = join(readers, out)
+            joined = join(readers, out, since_ns=since)
         finally:
             for r in readers:
                 r.close()

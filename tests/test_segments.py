@@ -310,6 +310,33 @@ def test_incident_copies_the_segments_covering_the_window(tmp_path: Path) -> Non
         assert r.index().last_step == last
 
 
+def test_an_incident_is_cut_at_a_step_boundary_inside_a_segment(tmp_path: Path) -> None:
+    """Segments of 1000 s, a snapshot every 8 steps: a 25 s window starts at the last
+    snapshot before it, not at the segment's first step (issue 26: `window_s: 30` gave
+    78 s of steps)."""
+    w = busy_workload()
+    engine = make_engine(w)
+    clock = FakeClock()
+    rec = ServerRecording(
+        engine, tmp_path / "run", snapshot_interval=8, clock=clock, segment_s=1000.0
+    )
+    for _ in run_steps(w, engine):
+        clock.now += STEP_NS
+    last = engine.step_index - 1
+    assert len(list_segments(tmp_path / "run")) == 1 and last > 60
+    path = incident_while_idle(rec, 25.0, None)
+    rec.close()
+    info = summarize(path)
+    assert info.closed_cleanly and info.last_step == last
+    assert last - 25 - 8 <= info.first_step <= last - 24
+    with TraceReader(path) as r, TraceReader(list_segments(tmp_path / "run")[0].path) as whole:
+        assert r.header.first_step == info.first_step
+        got, want = states(r), states(whole)
+        assert got == want[info.first_step :]
+    meta = json.loads(path.with_suffix(".json").read_text())
+    assert (meta["first_step"], meta["last_step"]) == (info.first_step, last)
+
+
 def test_a_last_segment_its_writer_died_creating_ends_the_trace(tmp_path: Path) -> None:
     run = tmp_path / "run"
     rec, engine = record_server(run, busy_workload(8))
