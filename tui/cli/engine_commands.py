@@ -251,7 +251,8 @@ def serve(
     """Serve the model over an OpenAI-compatible HTTP API (FastAPI + uvicorn) and record
     every step, like `run`. Routes: /v1/completions, /v1/chat/completions, /v1/models,
     /health, /version, /metrics (Prometheus, vLLM's names), /v1/schedtop/stream,
-    /v1/schedtop/incident. Stop it with Ctrl-C."""
+    /v1/schedtop/incident. Stop it with Ctrl-C or SIGTERM: running requests get
+    --shutdown-timeout to finish, then are aborted; a second signal aborts at once."""
     from engine.version import schedtop_version
     from schedtop_server.app import ServeSettings
     from schedtop_server.server import Listen, bind, load_engine, serve_forever
