@@ -58,6 +58,7 @@ class Reason(enum.IntEnum):
     MAX_MODEL_LEN = 8  # at max_model_len
     PREEMPTED = 9  # preempted this step
     NO_CHUNKING = 10  # the prompt exceeds the budget and chunked prefill is off
+    RETRACTED = 11  # (1.5) SGLang: the decode batch's next tokens did not fit the pool
 
 
 class KVKind(enum.IntEnum):
@@ -99,6 +100,7 @@ REASON_LABELS: dict[int, str] = {
     Reason.MAX_MODEL_LEN: "max_model_len",
     Reason.PREEMPTED: "preempted",
     Reason.NO_CHUNKING: "needs chunking (off)",
+    Reason.RETRACTED: "retracted (decode out of KV)",
 }
 # The config knobs behind each reason (vLLM's names, as `--set` takes them): what to turn
 # when a request waits for that reason. None for a reason that is a symptom of another
@@ -115,6 +117,7 @@ REASON_KNOBS: dict[int, tuple[str, ...]] = {
     Reason.MAX_MODEL_LEN: ("max_model_len",),
     Reason.PREEMPTED: ("num_blocks", "kv_cache_memory"),
     Reason.NO_CHUNKING: ("enable_chunked_prefill",),
+    Reason.RETRACTED: ("num_blocks", "kv_cache_memory"),
 }
 
 
@@ -214,6 +217,9 @@ class Preemption:
     for_request: int  # the request whose allocation failed (may be the victim)
     tokens_lost: int  # computed tokens thrown away
     unscheduled_tokens: int = 0  # tokens it had been scheduled this step and gave back
+    # (1.5) why: KV_BLOCKS (an allocation failed: vLLM, schedtop) or RETRACTED (SGLang's
+    # decode batch did not fit the pool; for_request is then the victim itself)
+    cause: int = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,6 +430,10 @@ class Step:
     timings: tuple[Timing, ...] = ()  # runner timings resolved this step
     spec_proposed: tuple[SpecProposed, ...] = ()  # drafts proposed per request (format 1.1)
     work_ns: int = 0  # the engine's own time in the step, from step() to this record (1.4)
+    # (1.5) a token pool (Header.kv_pool "tokens", SGLang): slots a new request could get
+    # (free or evictable from the radix cache), and slots the radix cache holds
+    free_slots: int = 0
+    cached_slots: int = 0
 
     @property
     def num_scheduled_tokens(self) -> int:

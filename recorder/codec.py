@@ -112,7 +112,13 @@ SCHEDULED = Struct(
 ADMISSION = Struct(Admission, [("ref", UINT), ("cached_tokens", UINT), ("resumed", BOOL)])
 PREEMPTION = Struct(
     Preemption,
-    [("victim", UINT), ("for_request", UINT), ("tokens_lost", UINT), ("unscheduled_tokens", UINT)],
+    [
+        ("victim", UINT),
+        ("for_request", UINT),
+        ("tokens_lost", UINT),
+        ("unscheduled_tokens", UINT),
+        ("cause", UINT),
+    ],
 )
 SHORTFALL = Struct(Shortfall, [("ref", UINT), ("wanted", UINT), ("got", UINT), ("reason", UINT)])
 QUEUE_STOP = Struct(QueueStop, [("head", UINT), ("rest", UINT)])
@@ -209,6 +215,7 @@ HEADER = Body(
         (10, "snapshot_interval", UINT),
         (11, "snapshot_work", UINT),
         (12, "arrival_origin_ns", Opt(INT)),
+        (13, "kv_pool", STR),
     ],
 )
 STEP = Body(
@@ -240,6 +247,8 @@ STEP = Body(
         (23, "timings", Items(TIMING)),
         (24, "spec_proposed", Items(SPEC_PROPOSED)),
         (25, "work_ns", UINT),
+        (26, "free_slots", UINT),
+        (27, "cached_slots", UINT),
     ],
 )
 # The fields of a steady decode step's record (StepCompactor._decodes_only), in field

@@ -120,6 +120,7 @@ class Recorder:
         continue_from: Recorder | None = None,
         background: bool = False,
         flush_interval_s: float | None = None,
+        kv_pool: str = "blocks",
     ) -> None:
         if snapshot_interval < 1:
             raise ValueError(f"snapshot_interval={snapshot_interval}: must be >= 1")
@@ -180,6 +181,8 @@ class Recorder:
         header = self._header(engine, model, redact_prompts, start_ns)
         if engine_name is not None:  # another engine's scheduler recorded through ours
             header = dataclasses.replace(header, engine=engine_name)
+        if kv_pool != header.kv_pool:  # SGLang's token pool (docs/trace-format.md, 1.4)
+            header = dataclasses.replace(header, kv_pool=kv_pool)
         self.header = header
         self._append(header, boundary=True)
         # Started after the header: from here on only its thread appends to the sink.

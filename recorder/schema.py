@@ -99,13 +99,15 @@ __all__ = [
 ]
 
 FORMAT_MAJOR = 1  # a reader refuses traces with a newer major version
-FORMAT_MINOR = 4  # minor versions only add fields and record types, which readers skip
+FORMAT_MINOR = 5  # minor versions only add fields and record types, which readers skip
 # 1.1: SpecProposed entries and Timing.propose_ns (speculative decoding); CLIENT records
 #      (schedtop serve)
 # 1.2: Header.snapshot_work (snapshots placed by replay work as well as by step count)
 # 1.3: block hashes of 8 bytes (HASH_BYTES; readers cut longer ones from older traces)
 # 1.4: Step.work_ns (the engine's work in a step, apart from the idle wait before it);
 #      Header.arrival_origin_ns (arrival times on the trace's clock)
+# 1.5: SGLang's token pool: Header.kv_pool, Step.free_slots/cached_slots, Preemption.cause,
+#      Reason.RETRACTED
 
 Scalar = str | int | float | bool | None
 
@@ -141,6 +143,9 @@ class Header:
     snapshot_interval: int = 256  # steps from one snapshot (or the start) to the next, at most
     snapshot_work: int = 0  # replay work from one snapshot to the next, at most (0: no bound)
     arrival_origin_ns: int | None = None  # the arrival clock at time 0, ns (None: unknown)
+    # (1.5) "blocks": the block map is the engine's; "tokens": a token pool (SGLang) whose
+    # slots the trace does not track one by one (no KV events; Step.free_slots instead)
+    kv_pool: str = "blocks"
 
     def __post_init__(self) -> None:
         # a crafted header must fail as a TraceError here, not as a ZeroDivisionError later

@@ -1,0 +1,107 @@
+"""The hooks on SGLang's scheduler (installed through its HookRegistry) and the tap they
+feed: one per scheduler process, made on its first step."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from recorder.sglang.tap import Tap
+
+log = logging.getLogger("schedtop.recorder.sglang")
+
+_SCHED = "sglang.srt.managers.scheduler.Scheduler"
+_TAP: Tap | None = None  # the scheduler process's (SGLang runs one scheduler per process)
+_FAILED = False  # the tap could not start: SGLang goes on unrecorded
+
+
+def trace_path() -> Path:
+    """SCHEDTOP_TRACE_FILE, else a new file in SCHEDTOP_TRACE_DIR (or the default)."""
+    exact = os.environ.get("SCHEDTOP_TRACE_FILE")
+    if exact:
+        return Path(exact)
+    from recorder.paths import trace_dir
+
+    directory = trace_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    now = time.time_ns()
+    seconds, rest = divmod(now, 1_000_000_000)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(seconds))
+    host = socket.gethostname().split(".")[0]
+    return directory / f"{stamp}.{rest // 1_000_000:03d}-sglang-{host}-{os.getpid()}.trace"
+
+
+def _tap(sched: Any) -> Tap | None:
+    global _TAP, _FAILED
+    if _TAP is None and not _FAILED:
+        try:
+            _TAP = Tap.start(sched, trace_path())
+        except Exception as e:  # a recorder that cannot start never stops SGLang
+            _FAILED = True
+            log.error("schedtop: not recording SGLang's scheduler: %s", e)
+            if os.environ.get("SCHEDTOP_STRICT") == "1":  # tests: fail loudly
+                raise
+    return _TAP if _TAP is not None and _TAP.stopped is None else None
+
+
+def get_next_batch_to_run(original: Any, sched: Any, *args: Any, **kwargs: Any) -> Any:
+    tap = _tap(sched)
+    if tap is None:
+        return original(sched, *args, **kwargs)
+    tap.guard(tap.before_schedule)
+    t0 = time.perf_counter_ns()
+    plan = original(sched, *args, **kwargs)
+    tap.guard(tap.after_schedule, plan.batch_to_run, time.perf_counter_ns() - t0)
+    return plan
+
+
+def process_batch_result(original: Any, sched: Any, batch: Any, result: Any) -> Any:
+    tap = _TAP if _TAP is not None and _TAP.stopped is None else None
+    t0 = time.perf_counter_ns()
+    out = original(sched, batch, result)
+    if tap is not None:
+        tap.guard(tap.on_result, batch, time.perf_counter_ns() - t0)
+    return out
+
+
+def retract_decode(original: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    out = original(batch, *args, **kwargs)
+    tap = _TAP if _TAP is not None and _TAP.stopped is None else None
+    if tap is not None:
+        tap.guard(tap.on_retract, out[0])
+    return out
+
+
+def add_one_req(original: Any, adder: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
+    res = original(adder, req, *args, **kwargs)
+    tap = _TAP if _TAP is not None and _TAP.stopped is None else None
+    if tap is not None:
+        tap.attempts[req.rid] = res.name  # why the head of waiting stays there
+    return res
+
+
+def release_aborted_request(original: Any, sched: Any, req: Any) -> Any:
+    out = original(sched, req)
+    tap = _TAP if _TAP is not None and _TAP.stopped is None else None
+    if tap is not None:
+        tap.guard(tap.on_abort, req)
+    return out
+
+
+def install() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    around = HookType.AROUND
+    HookRegistry.register(f"{_SCHED}.get_next_batch_to_run", get_next_batch_to_run, around)
+    HookRegistry.register(f"{_SCHED}.process_batch_result", process_batch_result, around)
+    HookRegistry.register(f"{_SCHED}._release_aborted_request", release_aborted_request, around)
+    HookRegistry.register(
+        "sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode", retract_decode, around
+    )
+    HookRegistry.register(
+        "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req", add_one_req, around
+    )

@@ -1,0 +1,412 @@
+"""The recording state of one SGLang scheduler: what each step decided, built into
+schedtop's step records and handed to the Recorder (converter and background writer).
+
+A trace step is one `get_next_batch_to_run` that decided something, plus the results
+processed before the next one (with SGLang's overlap scheduler, the previous batch's:
+samples arrive one step late, as in vLLM's async scheduler). SGLang runs a prefill (extend)
+batch whenever it can form one, else decodes the running batch; a request it retracts
+for room is a preemption with cause RETRACTED, and goes back to the waiting queue.
+
+SGLang's KV pool is token-granular and its prefix cache a radix tree, so the trace's
+block map stays empty (no KV events; header kv_pool "tokens"): the pool's occupancy is
+each step's free_slots and cached_slots (docs/trace-format.md, 1.4). The tap keeps the
+state the records build (schedtop's own reducer, applied as it writes them), which gives
+the snapshots and checks every record before it is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.events import NULL_SINK
+from engine.records import (
+    Admission,
+    Arrival,
+    Finish,
+    Kind,
+    Preemption,
+    QueueStop,
+    Reason,
+    Sample,
+    SamplingParams,
+    Scheduled,
+    Snapshot,
+    Status,
+    Step,
+)
+from recorder.recorder import Recorder
+from recorder.writer import TraceWriter
+from replays.reducer import apply
+from replays.state import State
+
+log = logging.getLogger("schedtop.recorder.sglang")
+
+# SGLang's finish reasons by class name (sglang/srt/managers/schedule_batch.py)
+_FINISHED = {
+    "FINISH_MATCHED_TOKEN": Status.FINISHED_STOPPED,
+    "FINISH_MATCHED_STR": Status.FINISHED_STOPPED,
+    "FINISHED_MATCHED_REGEX": Status.FINISHED_STOPPED,
+    "FINISH_LENGTH": Status.FINISHED_LENGTH_CAPPED,
+    "FINISH_ABORT": Status.FINISHED_ABORTED,
+}
+# PrefillAdder.add_one_req's results (AddReqResult) for the request it left waiting
+_WAIT_REASON = {"NO_TOKEN": Reason.KV_BLOCKS, "OTHER": Reason.TOKEN_BUDGET}
+
+
+class _Config:
+    """EngineConfig under schedtop's names, plus SGLang's own knobs in the header."""
+
+    def __init__(self, config: EngineConfig, extra: dict[str, Any]) -> None:
+        self._config = config
+        self._extra = extra
+        self.block_size = config.block_size
+        self.num_blocks = config.num_blocks
+        self.policy = config.policy
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self._config.to_dict(), **self._extra}
+
+
+class _Facade:
+    """What Recorder reads from an engine, answered from the tap."""
+
+    def __init__(self, config: _Config, snapshot: Callable[[], Snapshot]) -> None:
+        self.config = config
+        self.step_index = 0
+        self.sink = NULL_SINK
+        self.runner = None
+        self._snapshot = snapshot
+
+    def snapshot(self) -> Snapshot:
+        return self._snapshot()
+
+
+@dataclasses.dataclass
+class _Step:
+    """What the step being built has seen so far."""
+
+    arrivals: list[Arrival] = dataclasses.field(default_factory=list)
+    scheduled: list[Scheduled] = dataclasses.field(default_factory=list)
+    admissions: list[Admission] = dataclasses.field(default_factory=list)
+    preemptions: list[Preemption] = dataclasses.field(default_factory=list)
+    finishes: list[Finish] = dataclasses.field(default_factory=list)
+    samples: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    waiting: list[int] = dataclasses.field(default_factory=list)
+    waiting_stop: QueueStop | None = None
+    schedule_ns: int = 0
+    update_ns: int = 0
+    decided: bool = False  # a get_next_batch_to_run has run for it
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.arrivals or self.scheduled or self.preemptions or self.finishes or self.samples
+        )
+
+
+def sglang_config(sched: Any) -> tuple[EngineConfig, dict[str, Any]]:
+    """SGLang's scheduler config under schedtop's names where they mean the same, and
+    SGLang's own (prefixed `sglang_`) where they do not."""
+    args = sched.server_args
+    slots = int(sched.max_total_num_tokens)
+    chunk = sched.chunked_prefill_size
+    budget = int(sched.max_prefill_tokens)
+    seqs = int(sched.max_running_requests)
+    config = EngineConfig(
+        block_size=1,  # a token pool: one slot a token
+        num_blocks=slots + 1,  # slot 0 is SGLang's padding slot, as block 0 is ours
+        max_num_batched_tokens=max(budget, seqs),
+        max_num_seqs=seqs,
+        max_model_len=int(sched.max_req_len),
+        long_prefill_token_threshold=0,
+        policy="fcfs",  # the reducer's; the queue orders are recorded explicitly
+        enable_prefix_caching=not bool(args.disable_radix_cache),
+        enable_chunked_prefill=chunk is not None and chunk > 0,
+    )
+    extra = {
+        "sglang_schedule_policy": str(sched.schedule_policy),
+        "sglang_chunked_prefill_size": chunk if chunk is None else int(chunk),
+        "sglang_max_prefill_tokens": budget,
+        "sglang_page_size": int(args.page_size or 1),
+        "sglang_schedule_conservativeness": float(args.schedule_conservativeness),
+        "sglang_enable_mixed_chunk": bool(args.enable_mixed_chunk),
+        "sglang_overlap_schedule": bool(getattr(sched, "enable_overlap", False)),
+    }
+    return config, extra
+
+
+def _sampling(req: Any) -> SamplingParams:
+    sp = req.sampling_params
+    top_k = int(sp.top_k)
+    return SamplingParams(
+        max_tokens=int(sp.max_new_tokens if sp.max_new_tokens is not None else 0),
+        temperature=float(sp.temperature),
+        top_p=float(sp.top_p),
+        top_k=top_k if 0 < top_k < (1 << 20) else 0,  # SGLang says "off" with -1 or 1 << 30
+        stop_token_ids=tuple(sorted(int(t) for t in (sp.stop_token_ids or ()))),
+        ignore_eos=bool(sp.ignore_eos),
+    )
+
+
+class Tap:
+    """All the recording state, kept apart from SGLang's scheduler attributes."""
+
+    def __init__(self, sched: Any, config: _Config) -> None:
+        self.sched = sched
+        self.config = config
+        self.refs: dict[str, int] = {}  # SGLang request id -> ref, while live
+        self.seen_outputs: dict[int, int] = {}  # ref -> output tokens recorded
+        self.running: list[int] = []  # admitted, not finished or retracted, in order
+        self.status: dict[int, int] = {}  # ref -> Status (WAITING, RUNNING, PREEMPTED)
+        self.computed: dict[int, int] = {}  # ref -> tokens computed, as the trace has it
+        self.attempts: dict[str, str] = {}  # rid -> PrefillAdder's last result this step
+        self.pending_finishes: list[Finish] = []  # aborts between two steps
+        self.step = _Step()
+        self.next_step = 0
+        self.next_ref = 0
+        self.stopped: str | None = None
+        self.recorder: Recorder | None = None
+        self.state: State | None = None
+        self.check = os.environ.get("SCHEDTOP_STRICT") == "1"
+
+    @classmethod
+    def start(cls, sched: Any, path: Path) -> Tap:
+        from importlib.metadata import version
+
+        config, extra = sglang_config(sched)
+        tap = cls(sched, _Config(config, extra))
+        writer = TraceWriter(path, live=False, flush_interval_s=1.0)
+        model = str(getattr(sched.server_args, "model_path", ""))
+        tap.recorder = Recorder(
+            cast(EngineCore, _Facade(tap.config, tap.snapshot)),
+            writer,
+            snapshot_interval=int(os.environ.get("SCHEDTOP_SNAPSHOT_INTERVAL", "4096")),
+            snapshot_work=0,
+            model=model,
+            engine_name=f"SGLang {version('sglang')} (Scheduler)",
+            kv_pool="tokens",
+        )
+        tap.state = State.initial(tap.recorder.header)
+        log.info("schedtop: recording SGLang's scheduler into %s", path)
+        return tap
+
+    # -- failures --------------------------------------------------------------------------
+
+    def guard(self, fn: Callable[..., None], *args: Any) -> None:
+        """A hook's work: an exception stops the recording (with one warning), never SGLang."""
+        try:
+            fn(*args)
+        except Exception as e:
+            if self.check:
+                raise
+            log.exception("schedtop: recording SGLang failed")
+            self.stop(f"{type(e).__name__}: {e}")
+
+    def stop(self, why: str) -> None:
+        if self.stopped is None:
+            self.stopped = why
+            log.warning("schedtop recording stopped: %s", why)
+            self.close()
+
+    def close(self) -> None:
+        if self.recorder is not None:
+            self.recorder.close()
+            self.recorder = None
+
+    # -- the step --------------------------------------------------------------------------
+
+    def before_schedule(self) -> None:
+        step = self.step
+        if step.decided and step:
+            self.end_step()
+        elif step.decided:  # an idle loop: nothing to record yet, keep what came
+            step.decided = False
+        step = self.step
+        step.finishes.extend(self.pending_finishes)
+        self.pending_finishes.clear()
+        self.attempts.clear()
+        for req in self.sched.waiting_queue:
+            if req.rid not in self.refs:
+                self._arrive(req)
+
+    def _arrive(self, req: Any) -> None:
+        ref = self.next_ref
+        self.next_ref += 1
+        self.refs[req.rid] = ref
+        self.status[ref] = Status.WAITING
+        self.computed[ref] = 0
+        self.seen_outputs[ref] = len(req.output_ids)
+        eos = req.eos_token_ids
+        self.step.arrivals.append(
+            Arrival(
+                ref=ref,
+                request_id=str(req.rid),
+                num_prompt_tokens=len(req.origin_input_ids),
+                priority=int(req.priority or 0),
+                arrival_time=float(req.time_stats.scheduler_recv_time or 0.0),
+                eos_token_id=min(eos) if eos else None,
+                sampling=_sampling(req),
+                prompt_token_ids=tuple(map(int, req.origin_input_ids)),
+            )
+        )
+
+    def after_schedule(self, batch: Any, schedule_ns: int) -> None:
+        step = self.step
+        step.decided = True
+        step.schedule_ns += schedule_ns
+        if batch is not None:
+            mode = batch.forward_mode
+            if mode.is_decode():
+                self._decodes(batch.reqs)
+            elif mode.is_extend():
+                self._extends(batch, bool(mode.is_mixed()))
+        refs = self.refs
+        step.waiting = [refs[r.rid] for r in self.sched.waiting_queue if r.rid in refs]
+        step.waiting_stop = None
+        if step.waiting:
+            head = self.sched.waiting_queue[0]
+            why = _WAIT_REASON.get(self.attempts.get(head.rid, ""))
+            if why is None and self.sched.running_batch.batch_is_full:
+                why = Reason.MAX_NUM_SEQS
+            if why is not None:
+                step.waiting_stop = QueueStop(why, Reason.HEAD_OF_LINE)
+
+    def _decodes(self, reqs: Any) -> None:
+        refs, computed, scheduled = self.refs, self.computed, self.step.scheduled
+        for req in reqs:
+            ref = refs.get(req.rid)
+            if ref is None:  # finished already (its late result was recorded)
+                continue
+            scheduled.append(Scheduled(ref, 1, Kind.DECODE, computed[ref]))
+            computed[ref] += 1
+
+    def _extends(self, batch: Any, mixed: bool) -> None:
+        step, refs = self.step, self.refs
+        chunked = self.sched.chunked_req
+        for req in batch.reqs:
+            ref = refs.get(req.rid)
+            if ref is None:
+                continue
+            status = self.status[ref]
+            if mixed and status == Status.RUNNING and req is not chunked and req.extend_len == 1:
+                step.scheduled.append(Scheduled(ref, 1, Kind.DECODE, self.computed[ref]))
+                self.computed[ref] += 1
+                continue
+            before = int(req.prefix_len)
+            if status != Status.RUNNING:  # admitted: from waiting, or back after a retraction
+                step.admissions.append(Admission(ref, before, resumed=status == Status.PREEMPTED))
+                self.status[ref] = Status.RUNNING
+                self.running.append(ref)
+            n = int(req.extend_len)
+            kind = Kind.CHUNK if req is chunked else Kind.PREFILL
+            step.scheduled.append(Scheduled(ref, n, kind, before))
+            self.computed[ref] = before + n
+
+    def on_retract(self, reqs: Any) -> None:
+        step = self.step
+        for req in reqs:
+            ref = self.refs.get(req.rid)
+            if ref is None:
+                continue
+            step.preemptions.append(
+                Preemption(ref, ref, self.computed[ref], cause=Reason.RETRACTED)
+            )
+            self.status[ref] = Status.PREEMPTED
+            self.computed[ref] = 0
+            self.running.remove(ref)
+
+    def on_abort(self, req: Any) -> None:
+        """A waiting request aborted between two steps (a running one finishes with
+        FINISH_ABORT in its next result)."""
+        ref = self.refs.pop(req.rid, None)
+        if ref is not None:
+            self._forget(ref)
+            self.pending_finishes.append(Finish(ref, Status.FINISHED_ABORTED))
+
+    def _forget(self, ref: int) -> None:
+        self.status.pop(ref, None)
+        self.computed.pop(ref, None)
+        self.seen_outputs.pop(ref, None)
+        if ref in self.running:
+            self.running.remove(ref)
+
+    def on_result(self, batch: Any, update_ns: int) -> None:
+        step = self.step
+        step.update_ns += update_ns
+        for req in batch.reqs:
+            ref = self.refs.get(req.rid)
+            if ref is None:
+                continue
+            seen = self.seen_outputs[ref]
+            out = req.output_ids
+            if len(out) > seen:
+                step.samples.setdefault(ref, []).extend(map(int, out[seen:]))
+                self.seen_outputs[ref] = len(out)
+            if req.finished():
+                reason = type(req.finished_reason).__name__
+                status = _FINISHED.get(reason, Status.FINISHED_ERROR)
+                message = "" if status != Status.FINISHED_ERROR else reason
+                step.finishes.append(Finish(ref, status, message))
+                del self.refs[req.rid]
+                self._forget(ref)
+
+    def end_step(self) -> None:
+        step = self.step
+        self.step = _Step()
+        gone = {f.ref for f in step.finishes}
+        entries = tuple(step.scheduled)
+        tokens: list[int] = []
+        per_entry: list[int] = []
+        for e in entries:
+            got = step.samples.pop(e.ref, [])
+            per_entry.append(len(got))
+            tokens.extend(got)
+        others = tuple(Sample(ref, len(t), tuple(t)) for ref, t in step.samples.items())
+        sched = self.sched
+        free = int(sched.token_to_kv_pool_allocator.available_size())
+        cache = sched.tree_cache
+        evictable = int(cache.evictable_size())
+        protected = int(cache.protected_size())
+        record = Step(
+            step=self.next_step,
+            schedule_ns=step.schedule_ns,
+            update_ns=step.update_ns,
+            token_budget=self.config.to_dict()["max_num_batched_tokens"],
+            arrivals=tuple(step.arrivals),
+            scheduled=entries,
+            admissions=tuple(step.admissions),
+            preemptions=tuple(step.preemptions),
+            waiting_stop=step.waiting_stop,
+            finishes=tuple(step.finishes),
+            sample_counts=tuple(per_entry),
+            sampled_tokens=tuple(tokens),
+            other_samples=others,
+            # the block map is not tracked (kv_pool "tokens"): every block stays free
+            free_blocks_after_schedule=self.config.num_blocks - 1,
+            free_blocks=self.config.num_blocks - 1,
+            running=tuple(r for r in self.running if r not in gone),
+            waiting=tuple(r for r in step.waiting if r not in gone),
+            free_slots=free + evictable,
+            cached_slots=evictable + protected,
+        )
+        self.next_step += 1
+        assert self.state is not None
+        apply(self.state, record)  # the state the trace builds; raises on a bad record
+        recorder = self.recorder
+        if recorder is None:
+            return
+        recorder.on_step(record)
+        if recorder.error is not None:
+            self.stop(recorder.error)
+        elif not self.running and not sched.waiting_queue:
+            recorder.flush()  # idle: a reader sees every step so far
+
+    def snapshot(self) -> Snapshot:
+        assert self.state is not None
+        return self.state.to_snapshot()

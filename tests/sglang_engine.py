@@ -1,0 +1,171 @@
+"""Drives SGLang's real engine on the CPU (random weights, a tiny Llama) with the schedtop
+plugin loaded, through workloads of several shapes, one engine per entry of the spec:
+
+    SGLANG's python -m tests.sglang_engine SPEC.json OUT.json
+
+SPEC: {"root": DIR, "engines": [{"name", "env": {...}, "args": {...}, "shapes": [...]}]};
+each engine records into DIR/NAME.trace; OUT says, per engine, every request sent (its
+SGLang request id, prompt length and finish reason) so that tests can check that the trace
+accounts for each. Runs in SGLang's venv (tests/test_sglang.py starts it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "float32",
+    "tie_word_embeddings": False,
+}
+
+
+def tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randint(3, 500) for _ in range(n)]
+
+
+def sampling(max_new_tokens: int) -> dict[str, Any]:
+    # ignore_eos: random weights would stop at random; the lengths stay the workload's
+    return {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}
+
+
+class Driver:
+    def __init__(self, engine: Any, rng: random.Random) -> None:
+        self.engine = engine
+        self.rng = rng
+        self.sent: list[dict[str, Any]] = []
+        self.count = 0
+
+    def rid(self, shape: str) -> str:
+        self.count += 1
+        return f"{shape}-{self.count}"
+
+    def batch(self, shape: str, prompts: list[list[int]], max_new: int) -> None:
+        rids = [self.rid(shape) for _ in prompts]
+        outs = self.engine.generate(
+            input_ids=prompts, sampling_params=[sampling(max_new)] * len(prompts), rid=rids
+        )
+        for rid, prompt, out in zip(rids, prompts, outs):
+            reason = out["meta_info"]["finish_reason"]
+            self.sent.append(
+                {
+                    "rid": rid,
+                    "prompt": len(prompt),
+                    "finish": reason["type"] if reason else None,
+                    "output": len(out["output_ids"]),
+                }
+            )
+
+    def prefix_sharing(self) -> None:
+        prefix = tokens(self.rng, 48)
+        self.batch("prefix", [prefix + tokens(self.rng, 4)], 4)  # fills the radix cache
+        self.batch("prefix", [prefix + tokens(self.rng, 1 + i) for i in range(6)], 6)
+
+    def chunked(self) -> None:
+        self.batch("chunked", [tokens(self.rng, 300), tokens(self.rng, 170)], 5)
+
+    def decode_heavy(self) -> None:
+        self.batch("decode", [tokens(self.rng, 20 + i) for i in range(8)], 40)
+
+    def aborts(self) -> None:
+        """Eight long requests: two aborted once they stream, two while they wait."""
+        engine = self.engine
+        prompts = [tokens(self.rng, 16 + i) for i in range(8)]
+        rids = [self.rid("abort") for _ in prompts]
+        results: dict[str, Any] = {}
+
+        async def one(rid: str, prompt: list[int]) -> None:
+            gen = await engine.async_generate(
+                input_ids=prompt, sampling_params=sampling(200), rid=rid, stream=True
+            )
+            last = None
+            async for chunk in gen:
+                last = chunk
+                if rid in rids[:2] and len(chunk.get("output_ids", ())) >= 3:
+                    engine.tokenizer_manager.abort_request(rid)
+            results[rid] = last
+
+        async def main() -> None:
+            tasks = [asyncio.ensure_future(one(r, p)) for r, p in zip(rids, prompts)]
+            await asyncio.sleep(0.05)
+            for rid in rids[-2:]:  # the last ones wait behind max_running_requests
+                engine.tokenizer_manager.abort_request(rid)
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        engine.loop.run_until_complete(main())
+        for rid, prompt in zip(rids, prompts):
+            last = results.get(rid)
+            reason = (last or {}).get("meta_info", {}).get("finish_reason")
+            self.sent.append(
+                {
+                    "rid": rid,
+                    "prompt": len(prompt),
+                    "finish": reason["type"] if reason else "abort",
+                    "output": None,
+                }
+            )
+
+
+def run_engine(root: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    import sglang as sgl
+
+    model = root / f"{spec['name']}-model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps(TINY_LLAMA))
+    trace = root / f"{spec['name']}.trace"
+    os.environ["SCHEDTOP_TRACE_FILE"] = str(trace)  # the scheduler process inherits it
+    for key, value in spec.get("env", {}).items():
+        os.environ[key] = str(value)
+    args = {
+        "model_path": str(model),
+        "device": "cpu",
+        "load_format": "dummy",
+        "skip_tokenizer_init": True,
+        "disable_cuda_graph": True,
+        "mem_fraction_static": 0.05,
+        "log_level": "error",
+        **spec.get("args", {}),
+    }
+    engine = sgl.Engine(**args)
+    driver = Driver(engine, random.Random(spec.get("seed", 0)))
+    error = None
+    try:
+        for shape in spec["shapes"]:
+            getattr(driver, shape)()
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+    finally:
+        engine.shutdown()
+        for key in spec.get("env", {}):
+            os.environ.pop(key, None)
+    return {"trace": str(trace), "sent": driver.sent, "error": error}
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    root = Path(spec["root"])
+    os.environ.setdefault("SGLANG_PLUGINS", "schedtop")
+    out = {e["name"]: run_engine(root, e) for e in spec["engines"]}
+    Path(sys.argv[2]).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":  # SGLang spawns its scheduler process: the guard is needed
+    main()
