@@ -1,0 +1,179 @@
+"""SGLang's real scheduler recorded by recorder.sglang (issue 29).
+
+SGLang runs in its own venv ($SCHEDTOP_SGLANG_PYTHON, else .venv-sglang/bin/python), in a
+subprocess (tests/sglang_engine.py): its real engine on the CPU with random weights and a
+tiny Llama, the plugin loaded by SGLANG_PLUGINS=schedtop, through workloads of several
+shapes: prefix sharing, chunked long prompts, aborts (waiting and running) in one engine;
+decoding under a small pool with SGLANG_TEST_RETRACT=1 (retractions) in a second (the
+variable is read at start-up). Each engine start-up costs about 17 s, so the shapes share
+engines. The recorder checks each record against the state it builds (SCHEDTOP_STRICT);
+here every trace must account for every request sent, and the readers must work on it.
+Without an SGLang venv these tests skip, except in CI (CI=true), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from recorder.reader import TraceReader
+from recorder.schema import Kind, Reason, Status, Step
+from replays.reducer import apply
+from replays.state import State
+from replays.timeline import Timeline
+
+pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+# SGLang's finish types as the client sees them, and the trace's statuses for them
+FINISH = {
+    "length": Status.FINISHED_LENGTH_CAPPED,
+    "abort": Status.FINISHED_ABORTED,
+    "stop": Status.FINISHED_STOPPED,
+}
+ENGINES: list[dict[str, Any]] = [
+    {
+        "name": "shapes",
+        "args": {"max_total_tokens": 4096, "chunked_prefill_size": 64, "max_running_requests": 6},
+        "shapes": ["prefix_sharing", "chunked", "aborts"],
+    },
+    {
+        "name": "retract",
+        "env": {"SGLANG_TEST_RETRACT": "1"},
+        "args": {"max_total_tokens": 1024, "max_running_requests": 8},
+        "shapes": ["decode_heavy"],
+    },
+]
+
+
+@pytest.fixture(scope="session")
+def sglang_python() -> str:
+    configured = os.environ.get("SCHEDTOP_SGLANG_PYTHON")
+    python = configured or str(ROOT / ".venv-sglang" / "bin" / "python")
+    if Path(python).exists():
+        return python
+    why = f"no SGLang venv ({python} does not exist; .ci/sglang-venv makes one)"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI must run the sglang tests: {why}")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def recorded(sglang_python: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Both engines' traces and what was sent to them: {name: {trace, sent, error}}."""
+    root = tmp_path_factory.mktemp("sglang")
+    (root / "spec.json").write_text(json.dumps({"root": str(root), "engines": ENGINES}))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT)
+    env["SGLANG_PLUGINS"] = "schedtop"
+    env["SCHEDTOP_STRICT"] = "1"  # a record that does not fit its state fails the run
+    env["SCHEDTOP_SNAPSHOT_INTERVAL"] = "16"  # snapshots in every trace
+    proc = subprocess.run(
+        [
+            sglang_python,
+            "-m",
+            "tests.sglang_engine",
+            str(root / "spec.json"),
+            str(root / "out.json"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out: dict[str, Any] = json.loads((root / "out.json").read_text())
+    for name, result in out.items():
+        assert result["error"] is None, f"{name}: {result['error']}"
+    return out
+
+
+def steps_of(trace: Path) -> tuple[Any, list[Step]]:
+    """The header and the steps, each applied to the state (which checks it), with every
+    snapshot compared with the state the steps before it built."""
+    with TraceReader(trace) as reader:
+        header = reader.header
+        state = State.initial(header)
+        steps = []
+        for entry in reader.entries():
+            rec = entry.record
+            if isinstance(rec, Step):
+                apply(state, rec)
+                steps.append(rec)
+            elif rec is not None and type(rec).__name__ == "Snapshot":
+                assert State.from_snapshot(header, rec).to_snapshot() == state.to_snapshot()
+    assert not state.requests, f"{trace.name}: requests left unfinished: {state.requests}"
+    return header, steps
+
+
+def test_sglang_traces_account_for_every_request(recorded: dict[str, Any]) -> None:
+    for result in recorded.values():
+        header, steps = steps_of(Path(result["trace"]))
+        assert header.engine == "SGLang 0.5.23 (Scheduler)"
+        assert header.kv_pool == "tokens" and header.block_size == 1
+        arrivals = {a.request_id: a for s in steps for a in s.arrivals}
+        finishes = {f.ref: f for s in steps for f in s.finishes}
+        assert len(finishes) == len(arrivals)
+        for sent in result["sent"]:
+            a = arrivals[sent["rid"]]
+            assert a.num_prompt_tokens == sent["prompt"], sent
+            assert finishes[a.ref].status == FINISH[sent["finish"]], sent
+        assert all(s.free_slots > 0 for s in steps)
+    _, shapes = steps_of(Path(recorded["shapes"]["trace"]))
+    hits = [a.cached_tokens for s in shapes for a in s.admissions if a.cached_tokens > 0]
+    assert len(hits) >= 5, "the shared prefix was matched in the radix cache"
+    assert any(e.kind == Kind.CHUNK for s in shapes for e in s.scheduled), "chunked prompts"
+    aborts = [f for s in shapes for f in s.finishes if f.status == Status.FINISHED_ABORTED]
+    assert len(aborts) == 4
+    _, retract = steps_of(Path(recorded["retract"]["trace"]))
+    retractions = [p for s in retract for p in s.preemptions]
+    assert retractions and all(p.cause == Reason.RETRACTED for p in retractions)
+    assert any(a.resumed for s in retract for a in s.admissions), "retracted ones came back"
+
+
+def test_info_stats_find_replay_work_on_sglang_traces(recorded: dict[str, Any]) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cli = [sys.executable, "-m", "tui.cli"]
+    for result in recorded.values():
+        trace = result["trace"]
+        n = len(result["sent"])
+        info = subprocess.run([*cli, "info", trace], env=env, capture_output=True, text=True)
+        assert info.returncode == 0, info.stderr
+        assert f"{n} arrived, {n} finished" in info.stdout
+        stats = subprocess.run(
+            [*cli, "stats", trace, "--json"], env=env, capture_output=True, text=True
+        )
+        assert stats.returncode == 0, stats.stderr
+        assert json.loads(stats.stdout)["requests"] == n
+    retract = recorded["retract"]["trace"]
+    found = subprocess.run(
+        [*cli, "find", retract, "preempt", "--all"], env=env, capture_output=True, text=True
+    )
+    assert found.returncode == 0 and found.stdout.strip(), found.stderr
+    with TraceReader(Path(retract)) as reader:
+        timeline = Timeline(reader)
+        last = timeline.last_step
+        assert timeline.state(last).step == last
+        assert timeline.state(last // 2).step == last // 2
+    asyncio.run(_replay_headless(Path(recorded["shapes"]["trace"])))
+
+
+async def _replay_headless(trace: Path) -> None:
+    """The TUI opens an SGLang trace and steps to its end."""
+    from tests.tui_support import at_step, make_app
+
+    with TraceReader(trace) as reader:
+        last = Timeline(reader).last_step
+    app = make_app(trace)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await at_step(pilot, 0)
+        await pilot.press("end")
+        await at_step(pilot, last)
