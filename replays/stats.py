@@ -97,6 +97,9 @@ class TraceStats:
     readmit_query_tokens: int = 0  # tokens looked up at those re-admissions
     work_s: float = 0.0  # the steps' work (timed traces with work_ns; else 0)
     idle_s: float = 0.0  # the waits before steps (timed traces with work_ns; else 0)
+    # "tokens" (SGLang): peak_blocks and usable_blocks count the token pool's slots, from
+    # the steps' free_slots (the trace's block map is not tracked; format 1.5)
+    kv_pool: str = "blocks"
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -135,6 +138,7 @@ class _Collector:
         self.work: list[float | None] = []  # each step's recorded work (None: not recorded)
         self.busy: list[float] = []  # each step's measured parts (schedule, runner, update)
         self.idle: list[bool] = []  # nothing unfinished before the step
+        self.slots = header.kv_pool == "tokens"  # occupancy from free_slots (format 1.5)
         self.min_free = self.usable
         self.budget_use = 0.0
         self.spec = [0, 0, 0]  # verifications, drafts verified, drafts accepted
@@ -174,7 +178,7 @@ class _Collector:
                 self.spec[0] += 1
                 self.spec[1] += drafts.get(acc.ref, 0)
                 self.spec[2] += acc.accepted
-        self.min_free = min(self.min_free, rec.free_blocks)
+        self.min_free = min(self.min_free, rec.free_slots if self.slots else rec.free_blocks)
         if rec.token_budget:
             self.budget_use += rec.num_scheduled_tokens / rec.token_budget
 
@@ -254,6 +258,7 @@ class _Collector:
             readmit_query_tokens=m.readmit_query_tokens,
             work_s=work,
             idle_s=idle,
+            kv_pool=self.reader.header.kv_pool,
         )
 
 
@@ -282,7 +287,10 @@ def format_stats(s: TraceStats) -> str:
         ("engine e2e p50 / p99", f"{_v(s.e2e_p50, u)} / {_v(s.e2e_p99, u)}"),
         ("preemptions", f"{s.preemptions}"),
         ("prefix-hit rate", f"{s.prefix_hit_rate:.1%}" + _readmits(s)),
-        ("peak KV blocks", f"{s.peak_blocks} of {s.usable_blocks}"),
+        (
+            "peak KV slots" if s.kv_pool == "tokens" else "peak KV blocks",
+            f"{s.peak_blocks} of {s.usable_blocks}",
+        ),
         ("budget use", f"{s.mean_budget_use:.1%} mean"),
     ]
     if s.acceptance_rate is not None:
