@@ -103,14 +103,17 @@ def steps_of(trace: Path) -> tuple[Any, list[Step]]:
         header = reader.header
         state = State.initial(header)
         steps = []
+        snapshots = 0
         for entry in reader.entries():
             rec = entry.record
             if isinstance(rec, Step):
                 apply(state, rec)
                 steps.append(rec)
             elif rec is not None and type(rec).__name__ == "Snapshot":
+                snapshots += 1
                 assert State.from_snapshot(header, rec).to_snapshot() == state.to_snapshot()
     assert not state.requests, f"{trace.name}: requests left unfinished: {state.requests}"
+    assert snapshots >= len(steps) // 16 - 1, "SCHEDTOP_SNAPSHOT_INTERVAL=16 places them"
     return header, steps
 
 
@@ -152,7 +155,9 @@ def test_info_stats_find_replay_work_on_sglang_traces(recorded: dict[str, Any]) 
             [*cli, "stats", trace, "--json"], env=env, capture_output=True, text=True
         )
         assert stats.returncode == 0, stats.stderr
-        assert json.loads(stats.stdout)["requests"] == n
+        numbers = json.loads(stats.stdout)
+        assert numbers["num_requests"] == numbers["num_finished"] == n
+        assert numbers["kv_pool"] == "tokens" and numbers["peak_blocks"] > 0
     retract = recorded["retract"]["trace"]
     found = subprocess.run(
         [*cli, "find", retract, "preempt", "--all"], env=env, capture_output=True, text=True

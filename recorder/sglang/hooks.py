@@ -92,12 +92,21 @@ def release_aborted_request(original: Any, sched: Any, req: Any) -> Any:
     return out
 
 
+def add_request_to_queue(original: Any, sched: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
+    out = original(sched, req, *args, **kwargs)
+    tap = _tap(sched)
+    if tap is not None and any(r is req for r in reversed(sched.waiting_queue)):
+        tap.guard(tap.on_add, req)  # queued (SGLang may refuse it instead)
+    return out
+
+
 def install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     around = HookType.AROUND
     HookRegistry.register(f"{_SCHED}.get_next_batch_to_run", get_next_batch_to_run, around)
     HookRegistry.register(f"{_SCHED}.process_batch_result", process_batch_result, around)
+    HookRegistry.register(f"{_SCHED}._add_request_to_queue", add_request_to_queue, around)
     HookRegistry.register(f"{_SCHED}._release_aborted_request", release_aborted_request, around)
     HookRegistry.register(
         "sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode", retract_decode, around

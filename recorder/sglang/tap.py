@@ -166,6 +166,7 @@ class Tap:
         self.status: dict[int, int] = {}  # ref -> Status (WAITING, RUNNING, PREEMPTED)
         self.computed: dict[int, int] = {}  # ref -> tokens computed, as the trace has it
         self.attempts: dict[str, str] = {}  # rid -> PrefillAdder's last result this step
+        self.pending_arrivals: list[Arrival] = []  # queued between two steps
         self.pending_finishes: list[Finish] = []  # aborts between two steps
         self.step = _Step()
         self.next_step = 0
@@ -228,14 +229,20 @@ class Tap:
         elif step.decided:  # an idle loop: nothing to record yet, keep what came
             step.decided = False
         step = self.step
+        for req in self.sched.waiting_queue:  # queued by a path the add hook does not see
+            if req.rid not in self.refs:
+                self.on_add(req)
+        step.arrivals.extend(self.pending_arrivals)
+        self.pending_arrivals.clear()
         step.finishes.extend(self.pending_finishes)
         self.pending_finishes.clear()
         self.attempts.clear()
-        for req in self.sched.waiting_queue:
-            if req.rid not in self.refs:
-                self._arrive(req)
 
-    def _arrive(self, req: Any) -> None:
+    def on_add(self, req: Any) -> None:
+        """A request SGLang queued (a retracted one coming back is known already). Its
+        arrival goes into the next step: one aborted before that step is still there."""
+        if req.rid in self.refs:
+            return
         ref = self.next_ref
         self.next_ref += 1
         self.refs[req.rid] = ref
@@ -243,7 +250,7 @@ class Tap:
         self.computed[ref] = 0
         self.seen_outputs[ref] = len(req.output_ids)
         eos = req.eos_token_ids
-        self.step.arrivals.append(
+        self.pending_arrivals.append(
             Arrival(
                 ref=ref,
                 request_id=str(req.rid),
