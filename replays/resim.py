@@ -87,6 +87,13 @@ def _resimulate(
                 f"{path}: the trace starts mid-run (step {header.first_step}); "
                 "re-simulation needs every arrival from step 0"
             )
+        if header.kv_pool != "blocks":
+            # An SGLang trace (format 1.4): schedtop's scheduler on it would be a
+            # cross-engine what-if, not a re-simulation, and is not built yet (issue 29).
+            raise ResimError(
+                f"{path}: a trace of {header.engine} (a token pool, not KV blocks): "
+                "schedtop's scheduler cannot re-simulate it yet"
+            )
         config = config_for(header.config, overrides or {})
         # With async scheduling a step's samples arrive a step later: only the scripted
         # runner (tokens per request, not per step) can hand them out.

@@ -163,6 +163,8 @@ def test_info_stats_find_replay_work_on_sglang_traces(recorded: dict[str, Any]) 
         [*cli, "find", retract, "preempt", "--all"], env=env, capture_output=True, text=True
     )
     assert found.returncode == 0 and found.stdout.strip(), found.stderr
+    resim = subprocess.run([*cli, "resim", retract], env=env, capture_output=True, text=True)
+    assert resim.returncode == 2 and "cannot re-simulate it yet" in resim.stderr
     with TraceReader(Path(retract)) as reader:
         timeline = Timeline(reader)
         last = timeline.last_step
