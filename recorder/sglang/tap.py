@@ -182,7 +182,8 @@ class Tap:
 
         config, extra = sglang_config(sched)
         tap = cls(sched, _Config(config, extra))
-        writer = TraceWriter(path, live=False, flush_interval_s=1.0)
+        flush_s = float(os.environ.get("SCHEDTOP_FLUSH_INTERVAL_S", "1.0"))
+        writer = TraceWriter(path, live=False, flush_interval_s=flush_s)
         model = str(getattr(sched.server_args, "model_path", ""))
         tap.recorder = Recorder(
             cast(EngineCore, _Facade(tap.config, tap.snapshot)),
@@ -192,6 +193,9 @@ class Tap:
             model=model,
             engine_name=f"SGLang {version('sglang')} (Scheduler)",
             kv_pool="tokens",
+            # SGLang's engine SIGKILLs its scheduler process at shutdown, and a hung one is
+            # killed too: the timer keeps the file at most this far behind the steps.
+            flush_interval_s=flush_s,
         )
         tap.state = State.initial(tap.recorder.header)
         log.info("schedtop: recording SGLang's scheduler into %s", path)
