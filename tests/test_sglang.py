@@ -142,7 +142,7 @@ def test_sglang_traces_account_for_every_request(recorded: dict[str, Any]) -> No
     assert any(a.resumed for s in retract for a in s.admissions), "retracted ones came back"
 
 
-def test_info_stats_find_replay_work_on_sglang_traces(recorded: dict[str, Any]) -> None:
+def test_info_stats_find_export_replay_work_on_sglang_traces(recorded: dict[str, Any]) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cli = [sys.executable, "-m", "tui.cli"]
     for result in recorded.values():
@@ -163,6 +163,15 @@ def test_info_stats_find_replay_work_on_sglang_traces(recorded: dict[str, Any]) 
         [*cli, "find", retract, "preempt", "--all"], env=env, capture_output=True, text=True
     )
     assert found.returncode == 0 and found.stdout.strip(), found.stderr
+    perfetto = Path(retract).with_suffix(".perfetto.json")
+    exported = subprocess.run(
+        [*cli, "export", retract, "--perfetto", str(perfetto)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert exported.returncode == 0, exported.stderr
+    assert json.loads(perfetto.read_text())["traceEvents"]
     resim = subprocess.run([*cli, "resim", retract], env=env, capture_output=True, text=True)
     assert resim.returncode == 2 and "cannot re-simulate it yet" in resim.stderr
     with TraceReader(Path(retract)) as reader:
