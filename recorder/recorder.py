@@ -181,7 +181,7 @@ class Recorder:
         header = self._header(engine, model, redact_prompts, start_ns)
         if engine_name is not None:  # another engine's scheduler recorded through ours
             header = dataclasses.replace(header, engine=engine_name)
-        if kv_pool != header.kv_pool:  # SGLang's token pool (docs/trace-format.md, 1.4)
+        if kv_pool != header.kv_pool:  # SGLang's token pool (docs/trace-format.md, 1.5)
             header = dataclasses.replace(header, kv_pool=kv_pool)
         self.header = header
         self._append(header, boundary=True)

@@ -88,7 +88,7 @@ def _resimulate(
                 "re-simulation needs every arrival from step 0"
             )
         if header.kv_pool != "blocks":
-            # An SGLang trace (format 1.4): schedtop's scheduler on it would be a
+            # An SGLang trace (format 1.5): schedtop's scheduler on it would be a
             # cross-engine what-if, not a re-simulation, and is not built yet (issue 29).
             raise ResimError(
                 f"{path}: a trace of {header.engine} (a token pool, not KV blocks): "
