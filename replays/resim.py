@@ -14,7 +14,8 @@ Two runners serve the two cases:
   first into per-request scripts (tokens, acceptances, aborts, and for redacted traces the
   recorded block hashes), then runs like `schedtop sim`.
 
-This is the one module of `replays` that imports the engine.
+Both drive the engine with engine.driver's StepDriver, as `sim`, `whatif` and the vLLM
+driver do.
 """
 
 from __future__ import annotations

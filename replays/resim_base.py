@@ -1,6 +1,5 @@
 """What both re-simulation runners share: the result types, the checker that compares
-each re-simulated step with the trace's, the recorder it feeds, and requests rebuilt from
-arrival records."""
+each re-simulated step with the trace's, and the recorder it feeds."""
 
 from __future__ import annotations
 
@@ -13,9 +12,8 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.errors import UserError
-from engine.request import Request
 from recorder.recorder import Recorder
-from recorder.schema import Arrival, Header, Step
+from recorder.schema import Header, Step
 from recorder.vllm import MID_STEP_ABORT
 from recorder.writer import NullWriter, TraceWriter
 from replays.diff import differing_fields
@@ -135,23 +133,6 @@ def recorder_for(
         model=header.model,
         on_step_record=checker,
         **options,
-    )
-
-
-def request_of(a: Arrival, hasher: Any) -> Request:
-    """The request an arrival record describes (its sampling parameters were validated
-    when the record was read)."""
-    prompt = (
-        list(a.prompt_token_ids) if a.prompt_token_ids is not None else [0] * a.num_prompt_tokens
-    )
-    return Request(
-        a.request_id,
-        prompt,
-        a.sampling,
-        arrival_time=a.arrival_time,
-        priority=a.priority,
-        eos_token_id=a.eos_token_id,
-        block_hasher=hasher,
     )
 
 

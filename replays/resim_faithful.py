@@ -4,12 +4,13 @@ scheduling order, so it keeps pace with the simulated engine itself."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from functools import partial
+import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
+from engine.driver import CoreEngine, RequestScript, StepDriver
 from engine.kv.hashing import BlockHasher
 from engine.outputs import ModelRunnerOutput, SchedulerOutput
 from recorder.reader import TraceReader
@@ -20,7 +21,6 @@ from replays.resim_base import (
     is_mid_step_abort,
     recorded_proposals,
     recorder_for,
-    request_of,
 )
 
 
@@ -81,6 +81,58 @@ class _FaithfulRunner:
         return out
 
 
+class _StreamedInputs:
+    """The trace's step records as the driver's inputs, read as the run goes: step i's
+    arrivals and aborts are record i's. Taking a step's arrivals also hands its record to
+    the runner (the samples) and the checker (the decisions to reproduce)."""
+
+    def __init__(
+        self, records: Iterator[Step], runner: _FaithfulRunner, checker: Checker, max_steps: int
+    ) -> None:
+        self.records = records
+        self.next = next(records, None)
+        self.runner = runner
+        self.checker = checker
+        self.max_steps = max_steps
+        self.by_ref: dict[int, RequestScript] = {}
+
+    def arrivals(self, step: int) -> list[RequestScript]:
+        rec = self.next
+        assert rec is not None  # over() said there is one
+        self.next = next(self.records, None)
+        self.runner.record = rec
+        self.checker.expect(rec)
+        scripts = []
+        for a in rec.arrivals:
+            self.runner.refs[a.request_id] = a.ref
+            self.by_ref[a.ref] = s = RequestScript(a, rec.step)
+            scripts.append(s)
+        return scripts
+
+    def aborts(self, step: int, mid_step: bool) -> list[RequestScript]:
+        rec = self.runner.record
+        assert rec is not None
+        due = []
+        for f in rec.finishes:
+            s = self.by_ref.get(f.ref)
+            if (
+                s
+                and f.status == Status.FINISHED_ABORTED
+                and is_mid_step_abort(f.message) == mid_step
+            ):
+                s.abort_message = f.message
+                due.append(s)
+        return due
+
+    def over(self, step: int, busy: bool) -> bool:
+        # Requests still running when the trace ends are fine: a trace can stop mid-run
+        # (a crash, a cut); had the original finished them, its last records would say so.
+        return self.next is None or self.checker.divergence is not None or step >= self.max_steps
+
+    def skip_idle(self) -> bool:
+        return False
+
+
 def run_faithful(
     reader: TraceReader, config: EngineConfig, out: str | Path | None, max_steps: int | None = None
 ) -> ResimResult:
@@ -89,28 +141,12 @@ def run_faithful(
     checker = Checker()
     recorder = recorder_for(engine, reader.header, out, checker)
     hasher = BlockHasher(config.block_size)
-    records = reader.steps()
-    nxt = next(records, None)
-    recorded = 0
+    inputs = _StreamedInputs(
+        reader.steps(), runner, checker, sys.maxsize if max_steps is None else max_steps
+    )
     try:
-        while (
-            nxt is not None
-            and checker.divergence is None
-            and (max_steps is None or recorded < max_steps)
-        ):
-            rec, nxt = nxt, next(records, None)
-            recorded += 1
-            for a in rec.arrivals:
-                runner.refs[a.request_id] = a.ref
-                engine.add_request(request_of(a, hasher))
-            # After the arrivals: a request can arrive and be aborted before one step.
-            _abort(engine, rec, runner.refs, mid_step=False)
-            runner.record = rec
-            checker.expect(rec)
-            engine.step(partial(_abort, engine, rec, runner.refs, True))
-            engine.take_finished()  # nobody reads them: don't let them pile up
-        # Requests still running when the trace ends are fine: a trace can stop mid-run
-        # (a crash, a cut); had the original finished them, its last records would say so.
+        for _ in StepDriver(CoreEngine(engine, lambda s: hasher), inputs, sys.maxsize).run():
+            pass
     finally:
         recorder.close()
     return ResimResult(
@@ -122,13 +158,3 @@ def run_faithful(
         Path(out) if out else None,
         "faithful",
     )
-
-
-def _abort(engine: EngineCore, rec: Step, refs: dict[str, int], mid_step: bool) -> None:
-    """The step's aborts: those before its schedule() (reported with the step), or with
-    `mid_step` those between schedule() and update."""
-    for f in rec.finishes:
-        if f.status == Status.FINISHED_ABORTED and is_mid_step_abort(f.message) == mid_step:
-            rid = next((r for r, ref in refs.items() if ref == f.ref), None)
-            if rid is not None:
-                engine.abort(rid, f.message)

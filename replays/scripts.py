@@ -1,41 +1,26 @@
-"""Per-request scripts: what a trace says each request did (its tokens, acceptances,
+"""Per-request scripts read from a trace: what each request did (its tokens, acceptances,
 aborts, and for redacted traces its block hashes), and the runner that replays them.
 
-Both drivers that re-simulate a trace with other settings read the trace into scripts
-first: `resim`'s scripted runner (at the recorded steps) and `whatif` (at the recorded
-times)."""
+Every re-simulation with other settings reads the trace into scripts first and drives
+them with engine.driver: `resim`'s scripted runner (at the recorded steps), `whatif` (at
+the recorded times) and `resim --engine vllm`."""
 
 from __future__ import annotations
 
 import hashlib
 import struct
-from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
-from engine.kv.hashing import ROOT_HASH
+from engine.core import EngineCore
+from engine.driver import CoreEngine, RequestScript
+from engine.kv.hashing import ROOT_HASH, BlockHasher
 from engine.request import Request
 from engine.sim.runner import SimRunner
 from recorder.reader import TraceReader
-from recorder.schema import Arrival, KVKind, Status, Step
+from recorder.schema import KVKind, Status, Step
 from replays.reducer import StepView, apply_with_view
-from replays.resim_base import recorded_proposals
+from replays.resim_base import is_mid_step_abort, recorded_proposals
 from replays.state import State
-
-
-@dataclass
-class RequestScript:
-    """Everything the trace says about one request."""
-
-    arrival: Arrival  # how it arrived
-    arrival_step: int  # when
-    tokens: list[int] = field(default_factory=list)  # every token it sampled, in order
-    accepted: dict[int, int] = field(default_factory=dict)  # output position -> drafts accepted
-    proposed: dict[int, int] = field(default_factory=dict)  # output position -> drafts proposed
-    status: int = 0  # how it finished (0: it had not when the trace ended)
-    abort_step: int = -1  # the step whose record reports its abort
-    abort_message: str = ""  # its finish's message (says when a mid-step abort came)
-    abort_order: int = 0  # its place among that step's finishes: aborts free blocks in order
-    hashes: dict[int, bytes] = field(default_factory=dict)  # block index -> recorded hash
 
 
 class ScriptCollector:
@@ -68,6 +53,7 @@ class ScriptCollector:
             if f.status == Status.FINISHED_ABORTED:
                 scripts[f.ref].abort_step = rec.step
                 scripts[f.ref].abort_message = f.message
+                scripts[f.ref].abort_mid_step = is_mid_step_abort(f.message)
                 scripts[f.ref].abort_order = i
         for e in view.kv_events:
             if e.ref is None:
@@ -157,3 +143,17 @@ class ScriptedRunner(SimRunner):
             n = self.proposed.get(rid, {}).get(pos, 0)
             return [self._token(rid, pos + j) + (0 if j < right else 1) for j in range(n)]
         return [self._token(rid, pos + j) + (0 if j < right else 1) for j in range(self.k)]
+
+
+def scripted_engine(engine: EngineCore, runner: ScriptedRunner, redacted: bool) -> CoreEngine:
+    """`engine` behind the step driver with `runner` scripted: each request gets its
+    recorded tokens and, in a redacted trace, stand-in tokens and its recorded hashes."""
+    plain = BlockHasher(engine.config.block_size)
+
+    def add(s: RequestScript) -> None:
+        runner.add(s, fill_redacted(s) if redacted else s.tokens)
+
+    def hasher(s: RequestScript) -> BlockHasher | RecordedHasher:
+        return RecordedHasher(plain.block_size, s, s.arrival.ref) if redacted else plain
+
+    return CoreEngine(engine, hasher, add)

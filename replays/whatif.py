@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,20 +25,20 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
-from engine.kv.hashing import BlockHasher
+from engine.driver import (
+    RequestScript,
+    ScriptedInputs,
+    StepDriver,
+    StepLimitError,
+    step_limit,
+)
 from engine.outputs import ModelRunnerOutput, SchedulerOutput
 from engine.records import Timing
 from recorder.reader import TraceReader
 from recorder.schema import Header
 from replays.costmodel import CostModel, fit_model, format_model, step_work
-from replays.resim_base import Checker, ResimError, config_for, recorder_for, request_of
-from replays.scripts import (
-    RecordedHasher,
-    RequestScript,
-    ScriptCollector,
-    ScriptedRunner,
-    fill_redacted,
-)
+from replays.resim_base import Checker, ResimError, config_for, recorder_for
+from replays.scripts import ScriptCollector, ScriptedRunner, scripted_engine
 from replays.timebase import (
     Observer,
     Timebase,
@@ -242,6 +243,7 @@ class _TimedRun:
         self.clock = _Clock(model.predict_ns((0, 0, 0, 0, 0)))
         self.runner = _TimedRunner(config, model, self.clock)
         self.engine = EngineCore(config, self.runner, clock=self.clock.seconds)
+        self.core = scripted_engine(self.engine, self.runner, inputs.header.redacted)
         self.obs = Observer(config.num_blocks - 1)
 
     def run(self, out: str | Path | None, check: bool) -> tuple[TimedMetrics, int | None]:
@@ -265,48 +267,53 @@ class _TimedRun:
         return timed_metrics(self.obs, self.obs.end_ns, self.base.arrival_ns), first
 
     def _drive(self) -> None:
-        scripts = self.inputs.scripts
-        engine, clock, base, runner = self.engine, self.clock, self.base, self.runner
         # A simulated trace's driver steps through idle time (each empty step costs the
-        # model's empty-step time); a real engine sleeps until the next arrival.
-        idle_steps = not self.inputs.obs.timed
-        redacted = self.inputs.header.redacted
-        plain = BlockHasher(self.config.block_size)
-        live: dict[str, int] = {}
-        # One step's aborts in the recorded order (they free blocks), not by ref.
-        aborts = sorted((t, scripts[ref].abort_order, ref) for ref, t in base.abort_ns.items())
-        limit = 10 * self.inputs.num_steps + 10_000
-        nxt = 0  # next arrival (ref)
-        done_aborts = 0
-        while nxt < len(scripts) or engine.has_unfinished():
-            if engine.step_index >= limit:
-                raise WhatifError(f"the predicted run is still going at step {engine.step_index}")
-            while nxt < len(scripts) and base.arrival_ns[nxt] <= clock.now:
-                s = scripts[nxt]
-                a = s.arrival
-                self.runner.add(s, fill_redacted(s) if redacted else s.tokens)
-                live[a.request_id] = nxt
-                hasher = RecordedHasher(self.config.block_size, s, nxt) if redacted else plain
-                engine.add_request(request_of(a, hasher))
-                nxt += 1
-            while done_aborts < len(aborts) and aborts[done_aborts][0] <= clock.now:
-                ref = aborts[done_aborts][2]
-                rid = scripts[ref].arrival.request_id
-                if live.get(rid) == ref:
-                    engine.abort(rid)
-                done_aborts += 1
-            idle = not engine.has_unfinished()
-            if idle:
-                if nxt >= len(scripts):
-                    break
-                if not idle_steps:
-                    clock.now = base.arrival_ns[nxt]
-                    continue
-            clock.begin_step()
-            runner.work = NO_WORK
-            result = engine.step()
-            self.obs.observe_explicit(result.report, clock.settle(), idle, runner.work)
-            engine.take_finished()
+        # model's empty-step time).
+        inputs = _TimedInputs(self.inputs.scripts, self.base, self.clock, not self.inputs.obs.timed)
+        driver = StepDriver(self, inputs, step_limit(self.inputs.num_steps))
+        try:
+            for _ in driver.run():
+                pass
+        except StepLimitError as e:
+            raise WhatifError(f"the predicted run is still going at step {e.step}") from None
+
+    # -- the engine behind the driver: the scripted one, on the model's clock ---------------
+
+    def add(self, script: RequestScript) -> None:
+        self.core.add(script)
+
+    def abort(self, script: RequestScript) -> None:
+        # No message: it would say when the recorded abort came, not this one.
+        self.engine.abort(script.request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.engine.has_unfinished()
+
+    def step(self, mid_step: Callable[[], None] | None) -> None:
+        idle = not self.engine.has_unfinished()
+        self.clock.begin_step()
+        self.runner.work = NO_WORK
+        result = self.core.step(mid_step)
+        self.obs.observe_explicit(result.report, self.clock.settle(), idle, self.runner.work)
+
+
+class _TimedInputs(ScriptedInputs):
+    """Arrivals and aborts at their recorded times, on the predicted run's clock."""
+
+    def __init__(
+        self, scripts: list[RequestScript], base: Timebase, clock: _Clock, idle_steps: bool
+    ) -> None:
+        super().__init__(scripts, base.arrival_ns, base.abort_ns, lambda step: clock.now)
+        self.clock = clock
+        self.idle_steps = idle_steps
+
+    def skip_idle(self) -> bool:
+        if self.next >= len(self.scripts):
+            return True  # none left: the run is over
+        if self.idle_steps:
+            return False
+        self.clock.now = self.arrive_at[self.next]  # a real engine sleeps until then
+        return True
 
 
 @dataclass

@@ -192,11 +192,14 @@ def test_stop_token_and_eos_end_a_request() -> None:
     assert r2.output_token_ids == [7, 8] and r2.status == RequestStatus.FINISHED_STOPPED
 
 
-def test_scheduler_does_not_import_torch() -> None:
+def test_scheduler_and_step_driver_import_neither_torch_nor_numpy() -> None:
     import subprocess
     import sys
 
-    code = "import sys, engine.scheduler, engine.sim.driver; print('torch' in sys.modules)"
+    code = (
+        "import sys, engine.scheduler, engine.driver, engine.sim.driver; "
+        "print('torch' in sys.modules or 'numpy' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -9,11 +9,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from engine.core import EngineCore, StepResult
+from engine.driver import CoreEngine, RequestScript, ScriptedInputs, StepDriver, StepLimitError
 from engine.events import NULL_SINK, EventSink
 from engine.kv.hashing import BlockHasher
 from engine.metrics import Lifecycle, Lifecycles, RunMetrics, run_metrics, step_clock
-from engine.records import Status
-from engine.request import FINISH_REASONS, Request, SamplingParams
+from engine.records import Arrival, Status
+from engine.request import FINISH_REASONS, SamplingParams
 from engine.sim.runner import SimRunner
 from engine.sim.workload import SimWorkload
 from engine.workload_file import WorkloadError
@@ -87,44 +88,52 @@ def make_engine(workload: SimWorkload, sink: EventSink = NULL_SINK) -> EngineCor
     return EngineCore(cfg, runner, sink)
 
 
-def make_request(r, rank: int, hasher: BlockHasher) -> Request:  # type: ignore[no-untyped-def]
-    return Request(
-        r.id,
-        r.prompt_token_ids,
-        SamplingParams(max_tokens=r.max_tokens),
-        arrival_time=float(rank),
-        priority=r.priority,
-        block_hasher=hasher,
-    )
+def workload_scripts(workload: SimWorkload) -> list[RequestScript]:
+    """The workload's requests as the driver's scripts, in arrival order (a request's
+    rank there is its arrival time: the policies' tie-break)."""
+    return [
+        RequestScript(
+            Arrival(
+                rank,
+                r.id,
+                len(r.prompt_token_ids),
+                r.priority,
+                float(rank),
+                None,
+                SamplingParams(max_tokens=r.max_tokens),
+                tuple(r.prompt_token_ids),
+            ),
+            r.arrival_step,
+            list(r.output_token_ids),
+        )
+        for rank, r in enumerate(workload.requests)
+    ]
 
 
-def run_steps(
-    workload: SimWorkload, engine: EngineCore, on_arrival: Callable[[Request], None] | None = None
-) -> Iterator[StepResult]:
+def run_steps(workload: SimWorkload, engine: EngineCore) -> Iterator[StepResult]:
     """Drive `engine` through `workload`, yielding each step's result."""
     hasher = BlockHasher(workload.config.block_size)
-    arrivals: dict[int, list[Request]] = {}
-    for rank, r in enumerate(workload.requests):
-        arrivals.setdefault(r.arrival_step, []).append(make_request(r, rank, hasher))
-    last_arrival = max(arrivals, default=-1)
-    step = idle = 0
-    while step <= last_arrival or engine.has_unfinished():
-        if step >= workload.max_steps:
-            raise WorkloadError(
-                f"{workload.source}: still running at max_steps={workload.max_steps}"
-            )
-        for req in arrivals.pop(step, ()):
-            engine.add_request(req)
-            if on_arrival is not None:
-                on_arrival(req)
-        result = engine.step()
-        idle = 0 if result.report.scheduled else idle + 1
-        if idle >= STALL_STEPS and step > last_arrival:
-            raise WorkloadError(
-                f"{workload.source}: nothing scheduled for {STALL_STEPS} steps at step {step}"
-            )
-        yield result
-        step += 1
+    scripts = workload_scripts(workload)
+    driver = StepDriver(
+        CoreEngine(engine, lambda s: hasher, keep_finished=True),
+        ScriptedInputs(scripts),
+        workload.max_steps,
+    )
+    last_arrival = scripts[-1].arrival_step if scripts else -1
+    idle = 0
+    try:
+        for result in driver.run():
+            idle = 0 if result.report.scheduled else idle + 1
+            if idle >= STALL_STEPS and driver.step > last_arrival:
+                raise WorkloadError(
+                    f"{workload.source}: nothing scheduled for {STALL_STEPS} steps "
+                    f"at step {driver.step}"
+                )
+            yield result
+    except StepLimitError:
+        raise WorkloadError(
+            f"{workload.source}: still running at max_steps={workload.max_steps}"
+        ) from None
 
 
 def simulate(
