@@ -19,17 +19,15 @@ import os
 import sys
 import tempfile
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig, parse_setting
+from engine.driver import RequestScript, ScriptedInputs, StepDriver, StepLimitError, step_limit
 from recorder.reader import TraceReader
-from recorder.schema import Step
-from recorder.vllm import MID_STEP_ABORT
-from replays.reducer import apply_with_view
-from replays.run_end import run_is_over
-from replays.state import State
+from replays.scripts import collect_scripts
 
 _TINY_MODEL = {
     "architectures": ["LlamaForCausalLM"],
@@ -47,31 +45,13 @@ _TINY_MODEL = {
 
 
 @dataclass
-class Script:
-    """One request's inputs: how it arrives, what it samples, when it is aborted."""
-
-    request_id: str  # the id it had
-    arrival_step: int  # added before this step's schedule()
-    prompt: list[int]  # prompt token ids
-    tokens: list[int]  # every token it sampled, in order
-    max_tokens: int  # sampling limits
-    priority: int = 0  # lower runs first under the priority policy
-    arrival_time: float = 0.0  # the tie-break order
-    eos_token_id: int | None = None  # stops it when sampled
-    stop_token_ids: tuple[int, ...] = ()  # so do these
-    abort_step: int = -1  # aborted before this step's schedule() (-1: never)
-    abort_mid_step: bool = False  # ... or between its schedule() and update
-    abort_message: str = ""  # the message of the recorded finish
-
-
-@dataclass
 class Inputs:
     """Everything a run needs."""
 
     config: EngineConfig  # the scheduler config
-    scripts: list[Script] = field(default_factory=list)  # in arrival order
+    scripts: list[RequestScript] = field(default_factory=list)  # in arrival order
     num_steps: int = 0  # recorded steps (0: run until done)
-    ended_early: bool = False  # the recording ended before its run (killed, or stopped)
+    max_steps: int = 0  # give up here (0: the step limit for num_steps)
 
 
 def tiny_model_dir() -> str:
@@ -154,65 +134,17 @@ def inputs_from_trace(path: str | Path, overrides: dict[str, Any]) -> Inputs:
             config = EngineConfig.from_dict({**recorded, **overrides})
         except ValueError as e:
             raise SystemExit(f"config: {e}") from None
-        state = State.initial(header)
-        scripts: list[Script] = []
-        steps = 0
-        for entry in reader.entries():
-            rec = entry.record
-            if not isinstance(rec, Step):
-                continue
-            steps += 1
-            _collect(rec, state, scripts)
-        footer = reader.footer
-        ended_early = not overrides and (footer is None or bool(footer.stopped))
-    return Inputs(config, scripts, steps, ended_early)
-
-
-def _collect(rec: Step, state: State, scripts: list[Script]) -> None:
-    for a in rec.arrivals:
-        s = a.sampling
-        scripts.append(
-            Script(
-                a.request_id,
-                rec.step,
-                list(a.prompt_token_ids or ()),
-                [],
-                s.max_tokens,
-                a.priority,
-                a.arrival_time,
-                a.eos_token_id if not s.ignore_eos else None,
-                tuple(s.stop_token_ids),
-            )
-        )
-    view = apply_with_view(state, rec)
-    for sample in view.samples:
-        scripts[sample.ref].tokens += list(sample.token_ids or [0] * sample.count)
-    for f in rec.finishes:
-        if f.status == 5:  # FINISHED_ABORTED
-            script = scripts[f.ref]
-            script.abort_step = rec.step
-            script.abort_mid_step = f.message.startswith(MID_STEP_ABORT)
-            script.abort_message = f.message
+        scripts, steps = collect_scripts(reader)
+    return Inputs(config, scripts, steps)
 
 
 def inputs_from_workload(path: str | Path) -> Inputs:
     """A simulation workload (the fidelity cases' format) as inputs."""
+    from engine.sim.driver import workload_scripts
     from engine.sim.workload import load_workload
 
     w = load_workload(path)
-    scripts = [
-        Script(
-            r.id,
-            r.arrival_step,
-            list(r.prompt_token_ids),
-            list(r.output_token_ids),
-            r.max_tokens,
-            r.priority,
-            float(rank),
-        )
-        for rank, r in enumerate(w.requests)
-    ]
-    return Inputs(w.config, scripts)
+    return Inputs(w.config, workload_scripts(w), max_steps=w.max_steps)
 
 
 class Driver:
@@ -247,22 +179,25 @@ class Driver:
         init_none_hash(sha256)
         self.hasher = get_request_block_hasher(cfg.block_size, sha256)
         self.sampled: dict[str, int] = {}
-        self.by_id: dict[str, Script] = {}
+        self.by_id: dict[str, RequestScript] = {}
         self.batches: deque[tuple[Any, Any]] = deque()
 
-    def _request(self, s: Script) -> Any:
+    def _request(self, s: RequestScript) -> Any:
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
-        params = SamplingParams(max_tokens=s.max_tokens, stop_token_ids=list(s.stop_token_ids))
-        params.update_from_generation_config({}, s.eos_token_id)
+        a = s.arrival
+        stops = list(a.sampling.stop_token_ids)
+        params = SamplingParams(max_tokens=a.sampling.max_tokens, stop_token_ids=stops)
+        eos = a.eos_token_id if not a.sampling.ignore_eos else None
+        params.update_from_generation_config({}, eos)
         return Request(
             request_id=s.request_id,
-            prompt_token_ids=list(s.prompt),
+            prompt_token_ids=list(a.prompt_token_ids or ()),
             sampling_params=params,
             pooling_params=None,
-            arrival_time=s.arrival_time,
-            priority=s.priority,
+            arrival_time=a.arrival_time,
+            priority=a.priority,
             block_hasher=self.hasher,
         )
 
@@ -285,65 +220,55 @@ class Driver:
             req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=tokens
         )
 
-    def _abort(self, step: int, mid_step: bool) -> None:
+    # -- the engine behind engine.driver's StepDriver --------------------------------------
+
+    def add(self, s: RequestScript) -> None:
+        self.by_id[s.request_id] = s
+        self.sched.add_request(self._request(s))
+
+    def abort(self, s: RequestScript) -> None:
         from vllm.v1.request import RequestStatus
 
-        ids = [
-            s.request_id
-            for s in self.inputs.scripts
-            if s.abort_step == step and s.abort_mid_step == mid_step
-        ]
-        live = [rid for rid in ids if rid in self.sched.requests]
-        if live:
-            self.sched.finish_requests(live, RequestStatus.FINISHED_ABORTED)
+        # One id per call: finish_requests iterates a set, in an order that follows the
+        # hash seed, and aborts free blocks in the order they come (issue 25).
+        if s.request_id in self.sched.requests:
+            self.sched.finish_requests([s.request_id], RequestStatus.FINISHED_ABORTED)
 
-    def run(self, max_steps: int = 1_000_000) -> int:
-        """Run until every request is done (and the recorded steps are covered)."""
-        arrivals: dict[int, list[Script]] = {}
-        for s in self.inputs.scripts:
-            arrivals.setdefault(s.arrival_step, []).append(s)
-        last = max(arrivals, default=-1)
-        last = max(last, self.inputs.num_steps - 1)
-        num_recorded = self.inputs.num_steps or None  # 0: a workload, no recording
-        is_async = self.inputs.config.async_scheduling
-        sched = self.sched
-        step = 0
-        try:
-            while not run_is_over(
-                step,
-                last,
-                num_recorded,
-                sched.has_unfinished_requests(),
-                bool(self.batches),
-                self.inputs.ended_early,
-            ):
-                if step >= max_steps:
-                    raise SystemExit(f"still running at step {step}")
-                for s in arrivals.get(step, ()):
-                    self.by_id[s.request_id] = s
-                    sched.add_request(self._request(s))
-                self._abort(step, mid_step=False)  # after: one may be aborted at once
-                if is_async:
-                    self._step_async(step)
-                else:
-                    self._step_sync(step)
-                step += 1
-        finally:
-            sched.shutdown()
-        return step
+    def has_unfinished(self) -> bool:
+        return bool(self.sched.has_unfinished_requests() or self.batches)
 
-    def _step_sync(self, step: int) -> None:
-        sched = self.sched
-        if not sched.has_requests():
-            # vLLM's EngineCore skips the step; schedtop's records an empty one.
-            out = sched.schedule()
+    def step(self, mid_step: Callable[[], None] | None) -> None:
+        if self.inputs.config.async_scheduling:
+            self._step_async(mid_step)
         else:
-            out = sched.schedule()
-        mro = self._runner_output(out)
-        self._abort(step, mid_step=True)
-        sched.update_from_output(out, mro)
+            self._step_sync(mid_step)
 
-    def _step_async(self, step: int) -> None:
+    def run(self) -> int:
+        """Run until every request is done (and the recorded steps are covered)."""
+        inputs = self.inputs
+        driver = StepDriver(
+            self,
+            ScriptedInputs(inputs.scripts, min_steps=inputs.num_steps),
+            inputs.max_steps or step_limit(inputs.num_steps),
+        )
+        try:
+            for _ in driver.run():
+                pass
+        except StepLimitError as e:
+            raise SystemExit(f"still running at step {e.step}") from None
+        finally:
+            self.sched.shutdown()
+        return driver.step
+
+    def _step_sync(self, mid_step: Callable[[], None] | None) -> None:
+        # Without requests vLLM's EngineCore skips the step; schedtop's records an empty one.
+        out = self.sched.schedule()
+        mro = self._runner_output(out)
+        if mid_step is not None:
+            mid_step()
+        self.sched.update_from_output(out, mro)
+
+    def _step_async(self, mid_step: Callable[[], None] | None) -> None:
         sched = self.sched
         batches = self.batches
         if sched.has_requests():
@@ -356,7 +281,8 @@ class Driver:
             out = sched.schedule()  # an empty step, as schedtop's engine records one
             batches.append((out, self._runner_output(out)))
         old_out, old_mro = batches.popleft()
-        self._abort(step, mid_step=True)
+        if mid_step is not None:
+            mid_step()
         sched.update_from_output(old_out, old_mro)
 
 

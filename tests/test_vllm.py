@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from engine.sim.api import run_sim
+from engine.sim.driver import make_engine, run_steps
 from engine.sim.workload import load_workload
 from recorder.reader import TraceReader
 from recorder.recorder import open_recording
@@ -297,3 +298,36 @@ def test_resim_with_vllm_reproduces_schedtops_own_traces(
         with TraceReader(result.trace) as reader:
             base = "AsyncScheduler" if overrides else "(Scheduler"
             assert base in reader.header.engine
+
+
+@pytest.mark.parametrize("seed", ["0", "3"])
+def test_resim_with_vllm_aborts_one_steps_requests_in_the_recorded_order(
+    vllm_python: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: str
+) -> None:
+    """Six aborts in one step, in neither arrival order nor any set's: they free blocks,
+    so their order is a decision. vLLM's finish_requests iterates a set, whose order
+    follows the hash seed; the driver hands it one id at a time (issue 25)."""
+    from replays.vllm_resim import resimulate_with_vllm
+    from tests.helpers import req, workload
+
+    w = workload(
+        [req(f"a{i}", 20, 30) for i in range(8)] + [req("late", 60, 4, arrival_step=6)],
+        block_size=4,
+        num_blocks=64,
+        max_num_seqs=8,
+    )
+    trace = tmp_path / "aborts.trace"
+    engine = make_engine(w)
+    open_recording(engine, trace, kind="sim", live=False)
+    for result in run_steps(w, engine):
+        if result.report.step == 4:
+            for rid in ("a5", "a1", "a7", "a2", "a6", "a0"):
+                engine.abort(rid)
+    engine.close()
+    with TraceReader(trace) as reader:
+        aborted = [[f.ref for f in s.finishes if f.status == 5] for s in reader.steps()]
+    assert [5, 1, 7, 2, 6, 0] in aborted
+    monkeypatch.setenv("SCHEDTOP_VLLM_PYTHON", vllm_python)
+    monkeypatch.setenv("PYTHONHASHSEED", seed)
+    result = resimulate_with_vllm(trace, out=tmp_path / "aborts.vllm.trace")
+    assert result.reproduced, f"step {result.divergence_step}: {result.fields}"
