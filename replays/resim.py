@@ -20,13 +20,11 @@ driver do.
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 from typing import Any
 
-from recorder.errors import TraceError
 from recorder.multi import open_trace
-from replays.resim_base import Divergence, ResimError, ResimResult, config_for
+from replays.resim_base import Divergence, ResimError, ResimResult, config_for, inputs_checked
 from replays.resim_faithful import run_faithful
 from replays.resim_scripted import run_scripted
 
@@ -46,32 +44,8 @@ def resimulate(
 
     A trace whose inputs drive the scheduler into an error (a crafted one: a sample for a
     request that never arrived, say) is a TraceError, whatever the engine raised."""
-    try:
+    with inputs_checked(path):
         return _resimulate(path, overrides, out, scripted, max_steps)
-    except ResimError:  # a ValueError, but already says what is wrong
-        raise
-    except _ENGINE_ERRORS as e:
-        err = TraceError(
-            f"its records cannot be re-simulated ({type(e).__name__}: {e or 'no detail'}); "
-            "it was not written by this engine, or was altered"
-        )
-        err.path = str(path)
-        raise err from e
-
-
-# What the engine raises when fed inputs it never produces. A TraceError, ResimError or
-# OSError is already the right error and passes through.
-_ENGINE_ERRORS = (
-    ValueError,
-    IndexError,
-    KeyError,
-    TypeError,
-    AssertionError,
-    ZeroDivisionError,
-    OverflowError,
-    struct.error,
-    RecursionError,
-)
 
 
 def _resimulate(

@@ -3,8 +3,10 @@ each re-simulated step with the trace's, and the recorder it feeds."""
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.errors import UserError
+from recorder.errors import TraceError
 from recorder.recorder import Recorder
 from recorder.schema import Header, Step
 from recorder.vllm import MID_STEP_ABORT
@@ -66,6 +69,38 @@ class ResimResult:
             d = self.divergence
             lines.append(f"first difference at step {d.step}: {', '.join(d.fields)}")
         return "\n".join(lines)
+
+
+@contextmanager
+def inputs_checked(path: str | Path) -> Iterator[None]:
+    """A trace whose inputs drive the scheduler (or the writer) into an error, a crafted
+    one, is a TraceError naming it, whatever was raised: one line, exit status 2."""
+    try:
+        yield
+    except ResimError:  # a ValueError, but already says what is wrong
+        raise
+    except _ENGINE_ERRORS as e:
+        err = TraceError(
+            f"its records cannot be re-simulated ({type(e).__name__}: {e or 'no detail'}); "
+            "it was not written by this engine, or was altered"
+        )
+        err.path = str(path)
+        raise err from e
+
+
+# What the engine raises when fed inputs it never produces. A TraceError, ResimError or
+# OSError is already the right error and passes through.
+_ENGINE_ERRORS = (
+    ValueError,
+    IndexError,
+    KeyError,
+    TypeError,
+    AssertionError,
+    ZeroDivisionError,
+    OverflowError,
+    struct.error,
+    RecursionError,
+)
 
 
 def config_for(recorded: dict[str, Any], overrides: dict[str, Any]) -> EngineConfig:
@@ -132,8 +167,20 @@ def recorder_for(
         snapshot_work=header.snapshot_work or None,
         model=header.model,
         on_step_record=checker,
+        # A record the writer cannot encode came from a crafted trace's inputs: raise it
+        # here, as one line naming the trace, not as a logged traceback.
+        strict=True,
         **options,
     )
+
+
+def check_sampled_ids(rec: Step, redacted: bool) -> None:
+    """A trace that is not redacted records every sampled token id; a nil there would
+    reach the engine, and the re-simulated trace's writer, as a stand-in (-1)."""
+    if not redacted and (
+        rec.sampled_tokens is None or any(s.token_ids is None for s in rec.other_samples)
+    ):
+        raise ValueError(f"step {rec.step}: sampled token ids are nil in a trace not redacted")
 
 
 def recorded_proposals(config: EngineConfig) -> bool:

@@ -18,6 +18,7 @@ from recorder.schema import Status, Step
 from replays.resim_base import (
     Checker,
     ResimResult,
+    check_sampled_ids,
     is_mid_step_abort,
     recorded_proposals,
     recorder_for,
@@ -100,6 +101,7 @@ class _StreamedInputs:
         rec = self.next
         assert rec is not None  # over() said there is one
         self.next = next(self.records, None)
+        check_sampled_ids(rec, redacted=False)  # a redacted trace is re-simulated scripted
         self.runner.record = rec
         self.checker.expect(rec)
         scripts = []

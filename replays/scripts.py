@@ -19,7 +19,7 @@ from engine.sim.runner import SimRunner
 from recorder.reader import TraceReader
 from recorder.schema import KVKind, Status, Step
 from replays.reducer import StepView, apply_with_view
-from replays.resim_base import is_mid_step_abort, recorded_proposals
+from replays.resim_base import check_sampled_ids, is_mid_step_abort, recorded_proposals
 from replays.state import State
 
 
@@ -27,7 +27,8 @@ class ScriptCollector:
     """Builds the scripts from step records and the reducer's views of them, in order
     (a caller that already reduces the trace for something else feeds it as it goes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, redacted: bool) -> None:
+        self.redacted = redacted
         self.scripts: list[RequestScript] = []  # by ref
         self.steps = 0  # step records seen
         self._tables: dict[int, list[int]] = {}  # ref -> its block table
@@ -35,6 +36,7 @@ class ScriptCollector:
     def add(self, rec: Step, view: StepView) -> None:
         scripts = self.scripts
         self.steps += 1
+        check_sampled_ids(rec, self.redacted)
         for a in rec.arrivals:
             scripts.append(RequestScript(a, rec.step))
         # Keyed by where the verification started: drafts proposed and then dropped (a
@@ -70,7 +72,7 @@ class ScriptCollector:
 
 def collect_scripts(reader: TraceReader) -> tuple[list[RequestScript], int]:
     """Read the whole trace into per-request scripts (by ref); also the number of steps."""
-    collector = ScriptCollector()
+    collector = ScriptCollector(reader.header.redacted)
     state = State.initial(reader.header)
     for rec in reader.steps():
         collector.add(rec, apply_with_view(state, rec))

@@ -37,7 +37,7 @@ from engine.records import Timing
 from recorder.reader import TraceReader
 from recorder.schema import Header
 from replays.costmodel import CostModel, fit_model, format_model, step_work
-from replays.resim_base import Checker, ResimError, config_for, recorder_for
+from replays.resim_base import Checker, ResimError, config_for, inputs_checked, recorder_for
 from replays.scripts import ScriptCollector, ScriptedRunner, scripted_engine
 from replays.timebase import (
     Observer,
@@ -125,7 +125,8 @@ def whatif(
     `check` compares each predicted step's decisions with the recording's (sweeps, which
     only want the metrics, skip it). `min_r2`: refuse a fitted model whose held-out R² is
     below it (WhatifError)."""
-    inputs = _inputs(path)
+    with inputs_checked(path):
+        inputs = _inputs(path)
     obs = inputs.obs
     if inputs.first_step != 0:
         raise WhatifError(
@@ -147,7 +148,8 @@ def whatif(
         )
     base, recorded = inputs.recorded(model)
     config = config_for(inputs.header.config, overrides or {})
-    predicted, differs = _TimedRun(inputs, config, model, base).run(out, check)
+    with inputs_checked(path):
+        predicted, differs = _TimedRun(inputs, config, model, base).run(out, check)
     return WhatifResult(
         str(path),
         config,
@@ -360,7 +362,7 @@ def _read_inputs(path: str, size: int, mtime_ns: int) -> _Inputs:
         header = reader.header
     # One pass: the scripts are built from the same reduced steps the observer reads
     # (a trace that starts mid-run has no scripts: what-if refuses it).
-    collector = ScriptCollector() if header.first_step == 0 else None
+    collector = ScriptCollector(header.redacted) if header.first_step == 0 else None
     obs, first_step = observe_trace(path, collector.add if collector else None)
     if collector is None:
         return _Inputs(path, header, obs, first_step, [], 0)
