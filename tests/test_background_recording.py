@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,23 @@ from recorder.recorder import Recorder
 from recorder.schema import End, Footer, Snapshot, Step
 from recorder.writer import MemoryWriter, TraceWriter
 from tests.helpers import record
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.001)
+
+
+def running(t: threading.Thread, fn: Callable[..., Any]) -> bool:
+    """Whether thread `t` is inside `fn` now."""
+    frame = sys._current_frames().get(t.ident or -1)
+    while frame is not None:
+        if frame.f_code is fn.__code__:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def masked(path: Path) -> list[bytes]:
@@ -172,8 +191,10 @@ def test_background_runs_jobs_in_order_and_bounds_the_queue() -> None:
 
     t = threading.Thread(target=more)
     t.start()
-    time.sleep(0.05)
-    assert t.is_alive()  # the eighth put waits for the queue to drain
+    # The eighth put waits for the queue to drain: wait until the thread is in drain()
+    # (not a sleep, after which it may not have run at all), then check it never returned.
+    wait_until(lambda: running(t, Background.drain), "the eighth put draining")
+    assert bg.pending == bg.max_queued and most == []
     gate.set()
     t.join(5)
     assert not t.is_alive()

@@ -287,7 +287,10 @@ def test_priorities_order_the_waiting_queue_under_the_priority_policy(tmp_path: 
         async with served(tmp_path / "t.trace", max_num_seqs=1, policy="priority") as (c, _):
             long = {"prompt": "a", "max_tokens": 200, "ignore_eos": True}
             first = asyncio.ensure_future(completion(c, long))
-            await asyncio.sleep(0.05)  # running before the others arrive
+            # Running before the others arrive (not a sleep: on a busy machine it may not be).
+            while metric((await c.get("/metrics")).text, "vllm:num_requests_running") < 1:
+                assert not first.done(), "the long request ended before it was seen running"
+                await asyncio.sleep(0.01)
             later = [
                 completion(c, {"prompt": f"p{p}", "max_tokens": 2, "priority": p})
                 for p in (5, 1, 3)

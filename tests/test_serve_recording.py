@@ -36,6 +36,7 @@ from replays.reducer import state_at
 from replays.stats import trace_stats
 from replays.timeline import Timeline
 from tests.model_support import write_tiny_gguf
+from tests.serve_support import metric
 from tests.tui_support import app_test, wait_until
 from tui.app import SchedtopApp
 from tui.cli import main
@@ -175,10 +176,24 @@ def wait_idle_flushed(server: Server, last_step: int, timeout: float = 20.0) -> 
     raise AssertionError(f"step {last_step} never reached {server.directory}")
 
 
+def wait_generated(server: Server, timeout: float = 60.0) -> None:
+    """Until the engine has sampled a token (its /metrics say so)."""
+    req = urllib.request.Request(
+        server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            if metric(resp.read().decode(), "vllm:generation_tokens_total") >= 1:
+                return
+        time.sleep(0.05)
+    raise AssertionError("no token generated")
+
+
 @app_test
 async def test_live_over_http_shows_the_load_and_matches_the_trace(server: Server) -> None:
     first = Load(server, 8, max_tokens=200, prompt_words=60)
-    time.sleep(1.0)  # the viewer attaches mid-run
+    wait_generated(server)  # the viewer attaches mid-run: after the first steps
     session, stream = open_remote_session(server.url, KEY)
     try:
         app = SchedtopApp(session)
@@ -256,7 +271,7 @@ def test_rotation_incident_and_kill_9(server: Server) -> None:
             tl.state(s)  # every step applies to the one before it
         assert info.last_step <= last
     # the server is idle: everything is flushed; kill -9 loses none of it
-    time.sleep(0.5)
+    wait_idle_flushed(server, last)
     server.proc.send_signal(signal.SIGKILL)
     server.proc.wait()
     with open_trace(server.directory) as r:

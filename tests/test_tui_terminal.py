@@ -61,6 +61,12 @@ class Tmux:
             time.sleep(0.1)
 
 
+def first_row(screen: str, step: int) -> list[str] | None:
+    """The incidents view's row of the preemption at `step`: victim and cause."""
+    rows = [line.replace("▶", " ").split() for line in screen.splitlines()]
+    return next((r[2:4] for r in rows if r[:2] == [str(step), "preempt"]), None)
+
+
 @pytest.fixture
 def tmux() -> Iterator[Tmux]:
     if shutil.which("tmux") is None:
@@ -99,8 +105,9 @@ def test_replay_in_a_real_terminal(tmux: Tmux, tmp_path: Path) -> None:
         command,
     )
     last = tl.last_step
-    screen = tmux.wait_for(lambda s: f"step 0 / {last}" in s, "step 0")
-    assert "PAUSED" in screen and "kv.trace" in screen
+    # Each wait is for everything the test then reads: the app draws in more than one
+    # frame, and the first capture with the step line may not have the rest yet.
+    tmux.wait_for(lambda s: f"step 0 / {last}" in s and "PAUSED" in s and "kv.trace" in s, "step 0")
     tmux("send-keys", "-t", "app", "Right")
     tmux.wait_for(lambda s: f"step 1 / {last}" in s, "step 1")
     tmux("send-keys", "-t", "app", "S-Right")
@@ -108,9 +115,14 @@ def test_replay_in_a_real_terminal(tmux: Tmux, tmp_path: Path) -> None:
     tmux("send-keys", "-t", "app", "b")
     tmux.wait_for(lambda s: "● preempt" in s, "the breakpoint")
     tmux("send-keys", "-t", "app", "Home", "n")
-    screen = tmux.wait_for(lambda s: f"step {preempted} / {last}" in s, "the preemption")
-    assert f"PREEMPT {victim.request_id} preempted" in screen
-    assert f"breakpoint hit at step {preempted}: preempt" in screen
+    tmux.wait_for(
+        lambda s: (
+            f"step {preempted} / {last}" in s
+            and f"PREEMPT {victim.request_id} preempted" in s
+            and f"breakpoint hit at step {preempted}: preempt" in s
+        ),
+        "the preemption, in the event log",
+    )
     tmux("send-keys", "-t", "app", "q")
     tmux.wait_for(lambda s: "PAUSED" not in s, "the app gone", may_end=True)
 
@@ -144,17 +156,29 @@ def test_first_preemption_victim_and_cause_from_the_incidents_view_at_80x24(
         command,
     )
     last = tl.last_step
-    screen = tmux.wait_for(lambda s: f"step 0 / {last}" in s, "step 0")
-    assert "? help" in screen.replace("  ", " ") and "q quit" in screen.replace("  ", " ")
+    tmux.wait_for(
+        lambda s: (
+            f"step 0 / {last}" in s
+            and "? help" in s.replace("  ", " ")
+            and "q quit" in s.replace("  ", " ")
+        ),
+        "step 0 and the key hints",
+    )
     tmux("send-keys", "-t", "app", "i")
-    screen = tmux.wait_for(lambda s: "25 preemptions in 586 steps" in s, "the incidents view")
-    rows = [line.replace("▶", " ").split() for line in screen.splitlines()]
-    first = next(r for r in rows if r[:2] == [str(step), "preempt"])
-    assert first[2:4] == [victim, cause]  # the victim, and for whom
+    screen = tmux.wait_for(
+        lambda s: "25 preemptions in 586 steps" in s and first_row(s, step) is not None,
+        "the incidents view with its first preemption",
+    )
+    assert first_row(screen, step) == [victim, cause]  # the victim, and for whom
     tmux("send-keys", "-t", "app", "Enter")
     why = "preempted itself (no KV)" if cause == "itself" else f"preempted for {cause}"
     # The preemption's step, the victim's row scrolled into view, saying why.
-    screen = tmux.wait_for(lambda s: f"step {step} / {last}" in s and why in s, "the victim")
-    assert any(victim in line and why in line for line in screen.splitlines())
+    tmux.wait_for(
+        lambda s: (
+            f"step {step} / {last}" in s
+            and any(victim in line and why in line for line in s.splitlines())
+        ),
+        "the victim",
+    )
     tmux("send-keys", "-t", "app", "q")
     tmux.wait_for(lambda s: "PAUSED" not in s, "the app gone", may_end=True)
