@@ -27,14 +27,6 @@ def step_limit(num_recorded: int) -> int:
     return 10 * num_recorded + 10_000
 
 
-class StepLimitError(ValueError):
-    """The run was still going at its step limit; callers say whose run it was."""
-
-    def __init__(self, step: int) -> None:
-        super().__init__(f"still running at step {step}")
-        self.step = step
-
-
 @dataclass
 class RequestScript:
     """Everything the inputs say about one request: how and when it arrives, what it
@@ -55,23 +47,6 @@ class RequestScript:
     @property
     def request_id(self) -> str:
         return self.arrival.request_id
-
-
-def request_of(a: Arrival, hasher: Any) -> Request:
-    """The request an arrival record describes (its sampling parameters were validated
-    when the record was read)."""
-    prompt = (
-        list(a.prompt_token_ids) if a.prompt_token_ids is not None else [0] * a.num_prompt_tokens
-    )
-    return Request(
-        a.request_id,
-        prompt,
-        a.sampling,
-        arrival_time=a.arrival_time,
-        priority=a.priority,
-        eos_token_id=a.eos_token_id,
-        block_hasher=hasher,
-    )
 
 
 class Inputs(Protocol):
@@ -155,12 +130,20 @@ class ScriptedInputs:
 
 class StepDriver(Generic[R]):
     """Adds each step's arrivals, then its aborts (a request can arrive and be aborted
-    before one step), steps the engine with the mid-step aborts, and yields its result."""
+    before one step), steps the engine with the mid-step aborts, and yields its result.
+    At step `limit` it raises what `stuck(step)` makes: the caller says whose run it was."""
 
-    def __init__(self, engine: DrivenEngine[R], inputs: Inputs, limit: int) -> None:
+    def __init__(
+        self,
+        engine: DrivenEngine[R],
+        inputs: Inputs,
+        limit: int,
+        stuck: Callable[[int], BaseException] = lambda step: ValueError(f"running at step {step}"),
+    ) -> None:
         self.engine = engine
         self.inputs = inputs
         self.limit = limit
+        self.stuck = stuck
         self.step = 0  # steps run
         self._live: dict[str, RequestScript] = {}  # request id -> the script now using it
 
@@ -168,7 +151,7 @@ class StepDriver(Generic[R]):
         engine, inputs = self.engine, self.inputs
         while not inputs.over(self.step, engine.has_unfinished()):
             if self.step >= self.limit:
-                raise StepLimitError(self.step)
+                raise self.stuck(self.step)
             for s in inputs.arrivals(self.step):
                 self._live[s.request_id] = s
                 engine.add(s)
@@ -206,7 +189,19 @@ class CoreEngine:
     def add(self, script: RequestScript) -> None:
         if self.on_add is not None:
             self.on_add(script)
-        self.engine.add_request(request_of(script.arrival, self.hasher(script)))
+        a = script.arrival  # its sampling parameters were validated when it was read
+        prompt = a.prompt_token_ids
+        self.engine.add_request(
+            Request(
+                a.request_id,
+                list(prompt) if prompt is not None else [0] * a.num_prompt_tokens,
+                a.sampling,
+                arrival_time=a.arrival_time,
+                priority=a.priority,
+                eos_token_id=a.eos_token_id,
+                block_hasher=self.hasher(script),
+            )
+        )
 
     def abort(self, script: RequestScript) -> None:
         self.engine.abort(script.request_id, script.abort_message)

@@ -10,7 +10,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
-from engine.driver import ScriptedInputs, StepDriver, StepLimitError, step_limit
+from engine.driver import ScriptedInputs, StepDriver, step_limit
 from recorder.multi import open_trace
 from recorder.reader import TraceReader
 from replays.resim_base import Checker, Divergence, ResimError, ResimResult, recorder_for
@@ -25,15 +25,18 @@ def run_scripted(
     runner = ScriptedRunner(config)
     engine = EngineCore(config, runner)
     driven = scripted_engine(engine, runner, reader.header.redacted)
-    driver = StepDriver(driven, ScriptedInputs(scripts), step_limit(num_recorded))
+    driver = StepDriver(
+        driven,
+        ScriptedInputs(scripts),
+        step_limit(num_recorded),
+        lambda step: ResimError(f"the re-simulation is still running at step {step}"),
+    )
     with open_trace(reader.path) as recorded:  # compared step by step as the run goes
         checker = Checker(recorded.steps())
         recorder = recorder_for(engine, reader.header, out, checker)
         try:
             for _ in driver.run():
                 pass
-        except StepLimitError as e:
-            raise ResimError(f"the re-simulation is still running at step {e.step}") from None
         finally:
             recorder.close()
     if checker.divergence is None and checker.steps < num_recorded:

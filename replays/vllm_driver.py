@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig, parse_setting
-from engine.driver import RequestScript, ScriptedInputs, StepDriver, StepLimitError, step_limit
+from engine.driver import RequestScript, ScriptedInputs, StepDriver, step_limit
 from recorder.reader import TraceReader
 from replays.scripts import collect_scripts
 
@@ -250,12 +250,11 @@ class Driver:
             self,
             ScriptedInputs(inputs.scripts, min_steps=inputs.num_steps),
             inputs.max_steps or step_limit(inputs.num_steps),
+            lambda step: SystemExit(f"still running at step {step}"),
         )
         try:
             for _ in driver.run():
                 pass
-        except StepLimitError as e:
-            raise SystemExit(f"still running at step {e.step}") from None
         finally:
             self.sched.shutdown()
         return driver.step

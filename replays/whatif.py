@@ -29,7 +29,6 @@ from engine.driver import (
     RequestScript,
     ScriptedInputs,
     StepDriver,
-    StepLimitError,
     step_limit,
 )
 from engine.outputs import ModelRunnerOutput, SchedulerOutput
@@ -272,12 +271,9 @@ class _TimedRun:
         # A simulated trace's driver steps through idle time (each empty step costs the
         # model's empty-step time).
         inputs = _TimedInputs(self.inputs.scripts, self.base, self.clock, not self.inputs.obs.timed)
-        driver = StepDriver(self, inputs, step_limit(self.inputs.num_steps))
-        try:
-            for _ in driver.run():
-                pass
-        except StepLimitError as e:
-            raise WhatifError(f"the predicted run is still going at step {e.step}") from None
+        limit = step_limit(self.inputs.num_steps)
+        for _ in StepDriver(self, inputs, limit, _stuck).run():
+            pass
 
     # -- the engine behind the driver: the scripted one, on the model's clock ---------------
 
@@ -297,6 +293,10 @@ class _TimedRun:
         self.runner.work = NO_WORK
         result = self.core.step(mid_step)
         self.obs.observe_explicit(result.report, self.clock.settle(), idle, self.runner.work)
+
+
+def _stuck(step: int) -> WhatifError:
+    return WhatifError(f"the predicted run is still going at step {step}")
 
 
 class _TimedInputs(ScriptedInputs):

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from engine.core import EngineCore, StepResult
-from engine.driver import CoreEngine, RequestScript, ScriptedInputs, StepDriver, StepLimitError
+from engine.driver import CoreEngine, RequestScript, ScriptedInputs, StepDriver
 from engine.events import NULL_SINK, EventSink
 from engine.kv.hashing import BlockHasher
 from engine.metrics import Lifecycle, Lifecycles, RunMetrics, run_metrics, step_clock
@@ -118,22 +118,18 @@ def run_steps(workload: SimWorkload, engine: EngineCore) -> Iterator[StepResult]
         CoreEngine(engine, lambda s: hasher, keep_finished=True),
         ScriptedInputs(scripts),
         workload.max_steps,
+        lambda step: WorkloadError(f"{workload.source}: still running at max_steps={step}"),
     )
     last_arrival = scripts[-1].arrival_step if scripts else -1
     idle = 0
-    try:
-        for result in driver.run():
-            idle = 0 if result.report.scheduled else idle + 1
-            if idle >= STALL_STEPS and driver.step > last_arrival:
-                raise WorkloadError(
-                    f"{workload.source}: nothing scheduled for {STALL_STEPS} steps "
-                    f"at step {driver.step}"
-                )
-            yield result
-    except StepLimitError:
-        raise WorkloadError(
-            f"{workload.source}: still running at max_steps={workload.max_steps}"
-        ) from None
+    for result in driver.run():
+        idle = 0 if result.report.scheduled else idle + 1
+        if idle >= STALL_STEPS and driver.step > last_arrival:
+            raise WorkloadError(
+                f"{workload.source}: nothing scheduled for {STALL_STEPS} steps "
+                f"at step {driver.step}"
+            )
+        yield result
 
 
 def simulate(
