@@ -23,10 +23,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.driver import ScriptedInputs, StepDriver, step_limit
 from recorder.multi import open_trace
-from replays.resim_base import Divergence, ResimError, ResimResult, config_for, inputs_checked
+from recorder.reader import TraceReader
+from replays.resim_base import (
+    Checker,
+    Divergence,
+    ResimError,
+    ResimResult,
+    config_for,
+    inputs_checked,
+    recorder_for,
+)
 from replays.resim_faithful import run_faithful
-from replays.resim_scripted import run_scripted
+from replays.scripts import ScriptedRunner, collect_scripts, scripted_engine
 
 __all__ = ["Divergence", "ResimError", "ResimResult", "resimulate"]
 
@@ -78,3 +90,38 @@ def _resimulate(
             if result.reproduced or max_steps is not None:
                 return result
         return run_scripted(reader, config, dict(overrides or {}), out)
+
+
+def run_scripted(
+    reader: TraceReader, config: EngineConfig, overrides: dict[str, Any], out: str | Path | None
+) -> ResimResult:
+    with open_trace(reader.path) as again:
+        scripts, num_recorded = collect_scripts(again)
+    runner = ScriptedRunner(config)
+    engine = EngineCore(config, runner)
+    driven = scripted_engine(engine, runner, reader.header.redacted)
+    driver = StepDriver(
+        driven,
+        ScriptedInputs(scripts),
+        step_limit(num_recorded),
+        lambda step: ResimError(f"the re-simulation is still running at step {step}"),
+    )
+    with open_trace(reader.path) as recorded:  # compared step by step as the run goes
+        checker = Checker(recorded.steps())
+        recorder = recorder_for(engine, reader.header, out, checker)
+        try:
+            for _ in driver.run():
+                pass
+        finally:
+            recorder.close()
+    if checker.divergence is None and checker.steps < num_recorded:
+        checker.divergence = Divergence(checker.steps, ("steps",), None, None)
+    return ResimResult(
+        config,
+        overrides,
+        num_recorded,
+        checker.steps,
+        checker.divergence,
+        Path(out) if out else None,
+        "scripted",
+    )

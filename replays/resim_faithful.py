@@ -25,19 +25,65 @@ from replays.resim_base import (
 )
 
 
-class _FaithfulRunner:
-    """Gives each scheduled request the tokens the trace says it sampled at this step.
+class _Recorded:
+    """The trace's step records, read once as the run goes, in the two roles the faithful
+    re-simulation has for them: the driver's inputs (step i's arrivals and aborts are
+    record i's, handed to the checker as the decisions to reproduce) and the runner (each
+    scheduled request gets the tokens record i says it sampled).
 
     Entries are matched by position in scheduling order: with the recorded config that
     order is the recorded one (and when it is not, the checker reports the step)."""
 
     model_description = ""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(
+        self, config: EngineConfig, records: Iterator[Step], checker: Checker, max_steps: int
+    ) -> None:
         self.k = config.num_speculative_tokens
         self.recorded_proposals = recorded_proposals(config)
+        self.records = records
+        self.next = next(records, None)
+        self.checker = checker
+        self.max_steps = max_steps
         self.record: Step | None = None  # this step's record
         self.refs: dict[str, int] = {}  # request id -> its latest ref
+        self.by_ref: dict[int, RequestScript] = {}
+
+    def arrivals(self, step: int) -> list[RequestScript]:
+        rec = self.next
+        assert rec is not None  # over() said there is one
+        self.next = next(self.records, None)
+        check_sampled_ids(rec, redacted=False)  # a redacted trace is re-simulated scripted
+        self.record = rec
+        self.checker.expect(rec)
+        scripts = []
+        for a in rec.arrivals:
+            self.refs[a.request_id] = a.ref
+            self.by_ref[a.ref] = s = RequestScript(a, rec.step)
+            scripts.append(s)
+        return scripts
+
+    def aborts(self, step: int, mid_step: bool) -> list[RequestScript]:
+        assert self.record is not None
+        due = []
+        for f in self.record.finishes:
+            s = self.by_ref.get(f.ref)
+            if (
+                s
+                and f.status == Status.FINISHED_ABORTED
+                and is_mid_step_abort(f.message) == mid_step
+            ):
+                s.abort_message = f.message
+                due.append(s)
+        return due
+
+    def over(self, step: int, busy: bool) -> bool:
+        # Requests still running when the trace ends are fine: a trace can stop mid-run
+        # (a crash, a cut); had the original finished them, its last records would say so.
+        return self.next is None or self.checker.divergence is not None or step >= self.max_steps
+
+    def skip_idle(self) -> bool:
+        return False
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         rec = self.record
@@ -82,72 +128,17 @@ class _FaithfulRunner:
         return out
 
 
-class _StreamedInputs:
-    """The trace's step records as the driver's inputs, read as the run goes: step i's
-    arrivals and aborts are record i's. Taking a step's arrivals also hands its record to
-    the runner (the samples) and the checker (the decisions to reproduce)."""
-
-    def __init__(
-        self, records: Iterator[Step], runner: _FaithfulRunner, checker: Checker, max_steps: int
-    ) -> None:
-        self.records = records
-        self.next = next(records, None)
-        self.runner = runner
-        self.checker = checker
-        self.max_steps = max_steps
-        self.by_ref: dict[int, RequestScript] = {}
-
-    def arrivals(self, step: int) -> list[RequestScript]:
-        rec = self.next
-        assert rec is not None  # over() said there is one
-        self.next = next(self.records, None)
-        check_sampled_ids(rec, redacted=False)  # a redacted trace is re-simulated scripted
-        self.runner.record = rec
-        self.checker.expect(rec)
-        scripts = []
-        for a in rec.arrivals:
-            self.runner.refs[a.request_id] = a.ref
-            self.by_ref[a.ref] = s = RequestScript(a, rec.step)
-            scripts.append(s)
-        return scripts
-
-    def aborts(self, step: int, mid_step: bool) -> list[RequestScript]:
-        rec = self.runner.record
-        assert rec is not None
-        due = []
-        for f in rec.finishes:
-            s = self.by_ref.get(f.ref)
-            if (
-                s
-                and f.status == Status.FINISHED_ABORTED
-                and is_mid_step_abort(f.message) == mid_step
-            ):
-                s.abort_message = f.message
-                due.append(s)
-        return due
-
-    def over(self, step: int, busy: bool) -> bool:
-        # Requests still running when the trace ends are fine: a trace can stop mid-run
-        # (a crash, a cut); had the original finished them, its last records would say so.
-        return self.next is None or self.checker.divergence is not None or step >= self.max_steps
-
-    def skip_idle(self) -> bool:
-        return False
-
-
 def run_faithful(
     reader: TraceReader, config: EngineConfig, out: str | Path | None, max_steps: int | None = None
 ) -> ResimResult:
-    runner = _FaithfulRunner(config)
-    engine = EngineCore(config, runner)
     checker = Checker()
+    limit = sys.maxsize if max_steps is None else max_steps
+    recorded = _Recorded(config, reader.steps(), checker, limit)
+    engine = EngineCore(config, recorded)
     recorder = recorder_for(engine, reader.header, out, checker)
     hasher = BlockHasher(config.block_size)
-    inputs = _StreamedInputs(
-        reader.steps(), runner, checker, sys.maxsize if max_steps is None else max_steps
-    )
     try:
-        for _ in StepDriver(CoreEngine(engine, lambda s: hasher), inputs, sys.maxsize).run():
+        for _ in StepDriver(CoreEngine(engine, lambda s: hasher), recorded, sys.maxsize).run():
             pass
     finally:
         recorder.close()
