@@ -25,12 +25,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
-from engine.driver import (
-    RequestScript,
-    ScriptedInputs,
-    StepDriver,
-    step_limit,
-)
+from engine.driver import RequestScript, ScriptedInputs, StepDriver, step_limit
 from engine.outputs import ModelRunnerOutput, SchedulerOutput
 from engine.records import Timing
 from recorder.reader import TraceReader
