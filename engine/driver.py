@@ -105,18 +105,22 @@ class ScriptedInputs:
         self.next = 0  # the next arrival
         self._next_abort = 0
 
+    # Both return () at once when nothing is due, as on most steps (aborts: twice a step).
     def arrivals(self, step: int) -> Sequence[RequestScript]:
-        now, start = self.now(step), self.next
-        while self.next < len(self.scripts) and self.arrive_at[self.next] <= now:
+        start, n = self.next, len(self.scripts)
+        if start >= n or self.arrive_at[start] > self.now(step):
+            return ()
+        now = self.now(step)
+        while self.next < n and self.arrive_at[self.next] <= now:
             self.next += 1
         return self.scripts[start : self.next]
 
-    def aborts(self, step: int, mid_step: bool) -> list[RequestScript]:
-        due: list[RequestScript] = []
-        aborts, key = self._aborts, (self.now(step), mid_step)
-        while not (mid_step and self.timed) and self._next_abort < len(aborts):
-            if aborts[self._next_abort][:2] > key:
-                break
+    def aborts(self, step: int, mid_step: bool) -> Sequence[RequestScript]:
+        aborts = self._aborts
+        if self._next_abort >= len(aborts) or (mid_step and self.timed):
+            return ()
+        due, key = [], (self.now(step), mid_step)
+        while self._next_abort < len(aborts) and aborts[self._next_abort][:2] <= key:
             due.append(self.scripts[aborts[self._next_abort][3]])
             self._next_abort += 1
         return due
