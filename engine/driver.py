@@ -57,7 +57,10 @@ class Inputs(Protocol):
 
     def aborts(self, step: int, mid_step: bool) -> Iterable[RequestScript]: ...
 
-    def over(self, step: int, busy: bool) -> bool: ...
+    def over(self, step: int, requests: bool, batches: bool) -> bool:
+        """Whether the run is over before `step`, with requests unfinished or not, and
+        batches in flight (async scheduling) or not."""
+        ...
 
     def skip_idle(self) -> bool:
         """With nothing to run after the arrivals and aborts: skip the step (the inputs
@@ -72,7 +75,9 @@ class DrivenEngine(Protocol[R_co]):
 
     def abort(self, script: RequestScript) -> None: ...
 
-    def has_unfinished(self) -> bool: ...
+    def unfinished(self) -> tuple[bool, bool]:
+        """Whether requests are unfinished, and whether batches are in flight."""
+        ...
 
     def step(self, mid_step: Callable[[], None] | None) -> R_co: ...
 
@@ -87,7 +92,6 @@ class ScriptedInputs:
         arrive_at: Sequence[int] | None = None,
         abort_at: dict[int, int] | None = None,
         now: Callable[[int], int] | None = None,
-        min_steps: int = 0,  # run at least this many steps (cover the recorded ones)
     ) -> None:
         self.scripts = scripts
         self.arrive_at = arrive_at if arrive_at is not None else [s.arrival_step for s in scripts]
@@ -101,7 +105,6 @@ class ScriptedInputs:
             for i, t in abort_at.items()
         )
         self.now = now or (lambda step: step)
-        self.min_steps = min_steps
         self.next = 0  # the next arrival
         self._next_abort = 0
 
@@ -125,8 +128,8 @@ class ScriptedInputs:
             self._next_abort += 1
         return due
 
-    def over(self, step: int, busy: bool) -> bool:
-        return self.next >= len(self.scripts) and step >= self.min_steps and not busy
+    def over(self, step: int, requests: bool, batches: bool) -> bool:
+        return self.next >= len(self.scripts) and not (requests or batches)
 
     def skip_idle(self) -> bool:
         return False
@@ -153,14 +156,14 @@ class StepDriver(Generic[R]):
 
     def run(self) -> Iterator[R]:
         engine, inputs = self.engine, self.inputs
-        while not inputs.over(self.step, engine.has_unfinished()):
+        while not inputs.over(self.step, *engine.unfinished()):
             if self.step >= self.limit:
                 raise self.stuck(self.step)
             for s in inputs.arrivals(self.step):
                 self._live[s.request_id] = s
                 engine.add(s)
             self._abort(False)
-            if not engine.has_unfinished() and inputs.skip_idle():
+            if not any(engine.unfinished()) and inputs.skip_idle():
                 continue
             yield engine.step(self._abort_mid_step)
             self.step += 1
@@ -210,8 +213,8 @@ class CoreEngine:
     def abort(self, script: RequestScript) -> None:
         self.engine.abort(script.request_id, script.abort_message)
 
-    def has_unfinished(self) -> bool:
-        return self.engine.has_unfinished()
+    def unfinished(self) -> tuple[bool, bool]:
+        return self.engine.scheduler.has_unfinished(), bool(self.engine.batches)
 
     def step(self, mid_step: Callable[[], None] | None) -> StepResult:
         result = self.engine.step(mid_step)

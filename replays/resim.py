@@ -25,7 +25,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
-from engine.driver import ScriptedInputs, StepDriver, step_limit
+from engine.driver import StepDriver, step_limit
 from recorder.multi import open_trace
 from recorder.reader import TraceReader
 from replays.resim_base import (
@@ -38,7 +38,7 @@ from replays.resim_base import (
     recorder_for,
 )
 from replays.resim_faithful import run_faithful
-from replays.scripts import ScriptedRunner, collect_scripts, scripted_engine
+from replays.scripts import RecordedInputs, ScriptedRunner, collect_scripts, scripted_engine
 
 __all__ = ["Divergence", "ResimError", "ResimResult", "resimulate"]
 
@@ -102,7 +102,9 @@ def run_scripted(
     driven = scripted_engine(engine, runner, reader.header.redacted)
     driver = StepDriver(
         driven,
-        ScriptedInputs(scripts),
+        # A check of a recording that ended before its run (killed, or stopped by the
+        # recorder) ends where it does; a what-if run goes on to finish its requests.
+        RecordedInputs(scripts, num_recorded, reader.footer, overrides),
         step_limit(num_recorded),
         lambda step: ResimError(f"the re-simulation is still running at step {step}"),
     )

@@ -77,7 +77,7 @@ class _Recorded:
                 due.append(s)
         return due
 
-    def over(self, step: int, busy: bool) -> bool:
+    def over(self, step: int, requests: bool, batches: bool) -> bool:
         # Requests still running when the trace ends are fine: a trace can stop mid-run
         # (a crash, a cut); had the original finished them, its last records would say so.
         return self.next is None or self.checker.divergence is not None or step >= self.max_steps

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from typing import Any
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
-from engine.driver import CoreEngine, RequestScript
+from engine.driver import CoreEngine, RequestScript, ScriptedInputs
 from engine.kv.hashing import ROOT_HASH, BlockHasher
 from engine.request import Request
 from engine.sim.runner import SimRunner
 from recorder.reader import TraceReader
-from recorder.schema import KVKind, Status, Step
+from recorder.schema import Footer, KVKind, Status, Step
 from replays.reducer import StepView, apply_with_view
 from replays.resim_base import check_sampled_ids, is_mid_step_abort, recorded_proposals
+from replays.run_end import run_is_over
 from replays.state import State
 
 
@@ -159,3 +161,32 @@ def scripted_engine(engine: EngineCore, runner: ScriptedRunner, redacted: bool) 
         return RecordedHasher(plain.block_size, s, s.arrival.ref) if redacted else plain
 
     return CoreEngine(engine, hasher, add)
+
+
+class RecordedInputs(ScriptedInputs):
+    """Scripts at their recorded steps, in a run that ends where the recording ended its
+    own (replays.run_end): batches in flight drained only as far as it did, and a
+    recording that ended early (`footer` None: killed; or stopped) followed only that far,
+    unless `overrides` make it a what-if. `num_recorded` None: a workload, no recording;
+    `run_to`: a step the run reaches even with nothing left to do (vLLM's driver covers
+    every recorded step)."""
+
+    def __init__(
+        self,
+        scripts: list[RequestScript],
+        num_recorded: int | None,
+        footer: Footer | None = None,
+        overrides: dict[str, Any] | None = None,
+        run_to: int = -1,
+    ) -> None:
+        super().__init__(scripts)
+        self.last_input_step = max(scripts[-1].arrival_step if scripts else -1, run_to)
+        self.num_recorded = num_recorded
+        self.ended_early = (
+            num_recorded is not None and not overrides and (footer is None or bool(footer.stopped))
+        )
+
+    def over(self, step: int, requests: bool, batches: bool) -> bool:
+        return run_is_over(
+            step, self.last_input_step, self.num_recorded, requests, batches, self.ended_early
+        )

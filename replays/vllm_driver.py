@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig, parse_setting
-from engine.driver import RequestScript, ScriptedInputs, StepDriver, step_limit
+from engine.driver import RequestScript, StepDriver, step_limit
 from recorder.reader import TraceReader
-from replays.scripts import collect_scripts
+from recorder.schema import Footer
+from replays.scripts import RecordedInputs, collect_scripts
 
 _TINY_MODEL = {
     "architectures": ["LlamaForCausalLM"],
@@ -51,6 +52,8 @@ class Inputs:
     config: EngineConfig  # the scheduler config
     scripts: list[RequestScript] = field(default_factory=list)  # in arrival order
     num_steps: int = 0  # recorded steps (0: run until done)
+    footer: Footer | None = None  # the recording's (None: killed, or a workload)
+    overrides: dict[str, Any] = field(default_factory=dict)  # --set: a what-if
     max_steps: int = 0  # give up here (0: the step limit for num_steps)
 
 
@@ -135,7 +138,8 @@ def inputs_from_trace(path: str | Path, overrides: dict[str, Any]) -> Inputs:
         except ValueError as e:
             raise SystemExit(f"config: {e}") from None
         scripts, steps = collect_scripts(reader)
-    return Inputs(config, scripts, steps)
+        footer = reader.footer
+    return Inputs(config, scripts, steps, footer, overrides)
 
 
 def inputs_from_workload(path: str | Path) -> Inputs:
@@ -234,8 +238,8 @@ class Driver:
         if s.request_id in self.sched.requests:
             self.sched.finish_requests([s.request_id], RequestStatus.FINISHED_ABORTED)
 
-    def has_unfinished(self) -> bool:
-        return bool(self.sched.has_unfinished_requests() or self.batches)
+    def unfinished(self) -> tuple[bool, bool]:
+        return self.sched.has_unfinished_requests(), bool(self.batches)
 
     def step(self, mid_step: Callable[[], None] | None) -> None:
         if self.inputs.config.async_scheduling:
@@ -248,7 +252,13 @@ class Driver:
         inputs = self.inputs
         driver = StepDriver(
             self,
-            ScriptedInputs(inputs.scripts, min_steps=inputs.num_steps),
+            RecordedInputs(
+                inputs.scripts,
+                inputs.num_steps or None,
+                inputs.footer,
+                inputs.overrides,
+                run_to=inputs.num_steps - 1,
+            ),
             inputs.max_steps or step_limit(inputs.num_steps),
             lambda step: SystemExit(f"still running at step {step}"),
         )

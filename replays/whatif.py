@@ -279,8 +279,8 @@ class _TimedRun:
         # No message: it would say when the recorded abort came, not this one.
         self.engine.abort(script.request_id)
 
-    def has_unfinished(self) -> bool:
-        return self.engine.has_unfinished()
+    def unfinished(self) -> tuple[bool, bool]:
+        return self.engine.scheduler.has_unfinished(), bool(self.engine.batches)
 
     def step(self, mid_step: Callable[[], None] | None) -> None:
         idle = not self.engine.has_unfinished()
