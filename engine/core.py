@@ -13,6 +13,7 @@ from engine.events import NULL_SINK, EventSink
 from engine.outputs import ModelRunnerOutput, SchedulerOutput
 from engine.records import Sample, Scheduled, Snapshot, Step, ns
 from engine.request import Request
+from engine.rules import layout_samples
 from engine.scheduler import Outcome, Scheduler
 from engine.state import snapshot
 from engine.stats import Admitted, EngineStats, StepStats
@@ -264,10 +265,4 @@ def _regroup(
         if count:
             by_ref[refs[rid]] = tuple(tokens[at : at + count])
             at += count
-    per_entry = [by_ref.pop(e.ref, ()) for e in scheduled]
-    flat = tuple(t for toks in per_entry for t in toks)
-    others = tuple(Sample(ref, len(toks), toks) for ref, toks in by_ref.items())
-    entry_counts = tuple(map(len, per_entry))
-    if not others and all(c == 1 for c in entry_counts):
-        return None, flat, ()
-    return entry_counts, flat, others
+    return layout_samples([e.ref for e in scheduled], by_ref)

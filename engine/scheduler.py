@@ -31,6 +31,16 @@ from engine.records import (
     SpecProposed,
 )
 from engine.request import Request, RequestStatus
+from engine.rules import (
+    admission_failure,
+    cut_short,
+    entry_kind,
+    long_prefill_cap,
+    one_each,
+    queue_stop,
+    running_kv_stop,
+    waiting_limit,
+)
 
 _REF = attrgetter("ref")
 PLACEHOLDER = -1  # a padding draft: never a token, so always rejected
@@ -247,15 +257,17 @@ class Scheduler:
     def schedule(self) -> tuple[SchedulerOutput, Decisions]:
         """Decide this step. Returns the runner's input and the decisions to report."""
         cfg = self.config
-        num_eligible = len(self.running) + len(self.waiting)
-        threshold = cfg.long_prefill_token_threshold if num_eligible > 1 else 0
-        if threshold and cfg.long_prefill_token_threshold_adaptive:
-            threshold = max(threshold, cfg.max_num_batched_tokens // num_eligible)
+        threshold = long_prefill_cap(
+            cfg.long_prefill_token_threshold,
+            cfg.long_prefill_token_threshold_adaptive,
+            cfg.max_num_batched_tokens,
+            len(self.running) + len(self.waiting),
+        )
         p = _Pass(budget=cfg.max_num_batched_tokens, threshold=threshold)
         self._schedule_running(p)
         if p.preempted:
             if self.waiting:
-                p.waiting_stop = QueueStop(Reason.PREEMPTION, Reason.PREEMPTION)
+                p.waiting_stop = queue_stop(Reason.PREEMPTION)
         else:
             self._schedule_waiting(p)
         return self._make_output(p)
@@ -275,7 +287,7 @@ class Scheduler:
         while p.cursor < len(running):
             budget = p.budget
             if budget <= 0:
-                p.running_stop = QueueStop(Reason.TOKEN_BUDGET, Reason.TOKEN_BUDGET)
+                p.running_stop = queue_stop(Reason.TOKEN_BUDGET)
                 return
             req = running[p.cursor]
             computed = req.num_computed_tokens
@@ -285,13 +297,10 @@ class Scheduler:
                     p.cursor += 1  # its last token is in flight: nothing more to schedule
                     continue
                 n = wanted = wanted + req.num_output_placeholders
-            reason = None
-            if 0 < threshold < n:
-                n, reason = threshold, Reason.LONG_PREFILL_THRESHOLD
-            if n > budget:
-                n, reason = budget, Reason.TOKEN_BUDGET
-            if n > last_position - computed:
-                n, reason = last_position - computed, Reason.MAX_MODEL_LEN
+            if n > 1 or computed >= last_position:
+                n, reason = cut_short(n, threshold, budget, last_position - computed)
+            else:  # a decode: no cap cuts one token (budget > 0 here, a threshold is >= 1)
+                reason = None
             if n <= 0:
                 p.shortfalls.append(Shortfall(req.ref, wanted, 0, Reason.MAX_MODEL_LEN))
                 p.cursor += 1
@@ -302,7 +311,7 @@ class Scheduler:
                 if blocks is None:
                     if self.policy == "priority":
                         continue  # it preempted itself; the cursor already points at the next
-                    p.running_stop = QueueStop(Reason.KV_BLOCKS, Reason.KV_BLOCKS)
+                    p.running_stop = running_kv_stop()
                     return
             p.cursor += 1
             rid = req.request_id
@@ -372,11 +381,9 @@ class Scheduler:
         waiting = self.waiting
         skipped: list[Request] = []
         while waiting:
-            if p.budget <= 0:
-                p.waiting_stop = QueueStop(Reason.TOKEN_BUDGET, Reason.TOKEN_BUDGET)
-                break
-            if len(self.running) >= self.max_num_running:
-                p.waiting_stop = QueueStop(Reason.MAX_NUM_SEQS, Reason.MAX_NUM_SEQS)
+            limit = waiting_limit(p.budget, len(self.running), self.max_num_running)
+            if limit is not None:
+                p.waiting_stop = queue_stop(limit)
                 break
             req = waiting.peek()
             if req.num_stale_output_tokens:
@@ -405,19 +412,16 @@ class Scheduler:
         wanted = req.num_tokens - num_hits
         pad = self._decode_padding(wanted, num_hits, p)
         if pad and 1 + pad > p.budget:
-            p.waiting_stop = QueueStop(Reason.TOKEN_BUDGET, Reason.TOKEN_BUDGET)
+            p.waiting_stop = queue_stop(Reason.TOKEN_BUDGET)
             return False
         if 0 < p.threshold < wanted + pad:
             pad = 0  # vLLM asserts that a padded entry keeps every row; never cut one
-        if 0 < p.threshold < wanted:
-            n, reason = p.threshold, Reason.LONG_PREFILL_THRESHOLD
-        else:
-            n, reason = wanted + pad, None
-        if not self.config.enable_chunked_prefill and n > p.budget:
-            p.waiting_stop = QueueStop(Reason.NO_CHUNKING, Reason.HEAD_OF_LINE)
+        # A prompt is shorter than max_model_len (add_request), so only the cap and the
+        # budget can cut it; a padded entry fits both (checked above).
+        n, reason = cut_short(wanted + pad, p.threshold, p.budget, wanted + pad)
+        if reason is Reason.TOKEN_BUDGET and not self.config.enable_chunked_prefill:
+            p.waiting_stop = queue_stop(Reason.NO_CHUNKING)
             return False
-        if n > p.budget:
-            n, reason = p.budget, Reason.TOKEN_BUDGET
         blocks = self.kv.allocate_slots(
             req,
             n,
@@ -429,7 +433,7 @@ class Scheduler:
         )
         if blocks is None:
             head = self._admission_failure(req, n, num_hits, hits)
-            p.waiting_stop = QueueStop(head, Reason.HEAD_OF_LINE)
+            p.waiting_stop = queue_stop(head)
             return False
         self.waiting.pop()
         self.running.append(req)
@@ -473,15 +477,13 @@ class Scheduler:
         self, req: Request, n: int, num_hits: int, hits: list[KVBlock]
     ) -> Reason:
         """Which of the three admission tests failed (K3, K6, S8)."""
-        free = self.kv.num_free_blocks
-        slots = min(num_hits + n + self.num_lookahead_tokens, self.max_model_len)
-        if self.kv.blocks_needed(req, slots, hits) > free:
-            return Reason.KV_BLOCKS
-        if self.config.scheduler_reserve_full_isl:
-            full = min(req.num_tokens, self.max_model_len)
-            if self.kv.blocks_needed(req, full, hits) > free:
-                return Reason.FULL_PROMPT
-        return Reason.WATERMARK
+        max_len = self.max_model_len
+        return admission_failure(
+            lambda slots: self.kv.blocks_needed(req, slots, hits),
+            self.kv.num_free_blocks,
+            min(num_hits + n + self.num_lookahead_tokens, max_len),
+            min(req.num_tokens, max_len) if self.config.scheduler_reserve_full_isl else None,
+        )
 
     # -- output ------------------------------------------------------------------------------
 
@@ -545,19 +547,9 @@ class Scheduler:
         for rid, n in p.num_scheduled.items():
             req = requests[rid]
             before = req.num_computed_tokens
-            if spec and rid in spec:
-                num_spec = len(spec[rid])
-                kind = Kind.SPEC
-            else:
-                num_spec = 0
-                if before + n < len(req.all_token_ids) + req.num_output_placeholders:
-                    kind = Kind.CHUNK
-                elif n == 1 and req.output_token_ids:
-                    # (Async: a request's first decode, its first sample still in flight,
-                    # counts as PREFILL: a DECODE entry's request already has tokens.)
-                    kind = Kind.DECODE
-                else:
-                    kind = Kind.PREFILL
+            num_spec = len(spec[rid]) if spec and rid in spec else 0
+            chunk = before + n < len(req.all_token_ids) + req.num_output_placeholders
+            kind = entry_kind(n, chunk, req.output_token_ids, num_spec)
             append(Scheduled(req.ref, n, kind, before, num_spec))
             req.num_computed_tokens = before + n
             req.prefill_chunk = kind is Kind.CHUNK
@@ -647,7 +639,7 @@ class Scheduler:
         if result.req_ids != list(entries):  # the runner reordered, or ran nothing
             by_id = dict(zip(result.req_ids, counts))
             counts = [by_id.get(rid, 0) for rid in entries]
-        if total == len(counts) and 0 not in counts:
+        if one_each(counts, total, len(counts)):
             return None
         return tuple(counts)
 

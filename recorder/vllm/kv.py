@@ -25,6 +25,7 @@ from engine.config import EngineConfig
 from engine.kv.events import KVEventKind, KVEventLog
 from engine.kv.hashing import ROOT_HASH, hash_block
 from engine.records import Reason
+from engine.rules import admission_failure
 from recorder.vllm.lazyhash import LazyHash, short, whole
 
 # Outside schedule(); schedule() tapped per allocation; or not; recording has stopped; or
@@ -485,14 +486,13 @@ class KVTaps:
             return fresh + sum(1 for b in hit_blocks if b.ref_cnt == 0)
 
         max_len = self.config.max_model_len
-        if needed(min(num_hits + n, max_len)) > free:
-            return Reason.KV_BLOCKS
-        if (
-            self.config.scheduler_reserve_full_isl
-            and needed(min(request.num_tokens, max_len)) > free
-        ):
-            return Reason.FULL_PROMPT
-        return Reason.WATERMARK
+        full = self.config.scheduler_reserve_full_isl
+        return admission_failure(
+            needed,
+            free,
+            min(num_hits + n, max_len),
+            min(request.num_tokens, max_len) if full else None,
+        )
 
     def on_reset_prefix_cache(self) -> None:
         """Every cached hash is dropped: EVICTED for each, as the reducer expects."""

@@ -39,6 +39,16 @@ from engine.records import (
     Step,
     ns,
 )
+from engine.rules import (
+    cut_short,
+    entry_kind,
+    layout_samples,
+    long_prefill_cap,
+    one_each,
+    queue_stop,
+    running_kv_stop,
+    waiting_limit,
+)
 from recorder.recorder import Recorder
 from recorder.vllm.checks import (
     UnsupportedVllm,
@@ -78,6 +88,7 @@ _OUTPUT_IDS = attrgetter("_output_token_ids")
 _NEW_TOKENS = attrgetter("new_token_ids")
 _BLOCK_ID = attrgetter("block_id")
 _RID = attrgetter("request_id")
+_REF = attrgetter("ref")
 
 
 class _Facade:
@@ -284,10 +295,7 @@ class Tap(KVTaps):
 
     def _short_of(self, wanted: int, budget: int) -> Reason | None:
         """Why an admitted request got fewer tokens than it wanted (None: it did not)."""
-        threshold = self.threshold
-        if 0 < threshold < wanted:
-            return Reason.TOKEN_BUDGET if threshold > budget else Reason.LONG_PREFILL_THRESHOLD
-        return Reason.TOKEN_BUDGET if wanted > budget else None
+        return cut_short(wanted, self.threshold, budget, wanted)[1]
 
     def _settle(self, step: _Step, out: Any) -> None:
         """MIXED: the running pass's tokens, now that the SchedulerOutput tells them (all
@@ -313,13 +321,8 @@ class Tap(KVTaps):
         wanted = request.num_tokens_with_spec + request.num_output_placeholders - computed
         if n == wanted:
             return (request.request_id, wanted, None)
-        m, reason = wanted, None
-        if 0 < self.threshold < m:
-            m, reason = self.threshold, Reason.LONG_PREFILL_THRESHOLD
-        if m > step.budget:
-            m, reason = step.budget, Reason.TOKEN_BUDGET
-        if m > self.config.max_model_len - 1 - computed:
-            reason = Reason.MAX_MODEL_LEN
+        room = self.config.max_model_len - 1 - computed
+        _, reason = cut_short(wanted, self.threshold, step.budget, room)
         return (request.request_id, wanted, reason)
 
     def on_preempt(self, victim: Any) -> None:
@@ -446,12 +449,13 @@ class Tap(KVTaps):
             self.end_step(0)  # the previous step had no update (async queue filling)
         sched = self.sched
         running = list(sched.running)
-        num_eligible = len(running) + len(sched.waiting)
         cfg = self.config
-        threshold = cfg.long_prefill_token_threshold if num_eligible > 1 else 0
-        if threshold and cfg.long_prefill_token_threshold_adaptive:
-            threshold = max(threshold, cfg.max_num_batched_tokens // num_eligible)
-        self.threshold = threshold
+        self.threshold = long_prefill_cap(
+            cfg.long_prefill_token_threshold,
+            cfg.long_prefill_token_threshold_adaptive,
+            cfg.max_num_batched_tokens,
+            len(running) + len(sched.waiting),
+        )
         self.step = _Step(self.next_step, cfg.max_num_batched_tokens, running)
         self.set_mode(self.pass_mode(running))
         self.lean_order.clear()
@@ -527,15 +531,9 @@ class Tap(KVTaps):
         refs = self.refs
         entries: list[Scheduled] = []
         append = entries.append
-        chunk, decode, prefill = Kind.CHUNK, Kind.DECODE, Kind.PREFILL
         for rid, n in scheduled:
             req = requests[rid]
-            if req.is_prefill_chunk:
-                kind = chunk
-            elif n == 1 and req.output_token_ids:  # as schedtop labels it
-                kind = decode
-            else:
-                kind = prefill
+            kind = entry_kind(n, req.is_prefill_chunk, req.output_token_ids)
             append(Scheduled(refs[rid], n, kind, req.num_computed_tokens - n))
         return tuple(entries)
 
@@ -584,35 +582,34 @@ class Tap(KVTaps):
     def _running_stop(self, step: _Step) -> QueueStop | None:
         fcfs = self.config.policy == "fcfs"
         if fcfs and step.preemptions and any(p.victim == p.for_request for p in step.preemptions):
-            return QueueStop(Reason.KV_BLOCKS, Reason.KV_BLOCKS)
+            return running_kv_stop()
         if self.config.max_num_batched_tokens - step.run_used > 0:
             return None
         before = {r.request_id for r in step.pre_running}
         still = [r.request_id for r in self.sched.running if r.request_id in before]
         last = max((i for i, rid in enumerate(still) if rid in step.scheduled), default=-1)
         if last < len(still) - 1:
-            return QueueStop(Reason.TOKEN_BUDGET, Reason.TOKEN_BUDGET)
+            return queue_stop(Reason.TOKEN_BUDGET)
         return None
 
     def _waiting_stop(self, step: _Step) -> QueueStop | None:
         sched = self.sched
         if step.preemptions:
-            return QueueStop(Reason.PREEMPTION, Reason.PREEMPTION) if sched.waiting else None
+            return queue_stop(Reason.PREEMPTION) if sched.waiting else None
         if not sched.waiting:
             return None
         left = any(not r.num_stale_output_tokens for r in sched.waiting)
         if not left:
             return None
         if step.wait_fail is not None:
-            return QueueStop(step.wait_fail, Reason.HEAD_OF_LINE)
-        if step.budget <= 0:
-            return QueueStop(Reason.TOKEN_BUDGET, Reason.TOKEN_BUDGET)
-        limit = self.config.max_num_active_seqs or self.config.max_num_seqs
-        if len(sched.running) >= limit:
-            return QueueStop(Reason.MAX_NUM_SEQS, Reason.MAX_NUM_SEQS)
-        if not self.config.enable_chunked_prefill:
-            return QueueStop(Reason.NO_CHUNKING, Reason.HEAD_OF_LINE)
-        return None
+            return queue_stop(step.wait_fail)
+        cfg = self.config
+        limit = waiting_limit(
+            step.budget, len(sched.running), cfg.max_num_active_seqs or cfg.max_num_seqs
+        )
+        if limit is None and not cfg.enable_chunked_prefill:
+            limit = Reason.NO_CHUNKING
+        return None if limit is None else queue_stop(limit)
 
     def after_update(self, batch: Any, outputs: Any, seconds: float) -> None:
         """The samples and finishes of an executed batch (this step's, or with async
@@ -823,22 +820,15 @@ def _layout(
     others'): per-entry counts (None: one each), the tokens in entry order, and samples
     of requests without an entry (async: the previous batch's, of a request not
     scheduled again). `decode_tokens`: the decodes' one token each, read already."""
-    num_entries = len(decode_refs) + len(entries)
-    if not samples and decode_tokens is None:
-        return ((0,) * num_entries if num_entries else None), (), ()
+    if decode_tokens is None:
+        return layout_samples(chain(decode_refs, map(_REF, entries)), samples)
+    # The implicit decodes' tokens are read already, one each: only the rest is laid out.
     pop = samples.pop
     rest = [pop(e.ref, ()) for e in entries]
-    if decode_tokens is not None:
-        flat = decode_tokens + tuple(chain.from_iterable(rest))
-        others = tuple(Sample(ref, len(toks), toks) for ref, toks in samples.items())
-        if not others and len(flat) == num_entries and () not in rest:
-            return None, flat, ()
-        return (*repeat(1, len(decode_tokens)), *map(len, rest)), flat, others
-    per_entry = [*map(pop, decode_refs, repeat((), len(decode_refs))), *rest]
-    flat = tuple(chain.from_iterable(per_entry))
+    flat = decode_tokens + tuple(chain.from_iterable(rest))
     others = tuple(Sample(ref, len(toks), toks) for ref, toks in samples.items())
-    counts = tuple(map(len, per_entry))
-    if not others and len(flat) == len(counts) and 0 not in counts:
+    counts = (*repeat(1, len(decode_tokens)), *map(len, rest))
+    if not others and one_each(counts, len(flat), len(counts)):
         return None, flat, ()
     return counts, flat, others
 
