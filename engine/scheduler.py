@@ -544,6 +544,7 @@ class Scheduler:
         append = scheduled.append
         requests = self.requests
         spec = p.spec_tokens
+        chunk_kind = Kind.CHUNK
         for rid, n in p.num_scheduled.items():
             req = requests[rid]
             before = req.num_computed_tokens
@@ -552,7 +553,7 @@ class Scheduler:
             kind = entry_kind(n, chunk, req.output_token_ids, num_spec)
             append(Scheduled(req.ref, n, kind, before, num_spec))
             req.num_computed_tokens = before + n
-            req.prefill_chunk = kind is Kind.CHUNK
+            req.prefill_chunk = kind is chunk_kind
         return scheduled
 
     def _count_in_flight(self, p: _Pass) -> None:
