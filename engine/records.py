@@ -249,6 +249,11 @@ class Finish:
     message: str = ""  # for FINISHED_ERROR: what was wrong
 
 
+# Finish.message of an abort that came between schedule() and the update (vLLM's engine
+# core applies aborts there): re-simulation aborts the request at the same point.
+MID_STEP_ABORT = "aborted after schedule"
+
+
 @dataclass(frozen=True, slots=True)
 class Sample:
     """Tokens sampled by a request that has no scheduled entry this step."""

@@ -14,10 +14,10 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.errors import UserError
+from engine.records import MID_STEP_ABORT
 from recorder.errors import TraceError
 from recorder.recorder import Recorder
 from recorder.schema import Header, Step
-from recorder.vllm import MID_STEP_ABORT
 from recorder.writer import NullWriter, TraceWriter
 from replays.diff import differing_fields
 

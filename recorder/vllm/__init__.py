@@ -43,10 +43,9 @@ from recorder.vllm.checks import (
     setup_problems,
 )
 from recorder.vllm.scheduler import RecordingMixin, RecordingScheduler, compose
-from recorder.vllm.tap import MID_STEP_ABORT, Tap
+from recorder.vllm.tap import Tap
 
 __all__ = [
-    "MID_STEP_ABORT",
     "SUPPORTED_VERSIONS",
     "RecordingMixin",
     "RecordingScheduler",

@@ -21,6 +21,7 @@ from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.events import NULL_SINK
 from engine.records import (
+    MID_STEP_ABORT,
     Admission,
     Arrival,
     Finish,
@@ -63,7 +64,6 @@ from recorder.writer import TraceWriter
 
 log = logging.getLogger("schedtop.recorder.vllm")
 
-MID_STEP_ABORT = "aborted after schedule"  # Finish.message of an abort between schedule and update
 # Snapshot placement inside vLLM: by cost, snapshots taking at most this share of vLLM's
 # own schedule + update time, and at most this many steps apart.
 SNAPSHOT_BUDGET = 0.0025
