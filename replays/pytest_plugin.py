@@ -4,10 +4,12 @@
     pytest --schedtop-traces incidents/ --schedtop-engine vllm
     pytest --schedtop-traces incidents/ --schedtop-set max_num_seqs=64
 
-A test asks for the `schedtop_resim` fixture and calls it; each trace in the directory
-is re-simulated (with today's scheduler, or the installed vLLM's with `--schedtop-engine
-vllm`), and the test fails at the first trace whose decisions differ, with the message
-`schedtop diff` would print. Installed as a `pytest11` entry point, so any project that
+A test asks for the `schedtop_resim` fixture and calls it. With `--schedtop-traces DIR`
+such a test runs once per trace in the directory (its id is the file name, so one
+incident's failure hides no other's); each call re-simulates that trace (with today's
+scheduler, or the installed vLLM's with `--schedtop-engine vllm`) and fails if its
+decisions differ, with the message `schedtop diff` would print. A bad `--schedtop-set`
+is a usage error before anything runs. Installed as a `pytest11` entry point, so any project that
 installs schedtop can use it; without the package installed, `-p replays.pytest_plugin`.
 """
 
@@ -22,6 +24,7 @@ from typing import Any
 import pytest
 
 ENGINES = ("schedtop", "vllm")
+_OVERRIDES = pytest.StashKey[dict[str, Any]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -45,6 +48,42 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=[],
         help="re-simulate with this config change (repeatable): any decision it alters fails",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Parse --schedtop-set once, up front: a typo is a usage error, not a traceback in
+    every test that asks for the fixture."""
+    from engine.config import parse_setting
+
+    overrides: dict[str, Any] = {}
+    for text in config.getoption("--schedtop-set", default=None) or ():
+        try:
+            key, value = parse_setting(text)
+        except ValueError as e:
+            raise pytest.UsageError(f"--schedtop-set {text!r}: {e}") from None
+        overrides[key] = value
+    config.stash[_OVERRIDES] = overrides
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """One test per trace of --schedtop-traces DIR, named by the file, for every test that
+    uses `schedtop_resim`. A missing or empty directory is left to the fixture's call,
+    which fails saying so."""
+    if "schedtop_resim" not in metafunc.fixturenames:
+        return
+    given = metafunc.config.getoption("--schedtop-traces")
+    root = Path(given) if given else None
+    if root is None or not root.is_dir():
+        return
+    found = sorted(root.glob("*.trace"))
+    if found:
+        metafunc.parametrize("_schedtop_trace", found, ids=[p.name for p in found])
+
+
+@pytest.fixture
+def _schedtop_trace(request: pytest.FixtureRequest) -> Path | None:
+    """The trace this test instance checks (parametrized above); None when unparametrized."""
+    return getattr(request, "param", None)
 
 
 @dataclass
@@ -132,16 +171,11 @@ class _scratch:
 
 
 @pytest.fixture
-def schedtop_resim(request: pytest.FixtureRequest) -> Iterator[ResimCheck]:
+def schedtop_resim(
+    request: pytest.FixtureRequest, _schedtop_trace: Path | None
+) -> Iterator[ResimCheck]:
     """Re-simulates recorded traces; see the module's docstring."""
-    from engine.sim.api import parse_settings
-
     cfg = request.config
-    traces = cfg.getoption("--schedtop-traces")
-    try:
-        overrides = parse_settings(tuple(cfg.getoption("--schedtop-set")))
-    except ValueError as e:
-        raise pytest.UsageError(f"--schedtop-set: {e}") from None
-    yield ResimCheck(
-        Path(traces) if traces else None, cfg.getoption("--schedtop-engine"), overrides
-    )
+    given = cfg.getoption("--schedtop-traces")
+    traces = _schedtop_trace or (Path(given) if given else None)
+    yield ResimCheck(traces, cfg.getoption("--schedtop-engine"), dict(cfg.stash[_OVERRIDES]))

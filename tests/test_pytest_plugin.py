@@ -47,13 +47,25 @@ def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
 
 
 def test_every_trace_reproduces(pytester: pytest.Pytester, traces: Path) -> None:
-    result = run(pytester, "--schedtop-traces", str(traces))
-    result.assert_outcomes(passed=1)
+    result = run(pytester, "--schedtop-traces", str(traces), "-v")
+    # One test per trace, named by its file.
+    result.assert_outcomes(passed=2)
+    out = result.stdout.str()
+    assert "test_incidents_still_decide_the_same[c_kv_pressure_prefix.trace] PASSED" in out
+    assert "test_incidents_still_decide_the_same[e_priority_preemption.trace] PASSED" in out
+
+
+def test_one_failing_trace_hides_no_other(pytester: pytest.Pytester, traces: Path) -> None:
+    # A trace that is not a trace fails its own test; the good one still passes.
+    (traces / "a_broken.trace").write_bytes(b"not a trace")
+    result = run(pytester, "--schedtop-traces", str(traces), "-v")
+    result.assert_outcomes(passed=2, failed=1)
+    assert "[a_broken.trace] FAILED" in result.stdout.str()
 
 
 def test_a_changed_config_fails_naming_the_step(pytester: pytest.Pytester, traces: Path) -> None:
     result = run(pytester, "--schedtop-traces", str(traces), "--schedtop-set", "num_blocks=9")
-    result.assert_outcomes(failed=1)
+    result.assert_outcomes(failed=2)
     out = result.stdout.str()
     assert (
         "c_kv_pressure_prefix.trace: re-simulated with schedtop's scheduler and num_blocks=9" in out
@@ -78,5 +90,7 @@ def test_a_missing_directory_is_a_clear_failure(pytester: pytest.Pytester, tmp_p
 
 def test_a_bad_setting_is_a_usage_error(pytester: pytest.Pytester, traces: Path) -> None:
     result = run(pytester, "--schedtop-traces", str(traces), "--schedtop-set", "nonsense=1")
-    assert result.ret != 0
-    assert "unknown config key 'nonsense'" in result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    out = result.stdout.str() + result.stderr.str()
+    assert "ERROR: --schedtop-set 'nonsense=1': unknown config key 'nonsense'" in out
+    assert "Traceback" not in out
