@@ -178,4 +178,5 @@ def schedtop_resim(
     cfg = request.config
     given = cfg.getoption("--schedtop-traces")
     traces = _schedtop_trace or (Path(given) if given else None)
-    yield ResimCheck(traces, cfg.getoption("--schedtop-engine"), dict(cfg.stash[_OVERRIDES]))
+    overrides: dict[str, Any] = cfg.stash[_OVERRIDES]
+    yield ResimCheck(traces, cfg.getoption("--schedtop-engine"), dict(overrides))
