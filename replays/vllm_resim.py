@@ -60,13 +60,26 @@ def vllm_python() -> str:
 
 
 def resimulate_with_vllm(
-    path: str | Path, overrides: dict[str, Any] | None = None, out: str | Path | None = None
+    path: str | Path,
+    overrides: dict[str, Any] | None = None,
+    out: str | Path | None = None,
+    overwrite: bool = False,
 ) -> VllmResimResult:
-    """Drive vLLM's scheduler with the trace's inputs; compare with the trace."""
+    """Drive vLLM's scheduler with the trace's inputs; compare with the trace. `out`
+    must not exist unless `overwrite`; by default it is a fresh name in the trace
+    directory (`...-resim-vllm-PID.trace`), never next to `path`: a directory of incidents
+    that `pytest --schedtop-traces` globs must not gain a re-simulation as an incident."""
+    from recorder.paths import new_trace_path
+
     path = Path(path)
     if not path.exists():
         raise ResimError(f"{path}: no such file")
-    out = Path(out) if out is not None else path.with_name(path.stem + ".vllm.trace")
+    if out is None:
+        out = new_trace_path("resim-vllm")
+        out.parent.mkdir(parents=True, exist_ok=True)
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise ResimError(f"{out}: exists; refusing to overwrite it")
     settings = [f"{k}={v}" for k, v in (overrides or {}).items()]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))

@@ -52,8 +52,8 @@ def info(trace: str) -> None:
     "--trace",
     "out",
     metavar="OUT",
-    help="Write the re-simulated trace here (with --set, the default is a new "
-    "file in the trace directory).",
+    help="Write the re-simulated trace here (with --set or --engine vllm, the default "
+    "is a new file in the trace directory, never next to TRACE).",
 )
 @click.option(
     "--engine",
@@ -79,7 +79,7 @@ def resim(trace: str, settings: tuple[str, ...], out: str | None, engine: str, f
     check_outputs({"--trace": out}, [trace], force, out)
     overrides = parse_settings(settings)
     if engine == "vllm":
-        _resim_vllm(trace, overrides, out)
+        _resim_vllm(trace, overrides, out, force)
         return
     if overrides and out is None:
         path = new_trace_path("resim")
@@ -241,11 +241,12 @@ def sweep(
         sys.exit(1)
 
 
-def _resim_vllm(trace: str, overrides: dict[str, Any], out: str | None) -> None:
+def _resim_vllm(trace: str, overrides: dict[str, Any], out: str | None, force: bool) -> None:
     from replays.diff import diff_traces, format_diff
     from replays.vllm_resim import resimulate_with_vllm
 
-    result = resimulate_with_vllm(trace, overrides, out)
+    # check_outputs has refused an existing --trace without --force already.
+    result = resimulate_with_vllm(trace, overrides, out, overwrite=force)
     click.echo(f"vLLM's scheduler ran {result.num_steps} steps; trace: {result.trace}")
     if result.reproduced:
         click.echo(
