@@ -266,6 +266,7 @@ STEADY_FIELDS = (
     "kv_events",
     "free_blocks_after_schedule",
     "free_blocks",
+    "work_ns",
 )
 encode_steady = STEP.encoder_of(STEADY_FIELDS)
 

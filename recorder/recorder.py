@@ -250,6 +250,7 @@ class Recorder:
         kv_events: KVEvents,
         free_blocks_after_schedule: int,
         free_blocks: int,
+        work_ns: int = 0,
     ) -> None:
         """`on_step` for a steady decode step (all `num_decodes` running requests decode,
         nothing else moves) that its reporter has made compact already (recorder.vllm,
@@ -269,6 +270,7 @@ class Recorder:
             kv_events,
             free_blocks_after_schedule,
             free_blocks,
+            work_ns,
         ]
         if self._downstream is not NULL_SINK or num_decodes != len(self._compactor.running):
             # Not a steady step after all: the compactor says what is wrong with it.

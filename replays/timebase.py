@@ -35,7 +35,11 @@ class Observer(Lifecycles):
         self.busy_ns: list[int] = []  # schedule + update + runner time per step
         self.work_ns: list[int | None] = []  # the record's work_ns (None: not recorded)
         self.idle_before: list[bool] = []  # nothing unfinished before the step
-        self.timed = False  # some step carries runner timings
+        self.timed = False  # some step carries runner timings, or model-step work_ns
+        # Whether a step's work_ns is the model's step (recorded inside vLLM, format 1.4)
+        # and so times the trace without runner timings; a simulation's is only its
+        # bookkeeping, no model time.
+        self.work_is_model_time = False
         self.min_free = usable_blocks
         self.arrival_origin_ns: int | None = None  # the trace header's (format 1.4)
 
@@ -92,7 +96,9 @@ class Observer(Lifecycles):
         self.busy_ns.append(busy)
         self.work_ns.append(work_ns)
         self.idle_before.append(idle)
-        self.timed = self.timed or bool(rec.timings)
+        self.timed = (
+            self.timed or bool(rec.timings) or (self.work_is_model_time and work_ns is not None)
+        )
         if rec.free_blocks < self.min_free:
             self.min_free = rec.free_blocks
 
@@ -133,6 +139,7 @@ def observe_trace(
         header = reader.header
         obs = Observer(header.num_blocks - 1)
         obs.arrival_origin_ns = header.arrival_origin_ns
+        obs.work_is_model_time = header.engine.startswith("vLLM")
         state: State | None = None
         for entry in reader.entries():
             rec = entry.record
@@ -170,7 +177,7 @@ def why_untimed(path: str | Path) -> str:
     if engine.startswith("vLLM"):
         return (
             f"no step timings: recorded by schedtop's plugin in {engine}, "
-            "which records no runner timings"
+            "before it recorded step times (trace format 1.4)"
         )
     return f"no step timings: its steps carry no runner timings (written by {engine})"
 

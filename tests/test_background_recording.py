@@ -104,6 +104,7 @@ def steady_fields(step: Step) -> list[Any]:
         step.kv_events,
         step.free_blocks_after_schedule,
         step.free_blocks,
+        step.work_ns,
     ]
 
 

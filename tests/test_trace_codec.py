@@ -315,6 +315,7 @@ def _steady_fields(draw: st.DrawFn) -> tuple[object, ...]:
         kv,
         draw(_counts),
         draw(_counts),
+        draw(_counts),  # work_ns
     )
 
 

@@ -297,6 +297,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         ):
             if step > 20_000:
                 raise SystemExit("the engine is still running at step 20000")
+            if str(step) in spec.get("sleep_before_step", {}):
+                # Wall time with nothing to do (the step-timing test's idle gap).
+                time.sleep(spec["sleep_before_step"][str(step)])
             if aborts.get(step):
                 engine.abort_request(aborts[step])
             for r in by_step.get(step, ()):

@@ -100,6 +100,11 @@ class _Facade:
         self.sink = NULL_SINK
         self.runner = None
         self._snapshot = snapshot
+        # No arrival_clock, so no Header.arrival_origin_ns: vLLM stamps arrival_time in
+        # its front end, before tokenizing and handing the request to the engine core,
+        # which sees it milliseconds later; placed exactly, whatif's self-prediction
+        # admits a request a step before vLLM could (measured: step 0 differed). The
+        # estimate from the steps (docs/metrics.md) puts each at or before its step.
 
     def snapshot(self) -> Snapshot:
         return self._snapshot()
@@ -134,6 +139,7 @@ class _Step:
         "decode_refs",
         "decode_ids",
         "decode_tokens",
+        "start_ns",
     )
 
     def __init__(self, index: int, budget: int, pre_running: list[Any]) -> None:
@@ -149,6 +155,9 @@ class _Step:
         self.wait_fail: Reason | None = None  # why the head of waiting was not admitted
         self.decided = False  # schedule() has returned
         self.schedule_ns = 0  # time in schedule()
+        # When the step's work began (time.monotonic_ns, the Recorder's clock): at its
+        # schedule(), so that the wait for requests before it is idle, not work.
+        self.start_ns = 0
         self.arrivals: tuple[Arrival, ...] = ()  # added before schedule()
         # What schedule() decided, in order; None while the step is steady (the entries
         # are then pre_running, each decoding one token, built only if needed).
@@ -185,6 +194,7 @@ class Tap(KVTaps):
         self.finishes: list[Finish] = []
         self.step: _Step | None = None
         self.next_step = 0
+        self.last_end_ns = time.monotonic_ns()  # when the last step's record was made
         self.last_flush = time.monotonic()
         self.flush_interval = env_number("SCHEDTOP_FLUSH_INTERVAL_S", 1.0)
         self.stopped: str | None = None  # why recording stopped
@@ -457,6 +467,7 @@ class Tap(KVTaps):
             len(running) + len(sched.waiting),
         )
         self.step = _Step(self.next_step, cfg.max_num_batched_tokens, running)
+        self.step.start_ns = time.monotonic_ns()
         self.set_mode(self.pass_mode(running))
         self.lean_order.clear()
         self.pre_kv = None
@@ -620,6 +631,10 @@ class Tap(KVTaps):
             self.before_schedule()  # vLLM updated without scheduling: an empty step
             self.set_mode(FULL)  # nothing is allocated; FULL keeps the wrapper in place
             self.after_schedule(_EmptyOutput(), 0.0, launched=False)
+            assert self.step is not None
+            # Its work began when the last step ended: a batch was in flight, so vLLM
+            # was waiting for the model since then, not idle.
+            self.step.start_ns = self.last_end_ns
         step = self.step
         assert step is not None
         if self.is_async:
@@ -694,9 +709,15 @@ class Tap(KVTaps):
         step = self.step
         assert step is not None
         self.step = None
+        # The engine's work in the step, schedule() to now: with async scheduling that
+        # takes in the wait for the batch before (its update ends the step), as schedtop's
+        # own engine counts an async step. Idle time before schedule() is not in it.
+        now = time.monotonic_ns()
+        work_ns = max(now - step.start_ns, 1)
+        self.last_end_ns = now
         steady = step.entries is None
         kv_events = self.kv.freeze()
-        record = None if steady else self._general_record(step, update_ns, kv_events)
+        record = None if steady else self._general_record(step, update_ns, kv_events, work_ns)
         self.decoding = steady
         if self.kv:  # frozen into the record: the next step starts a new log
             self.kv = CutHashLog()
@@ -705,9 +726,11 @@ class Tap(KVTaps):
         if recorder is None or self.stopped is not None:
             return
         if record is None:
-            self._steady_record(recorder, step, update_ns, kv_events)
+            self._steady_record(recorder, step, update_ns, kv_events, work_ns)
         else:
             recorder.on_step(record)
+        # After the record's time_ns: a step that starts here starts after it.
+        self.last_end_ns = time.monotonic_ns()
         if recorder.error is not None:
             self.stop(recorder.error)
         elif not self.sched.has_unfinished_requests() or (
@@ -716,7 +739,7 @@ class Tap(KVTaps):
             self.flush()  # idle, or due: a reader sees every step so far
 
     def _steady_record(
-        self, recorder: Recorder, step: _Step, update_ns: int, kv_events: KVEvents
+        self, recorder: Recorder, step: _Step, update_ns: int, kv_events: KVEvents, work_ns: int
     ) -> None:
         """Already in the trace's compact form: the leading decodes are every running
         request, the queues did not move. An async step with no update yet has no tokens."""
@@ -734,9 +757,12 @@ class Tap(KVTaps):
             kv_events,
             step.free_after_schedule,
             self.pool.get_num_free_blocks(),
+            work_ns,
         )
 
-    def _general_record(self, step: _Step, update_ns: int, kv_events: KVEvents) -> Step:
+    def _general_record(
+        self, step: _Step, update_ns: int, kv_events: KVEvents, work_ns: int
+    ) -> Step:
         sched = self.sched
         refs = self.refs
         assert step.entries is not None
@@ -765,6 +791,7 @@ class Tap(KVTaps):
             free_blocks=self.pool.get_num_free_blocks(),
             running=tuple(map(refs.__getitem__, map(_RID, sched.running))),
             waiting=tuple(map(refs.__getitem__, map(_RID, sched.waiting))),
+            work_ns=work_ns,
         )
 
     def snapshot(self) -> Snapshot:
