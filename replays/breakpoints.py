@@ -26,6 +26,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from recorder.ids import answers_to, client_id
 from recorder.schema import Status, Step
 from replays.reducer import apply
 from replays.state import State
@@ -113,10 +114,12 @@ class Matcher:
     ) -> None:
         self.predicates = list(predicates)
         watched = {p.request for p in predicates if p.request is not None}
-        self.refs: dict[int, str] = {
-            ref: r.request_id for ref, r in start.requests.items() if r.request_id in watched
-        }
         self.watched = watched
+        # ref -> the name a predicate watches it by: its id, or its client id (vLLM's id
+        # without its random suffix, recorder.ids), which stays the same across runs.
+        self.refs: dict[int, str] = {}
+        for ref, r in start.requests.items():
+            self._watch(ref, r.request_id)
         self.prev_time_ns = prev_time_ns
         self.needs_state = any(p.needs_state for p in predicates)
         # Watched refs known to have sampled a token (first-token fires once per request).
@@ -133,11 +136,17 @@ class Matcher:
         self.prev_time_ns = prev_time_ns
         self.held = [p.edge and self._holds(p, rec, after) for p in self.predicates]
 
+    def _watch(self, ref: int, request_id: str) -> None:
+        if request_id in self.watched:
+            self.refs[ref] = request_id
+        elif self.watched and (short := client_id(request_id)) in self.watched:
+            self.refs[ref] = short
+
     def observe(self, rec: Step) -> None:
         """Note the step's arrivals (call before `matches`, with every step in order)."""
-        for a in rec.arrivals:
-            if a.request_id in self.watched:
-                self.refs[a.ref] = a.request_id
+        if self.watched:
+            for a in rec.arrivals:
+                self._watch(a.ref, a.request_id)
 
     def matches(self, rec: Step, after: State | None) -> bool:
         """Whether any predicate holds at `rec`'s step (`after`: the state after it,
@@ -265,7 +274,7 @@ def about(timeline: Timeline, predicates: Sequence[Predicate], step: int) -> tup
         if p.kind == "preempt":
             for x in rec.preemptions:
                 rid = before.request_id(x.victim)
-                if p.request is None or rid == p.request:
+                if p.request is None or answers_to(rid, p.request):
                     out[rid] = None
         elif p.request is not None:
             out[p.request] = None

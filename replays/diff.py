@@ -4,12 +4,21 @@ are identical, 1 when they differ, 2 on bad input, so it serves as a regression 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from itertools import zip_longest
 from pathlib import Path
 
+from recorder.ids import client_id
 from recorder.multi import open_trace
-from recorder.schema import KIND_LABELS, REASON_LABELS, STATUS_LABELS, Step, label, printable
+from recorder.schema import (
+    KIND_LABELS,
+    REASON_LABELS,
+    STATUS_LABELS,
+    Arrival,
+    Step,
+    label,
+    printable,
+)
 from replays.reducer import StepView
 from replays.stats import TraceStats, trace_stats
 from replays.timeline import Timeline
@@ -22,9 +31,22 @@ _MASKED = TIMING_FIELDS | {"token_budget"}
 _COMPARED = tuple(f.name for f in fields(Step) if f.name not in _MASKED)
 
 
-def differing_fields(a: Step, b: Step) -> tuple[str, ...]:
-    """The fields of two step records that differ, timings and the budget aside."""
-    return tuple(name for name in _COMPARED if getattr(a, name) != getattr(b, name))
+def differing_fields(a: Step, b: Step, across_runs: bool = False) -> tuple[str, ...]:
+    """The fields of two step records that differ, timings and the budget aside.
+    `across_runs`: the steps are of two recordings of one workload (two vLLM runs), whose
+    arrivals are the same requests under vLLM's random id suffixes and at other wall
+    times: arrivals are compared by client id (recorder.ids), without arrival_time."""
+    out = tuple(name for name in _COMPARED if getattr(a, name) != getattr(b, name))
+    if across_runs and "arrivals" in out and _same_arrivals(a.arrivals, b.arrivals):
+        out = tuple(name for name in out if name != "arrivals")
+    return out
+
+
+def _same_arrivals(a: tuple[Arrival, ...], b: tuple[Arrival, ...]) -> bool:
+    def key(x: Arrival) -> Arrival:
+        return replace(x, request_id=client_id(x.request_id), arrival_time=0.0)
+
+    return len(a) == len(b) and all(key(x) == key(y) for x, y in zip(a, b))
 
 
 @dataclass(frozen=True)
@@ -66,12 +88,14 @@ def diff_traces(a: str | Path, b: str | Path) -> TraceDiff:
     what: tuple[str, ...] = ()
     differing = 0
     with open_trace(a) as ra, open_trace(b) as rb:
+        # Two vLLM recordings: their request ids differ by vLLM's random suffixes.
+        across = ra.header.engine.startswith("vLLM") and rb.header.engine.startswith("vLLM")
         for rec_a, rec_b in zip_longest(ra.steps(), rb.steps()):
             fields_: tuple[str, ...]
             if rec_a is None or rec_b is None:
                 fields_ = ("steps",)
             else:
-                fields_ = differing_fields(rec_a, rec_b)
+                fields_ = differing_fields(rec_a, rec_b, across)
             if fields_:
                 differing += 1
                 if first is None:

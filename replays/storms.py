@@ -21,6 +21,7 @@ from recorder.codec import STEP, decode
 from recorder.encoding import Bad, unpack_body
 from recorder.errors import TraceError
 from recorder.framing import FRAME_SIZE
+from recorder.ids import client_id
 from recorder.multi import open_trace
 from recorder.reader import TraceReader
 from recorder.schema import (
@@ -276,7 +277,8 @@ def unknown_requests(path: str, request_ids: Iterable[str]) -> list[str]:
     if not wanted:
         return []
     ids = scan(path).ids
-    return [r for r in wanted if r not in ids]
+    known = ids | {client_id(i) for i in ids}  # a client id names its request too
+    return [r for r in wanted if r not in known]
 
 
 # -- what a view shows of them -------------------------------------------------------------

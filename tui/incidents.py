@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from recorder.errors import TraceError
+from recorder.ids import client_id
 from recorder.reader import TraceReader
 from replays.queueing import HeadOfLine, QueueScan, QueueWait
 from replays.storms import Incident, IncidentScan, StormSummary
@@ -73,7 +74,7 @@ class IncidentFeed:
     def known(self, request_id: str) -> bool | None:
         """Whether the trace has a request `request_id`: None while the scan has not
         seen the whole trace and has not met it yet."""
-        if request_id in self._scan.ids:
+        if request_id in self._scan.ids or any(client_id(i) == request_id for i in self._scan.ids):
             return True
         return False if self._caught_up and (self._scan.done or not self._live) else None
 
