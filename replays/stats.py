@@ -131,7 +131,10 @@ class _Collector:
     def __init__(self, reader: TraceReader) -> None:
         self.reader = reader
         header = reader.header
-        self.timed = False  # set at the end: whether any step carries runner timings
+        self.timed = False  # whether any step carries runner timings (or model-step work)
+        # A vLLM trace's work_ns is the model's step (format 1.4, recorder.vllm), so it
+        # times the trace; a simulation's is only its bookkeeping (replays.timebase too).
+        self.work_is_model_time = header.engine.startswith("vLLM")
         self.usable = header.num_blocks - 1
         self.fold = Lifecycles()
         self.ends: list[float] = []  # each step's end, seconds since recording started
@@ -171,7 +174,9 @@ class _Collector:
         for t in rec.timings:
             busy += t.prepare_ns + t.forward_ns + t.sample_ns
         self.busy.append(busy / 1e9)
-        self.timed = self.timed or bool(rec.timings)
+        self.timed = (
+            self.timed or bool(rec.timings) or (self.work_is_model_time and rec.work_ns > 0)
+        )
         if rec.spec_accepted:
             drafts = {e.ref: e.num_spec_tokens for e in rec.scheduled}
             for acc in rec.spec_accepted:

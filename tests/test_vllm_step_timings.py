@@ -112,3 +112,14 @@ def test_whatif_and_the_cost_model_run_on_a_vllm_trace(
     res = CliRunner().invoke(cli, ["whatif", trace, "--set", "max_num_seqs=1", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["changed"] == {"max_num_seqs": 1}
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_stats_measure_a_vllm_trace_in_seconds(traces: dict[str, Path]) -> None:
+    res = CliRunner().invoke(cli, ["stats", str(traces["sync"]), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["unit"] == "s"
+    # The idle gap is idle, not work.
+    assert doc["idle_s"] > IDLE_S / 2 and doc["work_s"] < doc["duration_s"]
