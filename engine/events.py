@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from engine.report import StepReport
+from engine.report import Step
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,9 +33,9 @@ class ClientReport:
 
 
 class EventSink(Protocol):
-    """Receives one StepReport per engine step, in step order."""
+    """Receives one Step record per engine step, in step order."""
 
-    def on_step(self, report: StepReport) -> None: ...
+    def on_step(self, report: Step) -> None: ...
 
     def close(self) -> None: ...
 
@@ -51,7 +51,7 @@ def report_client(sink: object, report: ClientReport) -> None:
 class NullSink:
     """The default sink: drops everything."""
 
-    def on_step(self, report: StepReport) -> None:
+    def on_step(self, report: Step) -> None:
         pass
 
     def on_client(self, report: ClientReport) -> None:

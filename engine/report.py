@@ -18,8 +18,6 @@ from engine.records import (
     Step,
 )
 
-StepReport = Step  # the engine's name for a step record: always the explicit form
-
 __all__ = [
     "Admission",
     "Arrival",
@@ -32,5 +30,4 @@ __all__ = [
     "Shortfall",
     "SpecAccepted",
     "Step",
-    "StepReport",
 ]

@@ -7,10 +7,8 @@ from dataclasses import dataclass, field
 
 from engine.records import SamplingParams, Status
 
-__all__ = ["FINISH_REASONS", "Request", "RequestStatus", "SamplingParams"]
+__all__ = ["FINISH_REASONS", "Request", "SamplingParams", "Status"]
 
-
-RequestStatus = Status  # the engine's name for the one Status enum
 
 FINISH_REASONS = {
     Status.FINISHED_STOPPED: "stop",
@@ -37,7 +35,7 @@ class Request:
     arrival_time: float = 0.0  # orders FCFS ties and PRIORITY ties
     priority: int = 0  # lower runs first under the priority policy
     eos_token_id: int | None = None  # the model's EOS, unless sampling ignores it
-    status: RequestStatus = RequestStatus.WAITING
+    status: Status = Status.WAITING
     output_token_ids: list[int] = field(default_factory=list)  # sampled so far
     num_computed_tokens: int = 0  # tokens whose KV is in the cache (or scheduled to be)
     spec_token_ids: list[int] = field(default_factory=list)  # draft tokens to verify next step
@@ -84,7 +82,7 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status > RequestStatus.PREEMPTED
+        return self.status > Status.PREEMPTED
 
     def append_output_token_ids(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

@@ -30,7 +30,7 @@ from engine.records import (
     SpecAccepted,
     SpecProposed,
 )
-from engine.request import Request, RequestStatus
+from engine.request import Request, Status
 from engine.rules import (
     admission_failure,
     cut_short,
@@ -171,7 +171,7 @@ class Scheduler:
         )
         problem = self._never_fits(request)
         if problem:
-            self._record_finish(request, RequestStatus.FINISHED_ERROR, problem)
+            self._record_finish(request, Status.FINISHED_ERROR, problem)
             return
         self.requests[request.request_id] = request
         self.waiting.add(request)
@@ -201,20 +201,20 @@ class Scheduler:
         request = self.requests.get(request_id)
         if request is None:
             return False
-        if request.status == RequestStatus.RUNNING:
+        if request.status == Status.RUNNING:
             self.running.remove(request)
         else:
             self.waiting.remove(request)
-        self._finish(request, RequestStatus.FINISHED_ABORTED, message)
+        self._finish(request, Status.FINISHED_ABORTED, message)
         return True
 
-    def _finish(self, request: Request, status: RequestStatus, message: str = "") -> None:
+    def _finish(self, request: Request, status: Status, message: str = "") -> None:
         self.kv.free(request)
         del self.requests[request.request_id]
         self._finished_ids.add(request.request_id)
         self._record_finish(request, status, message)
 
-    def _record_finish(self, request: Request, status: RequestStatus, message: str) -> None:
+    def _record_finish(self, request: Request, status: Status, message: str) -> None:
         """The one place a request finishes: its status, its record, and the list the
         caller takes finished requests from."""
         request.status = status
@@ -369,7 +369,7 @@ class Scheduler:
     def _preempt(self, req: Request) -> None:
         """Recompute preemption: free the blocks, forget the computed tokens (S6)."""
         self.kv.free(req)
-        req.status = RequestStatus.PREEMPTED
+        req.status = Status.PREEMPTED
         req.num_computed_tokens = 0
         req.spec_token_ids = []
         req.num_preemptions += 1
@@ -402,7 +402,7 @@ class Scheduler:
             self.waiting.pop()
             self._finish(
                 req,
-                RequestStatus.FINISHED_ERROR,
+                Status.FINISHED_ERROR,
                 f"{req.num_tokens} tokens can never fit in {self.config.usable_blocks} KV blocks",
             )
             return True
@@ -437,8 +437,8 @@ class Scheduler:
             return False
         self.waiting.pop()
         self.running.append(req)
-        resumed = req.status == RequestStatus.PREEMPTED
-        req.status = RequestStatus.RUNNING
+        resumed = req.status == Status.PREEMPTED
+        req.status = Status.RUNNING
         req.num_computed_tokens = num_hits
         if req.num_cached_tokens < 0:
             req.num_cached_tokens = num_hits
@@ -616,7 +616,7 @@ class Scheduler:
                 if proposal:
                     proposed.append(SpecProposed(req.ref, len(proposal)))
         if finished_any:
-            self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
+            self.running = [r for r in self.running if r.status == Status.RUNNING]
         outcome = Outcome(
             tuple(self._finishes),
             tuple(self._finished_reqs),
@@ -667,7 +667,7 @@ class Scheduler:
             if not tokens:
                 counts.append(0)
                 continue
-            was_running = req.status == RequestStatus.RUNNING
+            was_running = req.status == Status.RUNNING
             had_placeholders = req.num_output_placeholders > 0
             num_new = len(tokens)
             if req.first_token_step < 0:
@@ -689,7 +689,7 @@ class Scheduler:
                     self.waiting.remove(req)
                 self._finish(req, req.status)
         if finished_running:
-            self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
+            self.running = [r for r in self.running if r.status == Status.RUNNING]
         outcome = Outcome(
             tuple(self._finishes),
             tuple(self._finished_reqs),
@@ -717,15 +717,15 @@ class Scheduler:
         """Whether `tok`, just appended, ends the request; if so its status says how."""
         params = req.sampling_params
         if tok == req.eos_token_id and not params.ignore_eos:
-            req.status = RequestStatus.FINISHED_STOPPED
+            req.status = Status.FINISHED_STOPPED
         elif params.stop_token_ids and tok in params.stop_token_ids:
-            req.status = RequestStatus.FINISHED_STOPPED
+            req.status = Status.FINISHED_STOPPED
             req.stop_reason = tok
         elif (
             len(req.all_token_ids) >= self.max_model_len
             or len(req.output_token_ids) >= params.max_tokens
         ):
-            req.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            req.status = Status.FINISHED_LENGTH_CAPPED
         else:
             return False
         return True

@@ -51,8 +51,6 @@ from engine.records import (
 )
 
 MAX_BLOCKS = MAX_NUM_BLOCKS  # the writers' limit is the readers': whatever a run records, reads
-Sampling = SamplingParams  # the name the trace format gives a request's sampling parameters
-RequestSnap = RequestState  # the name the trace format gives a request in a snapshot
 
 __all__ = [
     "printable",
@@ -82,10 +80,8 @@ __all__ = [
     "Reason",
     "Record",
     "RecordType",
-    "RequestSnap",
     "RequestState",
     "Sample",
-    "Sampling",
     "SamplingParams",
     "Scalar",
     "Scheduled",

@@ -37,7 +37,7 @@ from typing import Any
 
 from engine.core import EngineCore
 from engine.events import ClientReport, report_client
-from engine.report import StepReport
+from engine.report import Step
 from recorder.codec import encode
 from recorder.errors import RecordingError
 from recorder.framing import frame, preamble
@@ -205,7 +205,7 @@ class ServerRecording:
 
     # -- the engine thread --------------------------------------------------------------------
 
-    def on_step(self, report: StepReport) -> None:
+    def on_step(self, report: Step) -> None:
         self._recorder.on_step(report)
         self._downstream.on_step(report)
         self._between_steps()

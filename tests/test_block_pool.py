@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine.kv.block_pool import BlockPool
-from engine.kv.events import KVEventKind
+from engine.kv.events import KVKind
 from engine.kv.hashing import BlockHasher
 from engine.kv.manager import KVCacheManager
 from engine.request import Request
@@ -39,7 +39,7 @@ def test_free_is_tail_first_full_blocks_to_tail_partial_to_head() -> None:
     # The partial block 3 goes to the head (reused first); the full blocks go to the tail,
     # walked tail-first: 2 before 1, so block 1 (the prefix's root) is kept longest.
     assert free_ids(kv.pool) == [3, 4, 5, 6, 7, 2, 1]
-    freed = [e for e in kv.take_events() if e.kind == KVEventKind.FREED][0]
+    freed = [e for e in kv.take_events() if e.kind == KVKind.FREED][0]
     assert freed.block_ids == (3, 2, 1)
 
 
@@ -84,7 +84,7 @@ def test_eviction_drops_the_hash() -> None:
     b = make_req("b", list(range(100, 112)))
     kv.allocate_slots(b, 12)  # takes every block: each cached one is evicted
     assert all(h not in kv.pool.cached for h in a.block_hashes)
-    evicted = [e for e in kv.take_events() if e.kind == KVEventKind.EVICTED]
+    evicted = [e for e in kv.take_events() if e.kind == KVKind.EVICTED]
     assert sorted(sum((e.block_ids for e in evicted), ())) == [1, 2, 3]
     assert kv.get_computed_blocks(make_req("c", list(range(12))))[1] == 0
     kv.check_invariants()

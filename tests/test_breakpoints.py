@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.request import RequestStatus
+from engine.request import Status
 from engine.sim.api import demo_workload_path
 from engine.sim.workload import load_workload
 from recorder.reader import TraceReader
@@ -154,7 +154,7 @@ def test_first_token_that_also_finishes(tmp_path: Path) -> None:
     run = record(workload([req("one", 20, 1), req("two", 20, 5)]))
     tl = Timeline(open_reader(write_trace(tmp_path, run.data)))
     assert list(find_all(tl, [parse("first-token:one")])) == [0]
-    assert run.reports[0].finishes[0].status == RequestStatus.FINISHED_LENGTH_CAPPED
+    assert run.reports[0].finishes[0].status == Status.FINISHED_LENGTH_CAPPED
 
 
 @pytest.mark.parametrize(

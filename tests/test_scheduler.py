@@ -8,7 +8,7 @@ from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.kv.hashing import BlockHasher
 from engine.report import Kind, Reason
-from engine.request import Request, RequestStatus, SamplingParams
+from engine.request import Request, SamplingParams, Status
 from engine.sim.driver import make_engine, run_steps
 from engine.sim.runner import SimRunner
 from tests.helpers import req, run, scheduled, waiting, workload
@@ -36,7 +36,7 @@ def test_prompt_too_long_for_the_pool_finishes_with_error_and_others_go_on() -> 
     assert e.scheduler.requests.keys() == {"ok"}
     result = e.step()
     assert [result.names[f.ref] for f in result.report.finishes] == ["huge"]
-    assert result.report.finishes[0].status == RequestStatus.FINISHED_ERROR
+    assert result.report.finishes[0].status == Status.FINISHED_ERROR
     assert "KV blocks" in result.report.finishes[0].message
     while e.has_unfinished():
         e.step()
@@ -46,7 +46,7 @@ def test_prompt_of_max_model_len_is_an_error() -> None:
     e = engine(max_model_len=64)
     e.add_request(request("long", 64))
     finished = e.take_finished()
-    assert finished[0].status == RequestStatus.FINISHED_ERROR
+    assert finished[0].status == Status.FINISHED_ERROR
     assert "max_model_len" in finished[0].finish_message
 
 
@@ -69,8 +69,8 @@ def test_abort_from_waiting_and_from_running_frees_blocks() -> None:
     assert e.scheduler.kv.num_free_blocks == free_before + 3
     result = e.step()
     assert {result.names[f.ref]: f.status for f in result.report.finishes} == {
-        "wait": RequestStatus.FINISHED_ABORTED,
-        "run": RequestStatus.FINISHED_ABORTED,
+        "wait": Status.FINISHED_ABORTED,
+        "run": Status.FINISHED_ABORTED,
     }
     assert not e.has_unfinished()
     e.scheduler.kv.check_invariants()
@@ -81,7 +81,7 @@ def test_running_request_that_outgrows_the_pool_ends_with_error() -> None:
     w = workload([req("grow", 40, 100)], num_blocks=5, max_model_len=1000)
     results, _ = run(w)
     finishes = [(r.names[f.ref], f.status) for r in results for f in r.report.finishes]
-    assert finishes == [("grow", RequestStatus.FINISHED_ERROR)]
+    assert finishes == [("grow", Status.FINISHED_ERROR)]
     assert any(r.names[p.victim] == "grow" for r in results for p in r.report.preemptions)
 
 
@@ -187,9 +187,9 @@ def test_stop_token_and_eos_end_a_request() -> None:
     e.add_request(r2)
     while e.has_unfinished():
         e.step()
-    assert r1.output_token_ids == [5, 9] and r1.status == RequestStatus.FINISHED_STOPPED
+    assert r1.output_token_ids == [5, 9] and r1.status == Status.FINISHED_STOPPED
     assert r1.stop_reason == 9
-    assert r2.output_token_ids == [7, 8] and r2.status == RequestStatus.FINISHED_STOPPED
+    assert r2.output_token_ids == [7, 8] and r2.status == Status.FINISHED_STOPPED
 
 
 def test_scheduler_and_step_driver_import_neither_torch_nor_numpy() -> None:
@@ -212,4 +212,4 @@ def test_take_finished_returns_what_schedule_itself_ends() -> None:
     taken = []
     for _ in run_steps(w, engine):
         taken += engine.take_finished()
-    assert [(r.request_id, r.status) for r in taken] == [("grow", RequestStatus.FINISHED_ERROR)]
+    assert [(r.request_id, r.status) for r in taken] == [("grow", Status.FINISHED_ERROR)]

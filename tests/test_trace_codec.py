@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.kv.events import KVEventKind
+from engine.kv.events import KVKind as EngineKVKind
 from engine.records import HASH_BYTES, trace_hashes
 from engine.report import Kind as EngineKind
 from engine.report import Reason as EngineReason
-from engine.request import RequestStatus
+from engine.request import Status as EngineStatus
 from recorder import codec
 from recorder.codec import decode, encode, pack_ints, unpack_ints
 from recorder.errors import TraceError
@@ -36,9 +36,9 @@ from recorder.schema import (
     Reason,
     Record,
     RecordType,
-    RequestSnap,
+    RequestState,
     Sample,
-    Sampling,
+    SamplingParams,
     Scheduled,
     Shortfall,
     Snapshot,
@@ -84,10 +84,10 @@ STEP = Step(
             -2,
             7.0,
             2,
-            Sampling(32, 0.7, 0.9, 40, 1234, (2, 70000), True),
+            SamplingParams(32, 0.7, 0.9, 40, 1234, (2, 70000), True),
             (1, 2, 3, 65536, 2**40),
         ),
-        Arrival(8, "req-8", 33, 0, 8.5, None, Sampling(4), None, (H1, H2)),
+        Arrival(8, "req-8", 33, 0, 8.5, None, SamplingParams(4), None, (H1, H2)),
     ),
     num_decodes=3,
     scheduled=(
@@ -135,10 +135,10 @@ SNAPSHOT = Snapshot(
     step=255,
     next_ref=9,
     requests=(
-        RequestSnap(
+        RequestState(
             4, "req-4", Status.RUNNING, 80, 10, 89, (3, 4, 5, 6, 7, 8), 1, 0, 4.0, 16, 64, 2, 3, 5
         ),
-        RequestSnap(8, "req-8", Status.WAITING, 33, 0, 0, (), 0, -1, 8.5, -1, 4),
+        RequestState(8, "req-8", Status.WAITING, 33, 0, 0, (), 0, -1, 8.5, -1, 4),
     ),
     running=(4,),
     waiting=(8,),
@@ -269,8 +269,8 @@ def test_schema_enums_match_the_engine() -> None:
     for ours, theirs in [
         (Kind, EngineKind),
         (Reason, EngineReason),
-        (Status, RequestStatus),
-        (KVKind, KVEventKind),
+        (Status, EngineStatus),
+        (KVKind, EngineKVKind),
     ]:
         assert [(e.name, e.value) for e in ours] == [(e.name, e.value) for e in theirs]
 
@@ -297,7 +297,7 @@ def _steady_fields(draw: st.DrawFn) -> tuple[object, ...]:
     tokens = draw(st.one_of(st.just(()), st.lists(st.integers(0, 70000), min_size=n, max_size=n)))
     cached = draw(st.integers(0, 3))
     kv = KVEvents(
-        kinds=(KVEventKind.CACHED,) * cached,
+        kinds=(KVKind.CACHED,) * cached,
         refs=tuple(range(cached)),
         sizes=(1,) * cached,
         block_ids=tuple(range(10, 10 + cached)),

@@ -33,7 +33,6 @@ from tui.waits import Wait, breakdown
 # Block classes in BlockMapVM.cls; the held ones (USED, SHARED) are those >= USED.
 NULL, FREE, CACHED, USED, SHARED = range(5)
 
-KIND_NAMES = KIND_LABELS
 BATCH_KINDS = tuple(KIND_LABELS.values())
 REASONS = REASON_LABELS
 STATES = STATUS_LABELS
@@ -297,7 +296,7 @@ def _rows(
     why: dict[int, str] = {}
     if step is not None:
         for e in step.view.scheduled:
-            sched[e.ref] = (e.num_tokens, KIND_NAMES.get(e.kind, "?"))
+            sched[e.ref] = (e.num_tokens, KIND_LABELS.get(e.kind, "?"))
         why = reasons(state, step.view)
     i = state.step
     none = (0, "")
@@ -457,7 +456,7 @@ def _batch(step: StepInput | None) -> BatchVM:
         BatchEntry(
             e.ref,
             names.get(e.ref, str(e.ref)),
-            KIND_NAMES.get(e.kind, "?"),
+            KIND_LABELS.get(e.kind, "?"),
             e.num_tokens,
             e.num_spec_tokens,
             accepted.get(e.ref, -1),

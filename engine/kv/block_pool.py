@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 
-from engine.kv.events import KVEventKind, KVEventLog
+from engine.kv.events import KVEventLog
+from engine.records import KVKind
 
 
 class KVBlock:
@@ -118,7 +119,7 @@ class BlockPool:
             block.ref_cnt = 1
         if evicted:
             self.events.add(
-                KVEventKind.EVICTED,
+                KVKind.EVICTED,
                 None,
                 [b.block_id for b in evicted],
                 [self._uncache(b) for b in evicted],
@@ -147,7 +148,7 @@ class BlockPool:
             assert block.block_hash is None, f"block {block.block_id} is already cached"
             block.block_hash = h
             self.cached.setdefault(h, {})[block.block_id] = block
-        self.events.add(KVEventKind.CACHED, ref, [b.block_id for b in blocks], hashes)
+        self.events.add(KVKind.CACHED, ref, [b.block_id for b in blocks], hashes)
 
     def free_blocks(self, ordered: Iterable[KVBlock]) -> None:
         """Drop one reference from each block. Blocks reaching 0 go back to the queue:

@@ -9,8 +9,6 @@ from collections.abc import Iterable, Iterator
 
 from engine.records import NO_KV_EVENTS, KVEvent, KVEvents, KVKind, trace_hashes
 
-KVEventKind = KVKind  # the name the KV modules have always used
-
 _CACHED, _EVICTED, _PREFIX_HIT = KVKind.CACHED, KVKind.EVICTED, KVKind.PREFIX_HIT
 
 

@@ -8,8 +8,9 @@ free (+ the watermark when admitting) <= free blocks.
 from __future__ import annotations
 
 from engine.kv.block_pool import BlockPool, KVBlock
-from engine.kv.events import KVEventKind, KVEventLog
-from engine.request import Request, RequestStatus
+from engine.kv.events import KVEventLog
+from engine.records import KVKind
+from engine.request import Request, Status
 
 
 def cdiv(a: int, b: int) -> int:
@@ -104,8 +105,8 @@ class KVCacheManager:
         )
         watermark = 0
         if has_scheduled_reqs and request.status in (
-            RequestStatus.WAITING,
-            RequestStatus.PREEMPTED,
+            Status.WAITING,
+            Status.PREEMPTED,
         ):
             watermark = self.watermark_blocks
         free = self.pool.num_free_blocks
@@ -124,7 +125,7 @@ class KVCacheManager:
             table.extend(new_computed)
             self.num_cached_block[rid] = len(table)
             self.pool.events.add(
-                KVEventKind.PREFIX_HIT,
+                KVKind.PREFIX_HIT,
                 request.ref,
                 [b.block_id for b in new_computed],
                 num_tokens=num_new_computed_tokens,
@@ -134,9 +135,7 @@ class KVCacheManager:
         if num_new_blocks > 0:
             new_blocks = self.pool.get_new_blocks(num_new_blocks)
             table.extend(new_blocks)
-            self.pool.events.add(
-                KVEventKind.ALLOCATED, request.ref, [b.block_id for b in new_blocks]
-            )
+            self.pool.events.add(KVKind.ALLOCATED, request.ref, [b.block_id for b in new_blocks])
         if self.enable_caching:
             # Draft tokens may be rejected, so cache only up to the known tokens.
             self.cache_blocks(request, min(num_computed + num_new_tokens, request.num_tokens))
@@ -163,7 +162,7 @@ class KVCacheManager:
                 return None
             new_blocks = pool.get_new_blocks(need)
             table.extend(new_blocks)
-            pool.events.add(KVEventKind.ALLOCATED, request.ref, [b.block_id for b in new_blocks])
+            pool.events.add(KVKind.ALLOCATED, request.ref, [b.block_id for b in new_blocks])
         if self.enable_caching:
             upto = computed + num_new_tokens
             known = len(request.all_token_ids)
@@ -200,7 +199,7 @@ class KVCacheManager:
             return
         ordered = table[::-1]
         self.pool.free_blocks(ordered)
-        self.pool.events.add(KVEventKind.FREED, request.ref, [b.block_id for b in ordered])
+        self.pool.events.add(KVKind.FREED, request.ref, [b.block_id for b in ordered])
 
     def can_ever_fit(self, num_tokens: int) -> bool:
         """Whether `num_tokens` tokens fit in the pool with nothing else in it."""

@@ -22,17 +22,17 @@ from operator import itemgetter
 from typing import Any, cast
 
 from engine.config import EngineConfig
-from engine.kv.events import KVEventKind, KVEventLog
+from engine.kv.events import KVEventLog
 from engine.kv.hashing import ROOT_HASH, hash_block
-from engine.records import Reason
+from engine.records import KVKind, Reason
 from engine.rules import admission_failure
 from recorder.vllm.lazyhash import LazyHash, short, whole
 
 # Outside schedule(); schedule() tapped per allocation; or not; recording has stopped; or
 # not during the running pass, and per allocation from the waiting pass on.
 IDLE, FULL, LEAN, STOPPED, MIXED = 0, 1, 2, 3, 4
-_ALLOCATED, _CACHED, _EVICTED = KVEventKind.ALLOCATED, KVEventKind.CACHED, KVEventKind.EVICTED
-_PREFIX_HIT, _FREED = KVEventKind.PREFIX_HIT, KVEventKind.FREED
+_ALLOCATED, _CACHED, _EVICTED = KVKind.ALLOCATED, KVKind.CACHED, KVKind.EVICTED
+_PREFIX_HIT, _FREED = KVKind.PREFIX_HIT, KVKind.FREED
 _FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 _PLAIN_CACHE_ARGS = {"blocks", "num_cached_blocks", "num_full_blocks"}  # cache_full_blocks'
 _CACHE_FULL_BLOCKS_ARGS = (  # BlockPool.cache_full_blocks's parameters in vLLM 0.33
@@ -197,7 +197,7 @@ class KVTaps:
         self.mode = mode
 
     def _allocate_tap(self) -> Any:
-        from vllm.v1.request import RequestStatus as VllmStatus
+        from vllm.v1.request import Status as VllmStatus
 
         running_status = VllmStatus.RUNNING
         allocate = self.kvm.allocate_slots
