@@ -231,12 +231,12 @@ class Driver:
         self.sched.add_request(self._request(s))
 
     def abort(self, s: RequestScript) -> None:
-        from vllm.v1.request import Status
+        from vllm.v1.request import RequestStatus
 
         # One id per call: finish_requests iterates a set, in an order that follows the
         # hash seed, and aborts free blocks in the order they come (issue 25).
         if s.request_id in self.sched.requests:
-            self.sched.finish_requests([s.request_id], Status.FINISHED_ABORTED)
+            self.sched.finish_requests([s.request_id], RequestStatus.FINISHED_ABORTED)
 
     def unfinished(self) -> tuple[bool, bool]:
         return self.sched.has_unfinished_requests(), bool(self.batches)

@@ -197,7 +197,7 @@ class KVTaps:
         self.mode = mode
 
     def _allocate_tap(self) -> Any:
-        from vllm.v1.request import Status as VllmStatus
+        from vllm.v1.request import RequestStatus as VllmStatus
 
         running_status = VllmStatus.RUNNING
         allocate = self.kvm.allocate_slots
