@@ -4,8 +4,6 @@ checks the steps it has (its requests still running were no longer recorded)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ from recorder.reader import TraceReader
 from recorder.recorder import Recorder
 from recorder.writer import TraceWriter
 from replays.resim import resimulate
-from tests.test_vllm import ROOT, find_vllm_python, vllm_env
+from tests.test_vllm import find_vllm_python, record_in_vllm
 
 CASES = Path(__file__).parent / "data" / "fidelity"
 
@@ -84,29 +82,13 @@ def test_a_vllm_trace_stopped_by_a_cache_salt_says_so(tmp_path: Path, is_async: 
         }
         for i in range(3)
     ]
-    spec = {
-        "root": str(tmp_path),
-        "check": False,
-        "runs": [
-            {
-                "name": "salt",
-                "workload": {"config": {"num_blocks": 64}, "requests": requests},
-                "multiprocess": False,
-                "async_scheduling": is_async,
-            }
-        ],
+    run = {
+        "name": "salt",
+        "workload": {"config": {"num_blocks": 64}, "requests": requests},
+        "multiprocess": False,
+        "async_scheduling": is_async,
     }
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    proc = subprocess.run(
-        [python, "-m", "tests.vllm_engine", str(tmp_path / "spec.json"), str(tmp_path / "o")],
-        cwd=ROOT,
-        env=vllm_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads((tmp_path / "o").read_text())["salt"]
+    result = record_in_vllm(python, tmp_path, [run])["salt"]
     assert "error" not in result, result
     assert sorted(result["finished"]) == ["r0", "r1", "r2"]  # vLLM went on
     trace = next((tmp_path / "salt").glob("*.trace"))

@@ -22,8 +22,9 @@ import httpx
 import pytest
 
 from tests.model_support import have_default_model
-from tests.serve_support import REPO, ServerProcess
+from tests.serve_support import ServerProcess
 from tests.test_serve_app import run, served
+from tests.test_vllm import find_vllm_python
 
 pytestmark = pytest.mark.vllm
 
@@ -33,14 +34,7 @@ BENCH_TIMEOUT_S = 420  # 8 short requests on a busy 2-core machine, plus vLLM's 
 
 @pytest.fixture(scope="module")
 def vllm_python() -> str:
-    configured = os.environ.get("SCHEDTOP_VLLM_PYTHON")
-    python = configured or str(REPO / ".venv-vllm" / "bin" / "python")
-    if Path(python).exists():
-        return python
-    why = f"no vLLM venv ({python} does not exist; .ci/run makes one)"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI must run the vllm tests: {why}")
-    pytest.skip(why)
+    return find_vllm_python()
 
 
 def vllm_env() -> dict[str, str]:

@@ -63,6 +63,27 @@ def vllm_env() -> dict[str, str]:
     return env
 
 
+def record_in_vllm(
+    python: str, root: Path, runs: list[dict[str, Any]], *, check: bool = False, timeout: int = 600
+) -> dict[str, Any]:
+    """Runs tests/vllm_engine.py in vLLM's interpreter on `runs` (each recorded into
+    root/NAME/); returns its results by run name. `check`: vLLM's state is checked against
+    the trace's after every step."""
+    spec = {"root": str(root), "check": check, "runs": runs}
+    (root / "spec.json").write_text(json.dumps(spec))
+    proc = subprocess.run(
+        [python, "-m", "tests.vllm_engine", str(root / "spec.json"), str(root / "out.json")],
+        cwd=ROOT,
+        env=vllm_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results: dict[str, Any] = json.loads((root / "out.json").read_text())
+    return results
+
+
 def random_workload(seed: int) -> dict[str, Any]:
     """Small pools (preemptions), shared prefixes (hits), aborts, stop tokens, priorities."""
     rng = random.Random(seed)
@@ -139,36 +160,16 @@ def recorded(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> dict
     out: dict[str, Any] = {}
     for mode, (multiprocess, is_async) in MODES.items():
         root = tmp_path_factory.mktemp(mode)
-        spec = {
-            "root": str(root),
-            "check": True,
-            "runs": [
-                {
-                    "name": name,
-                    "workload": w,
-                    "multiprocess": multiprocess,
-                    "async_scheduling": is_async,
-                }
-                for name, w in runs_for(mode).items()
-            ],
-        }
-        (root / "spec.json").write_text(json.dumps(spec))
-        proc = subprocess.run(
-            [
-                vllm_python,
-                "-m",
-                "tests.vllm_engine",
-                str(root / "spec.json"),
-                str(root / "out.json"),
-            ],
-            cwd=ROOT,
-            env=vllm_env(),
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        out[mode] = (root, json.loads((root / "out.json").read_text()))
+        runs = [
+            {
+                "name": name,
+                "workload": w,
+                "multiprocess": multiprocess,
+                "async_scheduling": is_async,
+            }
+            for name, w in runs_for(mode).items()
+        ]
+        out[mode] = (root, record_in_vllm(vllm_python, root, runs, check=True, timeout=900))
     return out
 
 

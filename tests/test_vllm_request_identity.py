@@ -4,14 +4,12 @@ match on, so one workload recorded twice compares identical."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from tests.test_vllm import ROOT, fidelity_workloads, find_vllm_python, the_trace, vllm_env
+from tests.test_vllm import fidelity_workloads, find_vllm_python, record_in_vllm, the_trace
 from tui.cli import main as cli
 
 
@@ -20,25 +18,11 @@ def twice(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     python = find_vllm_python()
     root = tmp_path_factory.mktemp("twice")
     w = fidelity_workloads()["e_priority_preemption"]
-    spec = {
-        "root": str(root),
-        "check": False,
-        "runs": [
-            {"name": name, "workload": w, "multiprocess": False, "async_scheduling": True}
-            for name in ("a", "b")
-        ],
-    }
-    (root / "spec.json").write_text(json.dumps(spec))
-    proc = subprocess.run(
-        [python, "-m", "tests.vllm_engine", str(root / "spec.json"), str(root / "out.json")],
-        cwd=ROOT,
-        env=vllm_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads((root / "out.json").read_text())
+    runs = [
+        {"name": name, "workload": w, "multiprocess": False, "async_scheduling": True}
+        for name in ("a", "b")
+    ]
+    results = record_in_vllm(python, root, runs)
     for name, result in results.items():
         assert "error" not in result, f"{name}: {result['error']}"
     return {name: the_trace(root / name) for name in results}

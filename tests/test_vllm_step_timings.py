@@ -5,14 +5,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from recorder.reader import TraceReader
-from tests.test_vllm import ROOT, find_vllm_python, the_trace, vllm_env
+from tests.test_vllm import find_vllm_python, record_in_vllm, the_trace
 from tui.cli import main as cli
 
 IDLE_S = 0.4
@@ -37,31 +36,17 @@ def workload() -> dict[str, object]:
 def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     python = find_vllm_python()
     root = tmp_path_factory.mktemp("timed")
-    spec = {
-        "root": str(root),
-        "check": False,
-        "runs": [
-            {
-                "name": name,
-                "workload": workload(),
-                "multiprocess": False,
-                "async_scheduling": name == "async",
-                "sleep_before_step": {"40": IDLE_S},
-            }
-            for name in ("sync", "async")
-        ],
-    }
-    (root / "spec.json").write_text(json.dumps(spec))
-    proc = subprocess.run(
-        [python, "-m", "tests.vllm_engine", str(root / "spec.json"), str(root / "out.json")],
-        cwd=ROOT,
-        env=vllm_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads((root / "out.json").read_text())
+    runs = [
+        {
+            "name": name,
+            "workload": workload(),
+            "multiprocess": False,
+            "async_scheduling": name == "async",
+            "sleep_before_step": {"40": IDLE_S},
+        }
+        for name in ("sync", "async")
+    ]
+    results = record_in_vllm(python, root, runs)
     for name, result in results.items():
         assert "error" not in result, f"{name}: {result['error']}"
     return {name: the_trace(root / name) for name in results}
