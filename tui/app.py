@@ -373,6 +373,12 @@ class SchedtopApp(App[None]):
     def on_step_clicked(self, message: StepClicked) -> None:
         self.send(Goto(message.step))
 
+    def on_block_map_laid(self, message: BlockMap.Laid) -> None:
+        detail = self._pane(BlockDetail)
+        detail.per_cell = message.geometry.per_cell
+        detail.aggregate = message.geometry.zoom == "fit"
+        self._titles()
+
     def on_block_map_selected(self, message: BlockMap.Selected) -> None:
         self.selected_block = message.block
         self._pane(BlockMap)._scroll_to_selected()

@@ -120,6 +120,14 @@ class BlockMap(ScrollView, can_focus=True, inherit_bindings=False):
             super().__init__()
             self.block = block
 
+    class Laid(Message):
+        """The map's layout changed (a new size, zoom or pool): what its legend says
+        follows it, since the first frame may come before the map has a size."""
+
+        def __init__(self, geometry: Geometry) -> None:
+            super().__init__()
+            self.geometry = geometry
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         # Rendered lines: (look, the line's classes, its owners, strip). A new step reuses
@@ -132,6 +140,7 @@ class BlockMap(ScrollView, can_focus=True, inherit_bindings=False):
         self._pass = (0, geometry(1, 2, 1, None))  # width and layout of the pass rendering
         self._top = 0  # and its scroll offset
         self._pass_key: tuple[int, Geometry] | None = None
+        self._told: Geometry | None = None  # the layout the last Laid message carried
 
     # -- layout ----------------------------------------------------------------------------
 
@@ -165,6 +174,9 @@ class BlockMap(ScrollView, can_focus=True, inherit_bindings=False):
         self._hl_cells = hl
         g = self.geometry
         self.virtual_size = Size(g.cols * g.cell_w + self.label_width, g.lines)
+        if g != self._told:
+            self._told = g
+            self.post_message(self.Laid(g))
         self.refresh()
 
     def watch_vm(self) -> None:
