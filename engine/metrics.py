@@ -231,24 +231,31 @@ class RequestTimes:
     e2e: float | None  # arrival -> end of the step that finished it (errors aside)
     queue: float | None  # arrival -> start of the first step that scheduled it
     itl: list[float]  # between consecutive steps that gave it tokens
+    prefill: float | None = None  # start of the first step that scheduled it -> first token
+    decode: float | None = None  # first token -> last token (finished only)
 
 
 def request_times(r: Lifecycle, clock: Clock) -> RequestTimes:
     arrival = clock.arrivals.get(r.ref, 0.0)
     steps = r.sample_steps
-    ttft = tpot = e2e = queue = None
+    ttft = tpot = e2e = queue = prefill = decode = None
     itl: list[float] = []
-    if r.first_scheduled_step >= clock.first_step:
+    scheduled = r.first_scheduled_step >= clock.first_step
+    if scheduled:
         queue = max(0.0, clock.start(r.first_scheduled_step) - arrival)
     if steps and steps[0] >= clock.first_step:
         times = [clock.end(s) for s in steps]
         ttft = times[0] - arrival
         itl = [b - a for a, b in zip(times, times[1:])]
-        if r.finished_ok and r.num_samples > 1:
-            tpot = (times[-1] - times[0]) / (r.num_samples - 1)
+        if scheduled:
+            prefill = times[0] - clock.start(r.first_scheduled_step)
+        if r.finished_ok:
+            decode = times[-1] - times[0]
+            if r.num_samples > 1:
+                tpot = decode / (r.num_samples - 1)
     if r.finished_ok and r.arrival_step >= clock.first_step:
         e2e = clock.end(r.finish_step) - arrival
-    return RequestTimes(ttft, tpot, e2e, queue, itl)
+    return RequestTimes(ttft, tpot, e2e, queue, itl, prefill, decode)
 
 
 @dataclass
@@ -395,3 +402,88 @@ class MetricsSink:
         clock = self.run_clock()
         lives = (self.fold.reqs[ref] for ref in sorted(self.fold.reqs))
         return {r.request_id: request_times(r, clock) for r in lives}
+
+
+# -- a server's side: the fold of a run that never ends, one step at a time -----------------
+
+
+@dataclass
+class StepObservations:
+    """What one step adds to a live run's metrics, as vLLM's Prometheus metrics observe
+    them (the server's /metrics): the same definitions as `run_metrics`, per event."""
+
+    ttft: list[float] = field(default_factory=list)  # requests that got their first token
+    itl: list[float] = field(default_factory=list)  # gaps ending at this step
+    finished: list[tuple[Lifecycle, RequestTimes]] = field(default_factory=list)  # errors too
+    prompt_tokens: int = 0  # prompts of the requests that got their first token
+    generation_tokens: int = 0  # tokens sampled
+    prefix_hit_tokens: int = 0  # prefix-cache hits at first admissions
+    prefix_query_tokens: int = 0  # tokens looked up then
+    preemptions: int = 0
+
+
+class LiveMetrics:
+    """The fold of a server's engine (which runs for days): each step's record in,
+    what it adds to the metrics out, and a finished request's life forgotten once
+    observed, so that memory follows the requests in flight, not the steps or requests
+    served. Times are on the engine's clock, which stamps arrivals."""
+
+    def __init__(self) -> None:
+        self.fold = Lifecycles()
+        self.first_step = 0  # the step of ends[0]
+        self.ends: list[float] = []  # per step from first_step on
+        self.starts: list[float] = []
+
+    def step(self, rec: Step, end: float) -> StepObservations:
+        """The step's record, and when its work ended (the record's making: where a
+        recorder stamps it), so that the figures are the trace's own."""
+        fold = self.fold
+        if not self.ends:
+            self.first_step = rec.step
+        before = fold.preemptions
+        fold.step_explicit(rec)
+        self.ends.append(end)
+        self.starts.append(end - rec.work_ns / 1e9)
+        obs = StepObservations(preemptions=fold.preemptions - before)
+        reqs = fold.reqs
+        for adm in rec.admissions:
+            life = reqs.get(adm.ref)
+            if life is not None and len(life.hit_tokens) == 1:  # its first admission
+                obs.prefix_hit_tokens += life.hit_tokens[0]
+                obs.prefix_query_tokens += life.queried_tokens[0]
+        clock = self._clock()
+        step = rec.step
+        for ref, count in explicit_samples(rec):
+            life = reqs.get(ref)
+            if life is None or not count:
+                continue
+            obs.generation_tokens += count
+            steps = life.sample_steps
+            if steps[-1] != step:
+                continue
+            if len(steps) == 1:
+                obs.ttft.append(end - clock.arrivals[ref])
+                obs.prompt_tokens += life.num_prompt_tokens
+            elif steps[-2] >= self.first_step:
+                obs.itl.append(end - clock.end(steps[-2]))
+        for f in rec.finishes:
+            life = reqs.pop(f.ref, None)
+            if life is not None:
+                obs.finished.append((life, request_times(life, clock)))
+                fold._unscheduled.pop(f.ref, None)
+        self._trim()
+        return obs
+
+    def _clock(self) -> Clock:
+        arrivals = {ref: r.arrival_time for ref, r in self.fold.reqs.items()}
+        return Clock(SECONDS, self.first_step, self.ends, self.starts, arrivals)
+
+    def _trim(self) -> None:
+        """Forget the times of steps before every request in flight arrived."""
+        last = self.first_step + len(self.ends) - 1
+        keep = min((r.arrival_step for r in self.fold.reqs.values()), default=last)
+        cut = max(0, min(keep, last) - self.first_step)
+        if cut >= 64 or (cut and not self.fold.reqs):  # amortized: not on every step
+            del self.ends[:cut], self.starts[:cut]
+            self.first_step += cut
+        del self.fold.steps[:-1]  # the step list is the batch fold's; one is enough here

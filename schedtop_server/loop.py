@@ -23,12 +23,15 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from engine.events import ClientReport
+from engine.metrics import LiveMetrics
 from engine.model.errors import RequestError
 from engine.request import SamplingParams
 from schedtop_server.detok import IncrementalDetokenizer, StopStrings
 
 if TYPE_CHECKING:
     from engine.model.llm_engine import LLMEngine, Prompt, RequestOutput
+    from engine.records import Step
+    from engine.stats import StepStats
     from schedtop_server.metrics import ServeMetrics
 
 log = logging.getLogger("schedtop.serve")
@@ -151,6 +154,9 @@ class EngineLoop:
         self.on_idle = on_idle
         self.idle_interval_s = idle_interval_s
         self.stats = LoopStats()
+        # /metrics' latencies: the one fold (engine.metrics), on the engine's clock, which
+        # stamps arrivals, so that they are what `stats` reads from the trace
+        self._fold = LiveMetrics()
         self.on_dead: Callable[[str], None] | None = None  # called from the engine thread
         self.dead_reason: str | None = None  # why the engine thread ended, if it failed
         # Set once a shutdown begins (asyncio side): new requests get a 503 from then on.
@@ -397,9 +403,7 @@ class EngineLoop:
         self.engine.abort(request_id)
         self.stats.aborted += 1
         if self.metrics is not None:
-            self._guarded(
-                "metrics", self.metrics.observe_finish, self.engine.output(request_id), "abort"
-            )
+            self._guarded("metrics", self.metrics.observe_finish, "abort")
         self.engine.forget(request_id)
 
     def _step(self) -> None:
@@ -415,7 +419,7 @@ class EngineLoop:
                 if live is not None and live.scheduled_at is None:
                     live.scheduled_at = started
             if self.metrics is not None:
-                self._guarded("metrics", self.metrics.observe_step, step, engine.stats(), started)
+                self._guarded("metrics", self._observe, last.report, started, step)
         for out in outs:
             live = self._live.get(out.request_id)
             if live is not None:
@@ -425,6 +429,14 @@ class EngineLoop:
                     self._fail(out.request_id, live.sub.out, e, "producing its text")
         if self._hang_after and self.stats.steps >= self._hang_after:
             self._hang(last.report.step if last is not None else -1)
+
+    def _observe(self, report: Step, started: float, step: StepStats) -> None:
+        """The step into the metrics' fold, what it added into /metrics. The step's work
+        ended `work_ns` after the engine's step() began (just after `started`): where the
+        trace's recorder stamped it, not later, after the outputs were detokenized."""
+        assert self.metrics is not None
+        obs = self._fold.step(report, started + report.work_ns / 1e9)
+        self.metrics.observe_step(obs, self.engine.stats(), step.num_scheduled_tokens)
 
     def _hang(self, step: int) -> None:
         """The hang test hook: no step, no idle call, no flush from here on."""
@@ -444,8 +456,6 @@ class EngineLoop:
                 self.engine.abort(out.request_id)
         elif out.finished:
             text += live.stops.feed(live.detok.finish(), final=True)
-        if self.metrics is not None:
-            self._guarded("metrics", self.metrics.observe_tokens, out, len(new))
         update = Update(
             text=text,
             num_tokens=live.num_tokens,
@@ -457,12 +467,7 @@ class EngineLoop:
         if reason is not None:
             del self._live[out.request_id]
             if self.metrics is not None:
-                self._guarded(
-                    "metrics",
-                    self.metrics.observe_finish,
-                    self.engine.output(out.request_id),
-                    reason,
-                )
+                self._guarded("metrics", self.metrics.observe_finish, reason)
             self.engine.forget(out.request_id)
         if text or reason is not None or update.scheduled_at is not None:
             self._send(live.sub.out, update)

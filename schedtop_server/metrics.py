@@ -18,8 +18,8 @@ from prometheus_client import (
 )
 
 if TYPE_CHECKING:
-    from engine.model.llm_engine import RequestOutput
-    from engine.stats import EngineStats, StepStats
+    from engine.metrics import StepObservations
+    from engine.stats import EngineStats
 
 # vLLM does the same: no `*_created` series beside every counter and histogram.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -108,6 +108,26 @@ class ServeMetrics:
             "Time spent in WAITING phase for request.",
             REQUEST_LATENCY_BUCKETS,
         )
+        self.tpot = histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Time per output token per request in seconds.",
+            ITL_BUCKETS,
+        )
+        self.prefill = histogram(
+            "vllm:request_prefill_time_seconds",
+            "Time spent in PREFILL phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.decode = histogram(
+            "vllm:request_decode_time_seconds",
+            "Time spent in DECODE phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.inference = histogram(
+            "vllm:request_inference_time_seconds",
+            "Time spent in RUNNING phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
         sizes = token_buckets(max_model_len)
         self.request_prompt = histogram(
             "vllm:request_prompt_tokens", "Number of prefill tokens processed.", sizes
@@ -120,7 +140,6 @@ class ServeMetrics:
             "Number of tokens per engine step.",
             (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
         )
-        self._admitted: dict[str, float] = {}  # request id -> engine clock at first admission
         # schedtop's own: what vLLM has no name for.
         self.unauthenticated = counter(
             "schedtop:unauthenticated_requests",
@@ -153,42 +172,40 @@ class ServeMetrics:
         self.waiting.set(state.num_waiting)
         self.kv_usage.set(state.kv_usage)
 
-    def observe_step(self, step: StepStats, state: EngineStats, started: float) -> None:
-        """After a step that began at `started` (engine clock); `state` is the engine's
-        load after it."""
+    def observe_step(self, obs: StepObservations, state: EngineStats, num_tokens: int) -> None:
+        """After a step: what it added to the run's fold (engine.metrics.LiveMetrics, the
+        one definition of every latency, as `stats` reads it from the trace), the
+        engine's load after it and the tokens it scheduled."""
         self.observe_state(state)
-        self.preemptions.inc(step.num_preemptions)
-        self.iteration_tokens.observe(step.num_scheduled_tokens)
-        for a in step.admitted:
-            if a.resumed:
+        self.preemptions.inc(obs.preemptions)
+        self.iteration_tokens.observe(num_tokens)
+        if self.prefix_caching:
+            self.prefix_queries.inc(obs.prefix_query_tokens)
+            self.prefix_hits.inc(obs.prefix_hit_tokens)
+        self.prompt_tokens.inc(obs.prompt_tokens)  # vLLM counts a prompt at its first token
+        self.generation_tokens.inc(obs.generation_tokens)
+        for x in obs.ttft:
+            self.ttft.observe(x)
+        for x in obs.itl:
+            self.itl.observe(x)
+        for life, t in obs.finished:
+            if not life.finished_ok:  # an error: vLLM observes no latency for it
                 continue
-            self._admitted.setdefault(a.request_id, started)
-            if self.prefix_caching:
-                self.prefix_queries.inc(a.num_prompt_tokens)
-                self.prefix_hits.inc(a.num_cached_tokens)
+            for hist, value in (
+                (self.e2e, t.e2e),
+                (self.queue, t.queue),
+                (self.tpot, t.tpot),
+                (self.prefill, t.prefill),
+                (self.decode, t.decode),
+            ):
+                if value is not None:
+                    hist.observe(value)
+            if t.prefill is not None and t.decode is not None:
+                self.inference.observe(t.prefill + t.decode)
+            self.request_prompt.observe(life.num_prompt_tokens)
+            self.request_generation.observe(life.num_samples)
 
-    def observe_tokens(self, out: RequestOutput, num_new: int) -> None:
-        """A request got `num_new` tokens this step (vLLM counts the prompt at the first)."""
-        if num_new <= 0:
-            return
-        n = len(out.output_token_ids)
-        if n == num_new:
-            self.prompt_tokens.inc(len(out.prompt_token_ids))
-            if out.ttft_s is not None:
-                self.ttft.observe(out.ttft_s)
-        self.generation_tokens.inc(num_new)
-        times = out.token_times
-        for i in range(max(1, n - num_new), n):
-            self.itl.observe(times[i] - times[i - 1])
-
-    def observe_finish(self, out: RequestOutput, reason: str) -> None:
+    def observe_finish(self, reason: str) -> None:
+        """A response ended, for the reason the server gave its client (a stop string is
+        "stop" though the engine aborted the request)."""
         self.success[reason if reason in self.success else "error"].inc()
-        admitted = self._admitted.pop(out.request_id, None)
-        if reason == "error":
-            return
-        end = out.finish_time if out.finish_time is not None else out.arrival_time
-        self.e2e.observe(max(0.0, end - out.arrival_time))
-        if admitted is not None:
-            self.queue.observe(max(0.0, admitted - out.arrival_time))
-        self.request_prompt.observe(len(out.prompt_token_ids))
-        self.request_generation.observe(len(out.output_token_ids))

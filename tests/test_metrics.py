@@ -234,3 +234,74 @@ def test_no_step_timings_says_why(tmp_path: Path) -> None:
         for command in (["whatif", str(trace)], ["stats", str(trace), "--cost-model"]):
             res = CliRunner().invoke(main, command)
             assert res.exit_code == 2 and f"no step timings: {why}" in res.stderr, command
+
+
+def test_the_servers_metrics_are_the_traces_stats(tmp_path: Path) -> None:
+    """/metrics' latency histograms observe the fold (engine.metrics.LiveMetrics) on the
+    engine's clock: their counts and sums are what `stats` reads from the server's trace."""
+    import asyncio
+
+    from tests.serve_support import metric
+    from tests.test_serve_app import served
+
+    trace = tmp_path / "serve.trace"
+
+    async def go() -> str:
+        async with served(trace, max_num_seqs=2) as (client, _):
+            bodies = [
+                {"prompt": f"request {i} " * (1 + i), "max_tokens": 3 + i, "ignore_eos": True}
+                for i in range(5)
+            ]
+            bodies[0]["stream"] = True
+            replies = await asyncio.gather(
+                *(client.post("/v1/completions", json=b) for b in bodies)
+            )
+            assert all(r.status_code == 200 for r in replies)
+            return (await client.get("/metrics")).text
+
+    text = asyncio.run(go())
+    stats = json.loads(_cli("stats", str(trace), "--json"))
+    reqs = stats["requests"]
+    assert stats["unit"] == "s" and len(reqs) == 5
+
+    def hist(name: str) -> tuple[float, float]:
+        return metric(text, f"vllm:{name}_count"), metric(text, f"vllm:{name}_sum")
+
+    for name, key in (
+        ("time_to_first_token_seconds", "ttft"),
+        ("e2e_request_latency_seconds", "e2e"),
+        ("request_queue_time_seconds", "queue"),
+        ("request_time_per_output_token_seconds", "tpot"),
+    ):
+        values = [r[key] for r in reqs if r[key] is not None]
+        count, total = hist(name)
+        assert count == len(values) == 5, name
+        assert total == pytest.approx(sum(values), rel=0.01, abs=1e-4), name
+    # every token after a request's first is one gap; together they are its decode time
+    count, total = hist("inter_token_latency_seconds")
+    assert count == sum(r["output_tokens"] - 1 for r in reqs)
+    decode = sum(r["tpot"] * (r["output_tokens"] - 1) for r in reqs)
+    assert total == pytest.approx(decode, rel=0.01, abs=1e-4)
+    assert hist("request_decode_time_seconds")[1] == pytest.approx(decode, rel=0.01, abs=1e-4)
+    assert metric(text, "vllm:generation_tokens_total") == stats["output_tokens"]
+
+
+def test_the_live_fold_forgets_what_it_has_observed() -> None:
+    """A server runs for days: the live fold keeps the requests in flight, not the run."""
+    from engine.metrics import LiveMetrics
+
+    live = LiveMetrics()
+    ttft: list[float] = []
+    finished = 0
+    for s in range(0, 3000, 3):  # a request every 3 steps: arrives, decodes, finishes
+        ref = s // 3
+        arrive = Step(s, arrivals=(_arrival(ref, 8),), scheduled=(Scheduled(ref, 8, 0, 0),))
+        obs = [live.step(arrive, s + 1.0)]
+        obs.append(live.step(Step(s + 1, scheduled=(Scheduled(ref, 1, 2, 8),)), s + 2.0))
+        done = Step(s + 2, scheduled=(Scheduled(ref, 1, 2, 9),), finishes=(Finish(ref, 4),))
+        obs.append(live.step(done, s + 3.0))
+        ttft += [t for o in obs for t in o.ttft]
+        finished += sum(len(o.finished) for o in obs)
+        assert obs[2].finished[0][1].tpot == pytest.approx(1.0)
+    assert finished == 1000 and ttft == [s + 1.0 - float(s // 3) for s in range(0, 3000, 3)]
+    assert not live.fold.reqs and len(live.ends) < 70

@@ -243,7 +243,7 @@ def test_faults_at_each_stage_fail_one_request_not_the_engine(
             monkeypatch.setattr(IncrementalDetokenizer, "push", fault)
         elif stage == "metrics":
             assert loop.metrics is not None
-            monkeypatch.setattr(loop.metrics, "observe_tokens", fault)
+            monkeypatch.setattr(loop.metrics, "observe_finish", fault)
             monkeypatch.setattr(loop.metrics, "observe_step", fault)
         else:
             monkeypatch.setattr(engine, "report_client", fault)
