@@ -305,3 +305,29 @@ def test_the_live_fold_forgets_what_it_has_observed() -> None:
         assert obs[2].finished[0][1].tpot == pytest.approx(1.0)
     assert finished == 1000 and ttft == [s + 1.0 - float(s // 3) for s in range(0, 3000, 3)]
     assert not live.fold.reqs and len(live.ends) < 70
+
+
+def test_the_tuis_request_figures_are_the_stats(tmp_path: Path) -> None:
+    """The TUI's per-request queued and TTFT (steps) are what `stats --json` says of the
+    same trace: the fold's step-unit definitions."""
+    from tui.viewmodel import _rows
+
+    trace = tmp_path / "sim.trace"
+    _cli("sim", "--trace", str(trace))
+    stats = json.loads(_cli("stats", str(trace), "--json"))
+    assert stats["unit"] == "steps"
+    want = {r["request_id"]: r for r in stats["requests"]}
+    ttft: dict[str, int] = {}
+    queued: dict[str, int] = {}
+    with TraceReader(trace) as reader:
+        tl = Timeline(reader)
+        for i in range(tl.first_step, tl.last_step + 1):
+            for row in _rows(tl.state(i), None, {}):
+                if row.ttft is not None:
+                    ttft.setdefault(row.request_id, row.ttft)
+                if row.queued is not None and not row.still_queued:
+                    queued.setdefault(row.request_id, row.queued)
+    assert len(ttft) >= len(want) - 2  # one-token requests finish in their first step
+    for rid, t in ttft.items():
+        assert t == want[rid]["ttft"], rid
+    assert queued and all(q == want[rid]["queue"] for rid, q in queued.items())

@@ -90,7 +90,10 @@ class RequestRow:
     priority: int  # lower runs first under the priority policy
     queued: int | None  # steps from arrival to first admission (None: arrived before the trace)
     still_queued: bool  # never admitted yet: `queued` is still growing
-    ttft: int | None  # steps from arrival to its first token (None: none yet, or unknown)
+    # steps to its first token, as engine.metrics counts them (stats, sim): arrival is the
+    # end of the step before it arrived, the token the end of the step that sampled it, so
+    # a token in its arrival step is 1 (None: none yet, or unknown)
+    ttft: int | None
     scheduled: int  # tokens scheduled this step
     kind: str  # what those tokens are: prefill, chunk, decode, spec ("" for none)
     why: str  # why it got nothing, or less than it wanted, this step ("" when neither)
@@ -322,7 +325,7 @@ def _rows(
                 r.priority,
                 None if arrived < 0 else (first - arrived if first >= 0 else i + 1 - arrived),
                 arrived >= 0 > first,
-                token - arrived if arrived >= 0 and token >= 0 else None,
+                token - arrived + 1 if arrived >= 0 and token >= 0 else None,
                 tokens,
                 kind,
                 why.get(ref, ""),
@@ -369,7 +372,7 @@ def _finished_row(
         r.priority,
         queued,
         False,
-        token - arrived if arrived >= 0 and token >= 0 else None,
+        token - arrived + 1 if arrived >= 0 and token >= 0 else None,
         tokens,
         kind,
         f"finished: {how}" + (f" ({f.message})" if f.message else ""),
