@@ -93,6 +93,10 @@ class CostModel:
     intercept_s: float  # a step's fixed cost, seconds
     coefficients: dict[str, float] = field(default_factory=dict)  # feature -> seconds per unit
     fit: FitQuality | None = None  # None: given by hand, not fitted
+    # The engine's first step's one-time cost beyond the model (the C kernel's load, the
+    # weights' first touch, the allocator's first blocks), seconds: charged once, to the
+    # first step of a run from its start (predict_ns(work, first=True)).
+    warmup_s: float = 0.0
     # Derived, not compared: predict_ns runs once per simulated step and reads it each time.
     _vector: tuple[float, ...] = field(init=False, repr=False, compare=False, default=())
 
@@ -102,7 +106,7 @@ class CostModel:
             raise CostModelError(
                 f"unknown feature(s) {', '.join(unknown)}; known: intercept, {', '.join(FEATURES)}"
             )
-        values = [self.intercept_s, *self.coefficients.values()]
+        values = [self.intercept_s, self.warmup_s, *self.coefficients.values()]
         if not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
             raise CostModelError(f"coefficients must be finite numbers, got {values}")
         # Every feature present, in FEATURES order: equal models compare equal.
@@ -115,11 +119,14 @@ class CostModel:
         """(intercept, coefficient of each FEATURE in order), seconds."""
         return self._vector
 
-    def predict_ns(self, work: Sequence[int]) -> int:
-        """The predicted duration of a step with this work, integer ns."""
+    def predict_ns(self, work: Sequence[int], first: bool = False) -> int:
+        """The predicted duration of a step with this work, integer ns; `first`: the
+        engine's first step, which pays the warm-up too."""
         c = self._vector
         s = c[0] + c[1] * work[0] + c[2] * work[1] + c[3] * work[2] + c[4] * work[3]
         s += c[5] * work[4]
+        if first:
+            s += self.warmup_s
         return max(MIN_STEP_NS, round(s * 1e9))
 
     def predict_many_ns(self, work: np.ndarray) -> np.ndarray:
@@ -132,6 +139,7 @@ class CostModel:
             "unit": "s",
             "intercept": self.intercept_s,
             "coefficients": {f: self.coefficients.get(f, 0.0) for f in FEATURES},
+            "warmup": self.warmup_s,
         }
         if self.fit is not None:
             out["fit"] = self.fit.__dict__.copy()
@@ -147,7 +155,10 @@ class CostModel:
         try:
             fit = FitQuality(**data["fit"]) if isinstance(data.get("fit"), dict) else None
             return cls(
-                float(data.get("intercept", 0.0)), {k: float(v) for k, v in coef.items()}, fit
+                float(data.get("intercept", 0.0)),
+                {k: float(v) for k, v in coef.items()},
+                fit,
+                float(data.get("warmup", 0.0)),
             )
         except (TypeError, ValueError) as e:  # CostModelError is a ValueError too
             raise CostModelError(f"{where}: {e}") from None
@@ -167,7 +178,7 @@ def parse_model(spec: str) -> CostModel:
             f"--model {spec!r}: neither a file nor intercept=S,FEATURE=S,... "
             f"(features: {', '.join(FEATURES)})"
         )
-    intercept = 0.0
+    intercept = warmup = 0.0
     coef: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         key, sep, value = part.partition("=")
@@ -179,12 +190,20 @@ def parse_model(spec: str) -> CostModel:
             raise CostModelError(f"--model: {part!r} is not KEY=SECONDS")
         if key.strip() == "intercept":
             intercept = number
+        elif key.strip() == "warmup":
+            warmup = number
         else:
             coef[key.strip()] = number
-    return CostModel(intercept, coef)
+    return CostModel(intercept, coef, warmup_s=warmup)
 
 
-def fit_model(work: np.ndarray, seconds: np.ndarray, source: str, excluded: int = 0) -> CostModel:
+def fit_model(
+    work: np.ndarray,
+    seconds: np.ndarray,
+    source: str,
+    excluded: int = 0,
+    warmup: bool = False,
+) -> CostModel:
     """Least squares of step seconds on [1, work] (work: (n, 5) FEATURES). Plain
     (absolute) least squares, because what the model feeds are sums of step times (a TTFT
     spans many steps), and it keeps those sums unbiased.
@@ -194,7 +213,18 @@ def fit_model(work: np.ndarray, seconds: np.ndarray, source: str, excluded: int 
     a step faster; a negative term is collinearity, not physics), and steps whose residual
     relative to their own duration exceeds OUTLIER_MADS scaled MADs (and OUTLIER_MIN) are
     left out, refitting until the set is stable (a
-    thread-count probe, another process on the machine) before the final fit."""
+    thread-count probe, another process on the machine) before the final fit.
+
+    `warmup`: row 0 is the engine's first step, which pays one-time costs the work does
+    not explain (seconds of them on a CPU: the kernel's load, the weights' first touch).
+    It is left out of the fit (counted as excluded), and its time beyond the fit is the
+    model's `warmup_s`, charged to the first step of a predicted run: without it a
+    predicted run's first step ends seconds early, and the requests that arrived during
+    the real one join other steps (docs/whatif.md)."""
+    first: tuple[np.ndarray, float] | None = None
+    if warmup and len(seconds) > 2:
+        first = (work[0].astype(np.float64), float(seconds[0]))
+        work, seconds, excluded = work[1:], seconds[1:], excluded + 1
     n = len(seconds)
     if n < 2:
         raise CostModelError(
@@ -228,8 +258,11 @@ def fit_model(work: np.ndarray, seconds: np.ndarray, source: str, excluded: int 
         mean_step_s=float(yk.mean()),
         **_holdout(xk, yk),
     )
+    extra = 0.0
+    if first is not None:
+        extra = max(0.0, first[1] - float(coef[0] + first[0] @ coef[1:]))
     return CostModel(
-        float(coef[0]), {f: float(coef[i + 1]) for i, f in enumerate(FEATURES)}, quality
+        float(coef[0]), {f: float(coef[i + 1]) for i, f in enumerate(FEATURES)}, quality, extra
     )
 
 
@@ -294,13 +327,15 @@ def format_model(m: CostModel) -> str:
     ]
     for f in FEATURES:
         lines.append(f"  {f:<16} {_us(m.coefficients.get(f, 0.0))} {units[f]}")
+    if m.warmup_s:
+        lines.append(f"  warm-up          {_us(m.warmup_s)} once, on the engine's first step")
     q = m.fit
     if q is None:
         lines.append("given, not fitted")
     else:
         lines.append(
             f"fitted on {q.num_steps} steps of {q.source} ({q.num_outliers} outliers dropped, "
-            f"{q.num_excluded} steps after idle time not measurable)"
+            f"{q.num_excluded} left out: the engine's first step, steps after unmeasured idle)"
         )
         lines.append(
             f"R² {q.r2:.3f}   RMSE {q.rmse_s * 1e3:.2f} ms   mean relative error "

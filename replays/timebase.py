@@ -129,6 +129,16 @@ class Observer(Lifecycles):
         work = np.array([self.work[i] for i in rows], dtype=np.int64).reshape(-1, 5)
         return work, np.array(secs), len(self.end_ns) - len(rows)
 
+    def fit(self, source: str) -> CostModel:
+        """The step-time model fitted on these steps (fit_rows). When the recording began
+        with the engine and its first step's work is measured (format 1.4), that step is
+        the engine's first, with its one-time costs: the model's warm-up."""
+        work, secs, excluded = self.fit_rows()
+        warmup = bool(
+            self.steps and self.steps[0] == 0 and self.end_ns[0] and self.work_ns[0] is not None
+        )
+        return fit_model(work, secs, source, excluded, warmup)
+
 
 def observe_trace(
     path: str | Path, on_step: Callable[[Step, StepView], None] | None = None
@@ -164,8 +174,7 @@ def fit_trace(path: str | Path) -> CostModel:
     obs, _ = observe_trace(path)
     if not obs.timed:
         raise CostModelError(f"{path}: {why_untimed(path)}: there are no step times to fit")
-    work, secs, excluded = obs.fit_rows()
-    return fit_model(work, secs, str(path), excluded)
+    return obs.fit(str(path))
 
 
 def why_untimed(path: str | Path) -> str:
@@ -213,6 +222,9 @@ def recorded_timebase(obs: Observer, model: CostModel) -> Timebase:
     else:
         work = np.array(obs.work, dtype=np.int64).reshape(-1, 5)
         took = [int(v) for v in model.predict_many_ns(work)]
+        busy = next((i for i, w in enumerate(obs.work) if w[4]), None)
+        if busy is not None and first == 0:  # the engine's first model step warms it up,
+            took[busy] = model.predict_ns(obs.work[busy], first=True)  # as a predicted run's
         ends = [int(v) for v in np.cumsum(took)] if took else []
         starts = [e - t for e, t in zip(ends, took)]
         arrivals = [_end_before(ends, first, obs.reqs[r].arrival_step) for r in refs]

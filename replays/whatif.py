@@ -30,7 +30,7 @@ from engine.outputs import ModelRunnerOutput, SchedulerOutput
 from engine.records import Timing
 from recorder.reader import TraceReader
 from recorder.schema import Header
-from replays.costmodel import CostModel, fit_model, format_model, step_work
+from replays.costmodel import CostModel, format_model, step_work
 from replays.resim_base import Checker, ResimError, config_for, inputs_checked, recorder_for
 from replays.scripts import ScriptCollector, ScriptedRunner, scripted_engine
 from replays.timebase import (
@@ -133,8 +133,7 @@ def whatif(
                 f"{path}: {why_untimed(path)}: give a step-time model with "
                 "--model FILE or --model intercept=S,prefill_tokens=S,..."
             )
-        work, secs, excluded = obs.fit_rows()
-        model = fit_model(work, secs, str(path), excluded)
+        model = obs.fit(str(path))
     if min_r2 is not None and model.fit is not None and model.fit.trust_r2 < min_r2:
         raise WhatifError(
             f"{path}: the step-time model's R² on held-out steps is {model.fit.trust_r2:.3f}, "
@@ -196,11 +195,13 @@ class _TimedRunner(ScriptedRunner):
         self.model = model
         self.clock = clock
         self.work = NO_WORK  # the last executed step's; the driver resets it before a step
+        self.first = True  # the next step executed is the engine's first: it warms up
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         result = super().execute(out)
         self.work = work = scheduled_work(out)
-        ns = self.model.predict_ns(work)
+        ns = self.model.predict_ns(work, self.first)
+        self.first = False
         self.clock.charge(ns)
         result.timings = [Timing(out.step, 0, ns, None, 0)]
         return result
@@ -331,7 +332,7 @@ class _Inputs:
     def recorded(self, model: CostModel) -> tuple[Timebase, TimedMetrics]:
         """The recording's timebase and metrics under `model` (computed once per model:
         every config of a sweep compares with the same recording)."""
-        key = model.vector
+        key = (*model.vector, model.warmup_s)
         if key not in self.on_clock:
             base = recorded_timebase(self.obs, model)
             self.on_clock[key] = (

@@ -17,7 +17,7 @@ from engine.metrics import Lifecycles, run_metrics, step_clock
 from engine.records import Admission, Arrival, Finish, Preemption, SamplingParams, Scheduled, Step
 from recorder.reader import TraceReader
 from replays.breakpoints import find_all, parse
-from replays.costmodel import TRUST_R2, fit_model, trust_warning
+from replays.costmodel import TRUST_R2, CostModel, fit_model, parse_model, trust_warning
 from replays.stats import trace_stats
 from replays.sweep import SweepRow, format_table
 from replays.timeline import Timeline
@@ -194,6 +194,26 @@ def test_the_fit_is_judged_on_steps_it_did_not_see() -> None:
     rows = [SweepRow("a.trace", {"max_num_seqs": 4}, False, metrics, fit_r2=0.1)]
     table = format_table(rows, "ttft_p99")
     assert "max_num_seqs=4 ?" in table and f"held-out R² below {TRUST_R2}" in table
+
+
+def test_the_engines_first_step_is_its_warm_up_not_a_step_to_fit() -> None:
+    """Step 0 pays one-time costs: left out of the fit, its excess is charged once to a
+    predicted run's first step, so that the requests that arrived during it join the same
+    step as they did (the README's main job: every decision reproduced, docs/whatif.md)."""
+    rng = np.random.default_rng(7)
+    work = rng.integers(1, 500, size=(40, 5))
+    work[:, 2] = 0
+    secs = 0.002 + work @ np.array([2e-5, 1e-4, 0.0, 1e-7, 3e-5])
+    secs[0] += 4.0  # the kernel's load, the weights' first touch
+    m = fit_model(work, secs, "warm", warmup=True)
+    assert m.warmup_s == pytest.approx(4.0) and m.fit is not None
+    assert m.fit.num_excluded == 1 and m.fit.num_outliers == 0 and m.fit.r2 == pytest.approx(1.0)
+    assert m.predict_ns(work[0], first=True) == pytest.approx(secs[0] * 1e9, rel=1e-6)
+    assert m.predict_ns(work[0]) == pytest.approx((secs[0] - 4.0) * 1e9, rel=1e-6)
+    assert fit_model(work, secs, "cold").warmup_s == 0.0
+    again = CostModel.from_json(json.loads(json.dumps(m.to_json())))
+    assert again.warmup_s == m.warmup_s
+    assert parse_model("intercept=0.01,warmup=2").warmup_s == 2.0
 
 
 def test_whatif_refuses_a_model_below_min_r2(tiny_gguf: Path, tmp_path: Path) -> None:
