@@ -351,3 +351,38 @@ def test_the_tuis_request_figures_are_the_stats(tmp_path: Path) -> None:
     for rid, t in ttft.items():
         assert t == want[rid]["ttft"], rid
     assert queued and all(q == want[rid]["queue"] for rid, q in queued.items())
+
+
+def test_a_serve_trace_with_an_idle_gap_has_no_step_longer_than_its_work(
+    tmp_path: Path,
+) -> None:
+    """A server waits for its first request and between requests: that wait is idle,
+    not the next step's work, and `find 'slow>1000'` does not hit it (issue 24)."""
+    import asyncio
+
+    from tests.test_serve_app import served
+
+    trace = tmp_path / "serve.trace"
+    gap = 1.1  # the idle to produce, not a wait for anything
+
+    async def go() -> None:
+        async with served(trace) as (client, _):
+            for _ in range(2):
+                await asyncio.sleep(gap)  # the server idles: before step 0, then between
+                b = {"prompt": "hello there", "max_tokens": 4, "ignore_eos": True}
+                assert (await client.post("/v1/completions", json=b)).status_code == 200
+
+    asyncio.run(go())
+    with TraceReader(trace) as reader:
+        recs = list(reader.steps())
+    prev = 0
+    idle = []
+    for rec in recs:
+        assert 0 < rec.work_ns < 1e9 and rec.duration_ns(prev) == rec.work_ns
+        idle.append(rec.idle_ns(prev))
+        prev = rec.time_ns
+    assert idle[0] > gap * 1e9 and sorted(idle)[-2] > gap * 1e9  # step 0's wait, the gap
+    with TraceReader(trace) as reader:
+        assert list(find_all(Timeline(reader), [parse("slow>1000")])) == []
+    stats = trace_stats(trace)
+    assert stats.idle_s > 2 * gap and stats.work_s < stats.duration_s - 2 * gap
