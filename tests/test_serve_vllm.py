@@ -164,3 +164,53 @@ def test_vllm_bench_serve_completes_every_request(
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["completed"] == num_prompts, out.stdout[-3000:]
     assert result["total_output_tokens"] == num_prompts * 8  # --ignore-eos: exact lengths
+
+
+# -- the client side of a trace against vllm bench serve's own figures -----------------------
+
+AGREE = 0.10  # the HTTP and SSE parsing between the two, on localhost
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_stats_client_figures_match_what_vllm_bench_serve_printed(
+    vllm_python: str, hf_tokenizer: Path, tmp_path: Path
+) -> None:
+    """Issue 24: the client-side TTFT/TPOT/ITL p50 that `schedtop stats` reads from a
+    server's trace are within 10% of what `vllm bench serve` measured for the same
+    requests (its --save-result JSON). The server's own requests only: the bench's
+    initial test request is skipped (--ready-check-timeout-sec 0) and the server has its
+    own trace directory."""
+    from replays.stats import trace_stats
+
+    traces = tmp_path / "traces"
+    num_prompts, out_len = 12, 16
+    with ServerProcess(["--trace-dir", str(traces), "--api-key", KEY]) as proc:
+        name = httpx.get(proc.url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+        cmd = [
+            str(Path(vllm_python).with_name("vllm")), "bench", "serve", "--backend", "openai",
+            "--base-url", proc.url, "--endpoint", "/v1/completions",
+            "--model", name.json()["data"][0]["id"], "--tokenizer", str(hf_tokenizer),
+            "--dataset-name", "random", "--random-input-len", "32",
+            "--random-output-len", str(out_len), "--ignore-eos",
+            "--num-prompts", str(num_prompts), "--max-concurrency", "4",
+            "--ready-check-timeout-sec", "0",
+            "--save-result", "--result-dir", str(tmp_path), "--result-filename", "result.json",
+            "--disable-tqdm",
+        ]  # fmt: skip
+        env = {**vllm_env(), "OPENAI_API_KEY": KEY}
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, env=env, timeout=BENCH_TIMEOUT_S, cwd=tmp_path
+        )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    bench = json.loads((tmp_path / "result.json").read_text())
+    assert bench["completed"] == num_prompts, out.stdout[-3000:]
+    (run_dir,) = [p for p in traces.iterdir() if p.is_dir()]
+    server = trace_stats(run_dir).server
+    assert server is not None
+    assert server.endpoints.get("/v1/completions") == num_prompts, server.endpoints
+    ours = {"ttft": server.ttft_p50, "tpot": server.tpot_p50, "itl": server.itl_p50}
+    theirs = {k: bench[f"median_{k}_ms"] / 1e3 for k in ours}
+    print("client p50 (s), schedtop stats vs vllm bench serve:", ours, theirs)
+    for k, v in ours.items():
+        assert v is not None and abs(v - theirs[k]) <= AGREE * theirs[k], (k, v, theirs[k])
