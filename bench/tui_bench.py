@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rich.console import Console  # noqa: E402
 
+from engine.records import percentile  # noqa: E402
 from engine.sim.driver import make_engine, run_steps  # noqa: E402
 from engine.sim.workload import SimWorkload, parse_workload  # noqa: E402
 from recorder.reader import TraceReader  # noqa: E402
@@ -245,8 +246,7 @@ def bench_live(rate: int, seconds: float, tmp: Path) -> dict[str, float]:
 
 
 def _pct(values: list[float], p: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(len(s) * p / 100))]
+    return percentile(values, p) or 0.0  # the one percentile (engine.records)
 
 
 def live_source(steps: int) -> None:

@@ -356,6 +356,68 @@ def run_metrics(fold: Lifecycles, clock: Clock, last_end: float | None = None) -
     )
 
 
+# -- the client side: what a server's clients saw (vllm bench serve's definitions) ----------
+
+
+@dataclass
+class ClientRequest:
+    """One response as its client saw it (a server's CLIENT record), seconds from when
+    its HTTP request arrived."""
+
+    queue: float | None  # -> first scheduled (None: never scheduled)
+    ttft: float | None  # -> first token chunk sent (None: none sent)
+    itl: Sequence[float]  # gaps between consecutive token chunks sent
+    e2e: float | None  # -> the response's end, for one that completed (None: it did not)
+    output_tokens: int  # tokens generated
+
+
+@dataclass
+class ClientMetrics:
+    """The client side's percentiles, as `vllm bench serve` reports them (docs/metrics.md)."""
+
+    queue_p50: float | None
+    queue_p99: float | None
+    ttft_p50: float | None
+    ttft_p99: float | None
+    tpot_p50: float | None  # (e2e - TTFT) / (output tokens - 1): completed, >= 2 tokens
+    tpot_p99: float | None
+    itl_p50: float | None
+    itl_p99: float | None
+    e2e_p50: float | None
+    e2e_p99: float | None
+
+
+def client_metrics(reqs: Iterable[ClientRequest]) -> ClientMetrics:
+    queue: list[float] = []
+    ttft: list[float] = []
+    tpot: list[float] = []
+    itl: list[float] = []
+    e2e: list[float] = []
+    for r in reqs:
+        if r.queue is not None:
+            queue.append(r.queue)
+        if r.ttft is not None:
+            ttft.append(r.ttft)
+        itl.extend(r.itl)
+        if r.e2e is not None:
+            e2e.append(r.e2e)
+            # vllm bench serve's TPOT: the time after the first token over the tokens after it
+            if r.ttft is not None and r.output_tokens > 1:
+                tpot.append((r.e2e - r.ttft) / (r.output_tokens - 1))
+    return ClientMetrics(
+        percentile(queue, 50),
+        percentile(queue, 99),
+        percentile(ttft, 50),
+        percentile(ttft, 99),
+        percentile(tpot, 50),
+        percentile(tpot, 99),
+        percentile(itl, 50),
+        percentile(itl, 99),
+        percentile(e2e, 50),
+        percentile(e2e, 99),
+    )
+
+
 # -- the engine's side: a sink that folds a run as it happens ----------------------------------
 
 

@@ -1,6 +1,7 @@
 """What a server's CLIENT records add to a trace (`schedtop serve`): HTTP status counts,
 requests whose client went away, and the timings clients saw (queue, TTFT, ITL, end to
-end), for `schedtop stats` and the TUI."""
+end), for `schedtop stats` and the TUI. The timings' definitions (vllm bench serve's) are
+engine.metrics' `client_metrics`, beside the engine side's."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.metrics import ClientRequest, client_metrics
 from recorder.errors import TraceError
 from recorder.reader import TraceReader
 from recorder.schema import Client, RecordType, percentile
@@ -46,18 +48,17 @@ def server_stats(clients: Iterable[Client]) -> ServerStats | None:
     if not records:
         return None
     statuses = Counter(c.status for c in records)
-    served = [c for c in records if c.request_id]
-    queue = [c.queue_ns / 1e9 for c in served if c.queue_ns is not None]
-    ttft = [c.ttft_ns / 1e9 for c in served if c.ttft_ns is not None]
-    itl = [g / 1e9 for c in served for g in c.itl_ns]
-    done = [c for c in served if c.finish_reason not in ("", "abort")]
-    e2e = [c.e2e_ns / 1e9 for c in done]
-    # vllm bench serve's TPOT: the time after the first token over the tokens after it
-    tpot = [
-        (c.e2e_ns - c.ttft_ns) / 1e9 / (c.completion_tokens - 1)
-        for c in done
-        if c.ttft_ns is not None and c.completion_tokens > 1
-    ]
+    m = client_metrics(
+        ClientRequest(
+            None if c.queue_ns is None else c.queue_ns / 1e9,
+            None if c.ttft_ns is None else c.ttft_ns / 1e9,
+            [g / 1e9 for g in c.itl_ns],
+            c.e2e_ns / 1e9 if c.finish_reason not in ("", "abort") else None,
+            c.completion_tokens,
+        )
+        for c in records
+        if c.request_id  # it reached the engine
+    )
     return ServerStats(
         http_requests=len(records),
         statuses=dict(sorted(statuses.items())),
@@ -65,17 +66,17 @@ def server_stats(clients: Iterable[Client]) -> ServerStats | None:
         client_errors=sum(n for s, n in statuses.items() if 400 <= s < 500),
         server_errors=sum(n for s, n in statuses.items() if s >= 500),
         aborted=sum(1 for c in records if c.finish_reason == "abort"),
-        queue_p50=percentile(queue, 50),
-        queue_p99=percentile(queue, 99),
-        ttft_p50=percentile(ttft, 50),
-        ttft_p99=percentile(ttft, 99),
-        itl_p50=percentile(itl, 50),
-        itl_p99=percentile(itl, 99),
-        e2e_p50=percentile(e2e, 50),
-        e2e_p99=percentile(e2e, 99),
+        queue_p50=m.queue_p50,
+        queue_p99=m.queue_p99,
+        ttft_p50=m.ttft_p50,
+        ttft_p99=m.ttft_p99,
+        itl_p50=m.itl_p50,
+        itl_p99=m.itl_p99,
+        e2e_p50=m.e2e_p50,
+        e2e_p99=m.e2e_p99,
         endpoints=dict(sorted(Counter(c.endpoint for c in records).items())),
-        tpot_p50=percentile(tpot, 50),
-        tpot_p99=percentile(tpot, 99),
+        tpot_p50=m.tpot_p50,
+        tpot_p99=m.tpot_p99,
     )
 
 

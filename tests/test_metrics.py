@@ -386,3 +386,19 @@ def test_a_serve_trace_with_an_idle_gap_has_no_step_longer_than_its_work(
         assert list(find_all(Timeline(reader), [parse("slow>1000")])) == []
     stats = trace_stats(trace)
     assert stats.idle_s > 2 * gap and stats.work_s < stats.duration_s - 2 * gap
+
+
+def test_client_figures_are_vllm_bench_serves() -> None:
+    """The client side's definitions live beside the engine side's (engine.metrics)."""
+    from engine.metrics import ClientRequest, client_metrics
+
+    m = client_metrics(
+        [
+            ClientRequest(0.01, 0.1, [0.02, 0.04], 0.16, 3),  # TPOT (0.16 - 0.1) / 2
+            ClientRequest(0.02, 0.3, [], 0.3, 1),  # one token: no TPOT
+            ClientRequest(0.03, 0.2, [0.05], None, 2),  # its client left: no e2e, no TPOT
+        ]
+    )
+    assert m.tpot_p50 == pytest.approx(0.03) and m.tpot_p99 == pytest.approx(0.03)
+    assert m.ttft_p50 == pytest.approx(0.2) and m.queue_p50 == pytest.approx(0.02)
+    assert m.itl_p50 == pytest.approx(0.04) and m.e2e_p50 == pytest.approx(0.23)

@@ -256,7 +256,7 @@ def _observe(s: RunSummary, out: RequestOutput) -> None:
 def output_record(out: RequestOutput, times: RequestTimes | None = None) -> dict[str, Any]:
     """One line of the --outputs file (docs/workload-format.md); `times`: the request's
     latencies from the run's fold (engine.metrics), the numbers the summary's percentiles
-    are of, else the engine's output's own."""
+    are of (None: the fold has none for it)."""
     record: dict[str, Any] = {
         "id": out.request_id,
         "prompt_token_ids": out.prompt_token_ids,
@@ -265,8 +265,8 @@ def output_record(out: RequestOutput, times: RequestTimes | None = None) -> dict
         "finish_reason": out.finish_reason,
         "num_preemptions": out.num_preemptions,
         "num_cached_tokens": out.num_cached_tokens,
-        "ttft_s": out.ttft_s if times is None else times.ttft,
-        "tpot_s": out.tpot_s if times is None else times.tpot,
+        "ttft_s": None if times is None else times.ttft,
+        "tpot_s": None if times is None else times.tpot,
     }
     if out.finish_message:
         record["error"] = out.finish_message
