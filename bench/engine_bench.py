@@ -122,7 +122,9 @@ def run_ours(w: RunWorkload, loaded: Any, options: dict[str, Any]) -> Result:
     cpu = cpu_seconds(resource.RUSAGE_SELF) - cpu0
     name = f"schedtop {options['max_num_seqs']}/{options['max_num_batched_tokens']}"
     n_threads = options["num_threads"]
-    return Result(name, n_threads, s.output_tokens, s.elapsed_s, s.ttft_s, s.tpot_s, cpu)
+    ttft = [t.ttft for t in s.times.values() if t.ttft is not None]  # the fold's (docs/metrics.md)
+    tpot = [t.tpot for t in s.times.values() if t.tpot is not None]
+    return Result(name, n_threads, s.output_tokens, s.elapsed_s, ttft, tpot, cpu)
 
 
 def pick_threads(fixed: int | None) -> int:

@@ -52,6 +52,7 @@ class RunSummary:
     num_finished: int = 0  # finished without error
     errors: list[tuple[str, str]] = field(default_factory=list)  # (id, message) refused/failed
     metrics: RunMetrics | None = None  # the engine's steps folded (None: it never stepped)
+    times: dict[str, RequestTimes] = field(default_factory=dict)  # per request id, the fold's
 
     @property
     def num_steps(self) -> int:
@@ -176,11 +177,12 @@ def _run(
     outputs = _drive(engine, workload.requests, on_progress)
     engine.close()
     summary.metrics = folding.metrics()
+    summary.times = folding.request_times()
     for out in outputs.values():
         _observe(summary, out)
     if outputs_path is not None:
-        times = folding.request_times()
-        _write_outputs(outputs_path, [outputs[r.id] for r in workload.requests], times)
+        outs = [outputs[r.id] for r in workload.requests]
+        _write_outputs(outputs_path, outs, summary.times)
     return summary
 
 
