@@ -79,10 +79,10 @@ def test_stream_yields_growing_outputs_and_generate_keeps_order() -> None:
     assert all(len(v) == 4 for v in seen.values()) and len(seen) == 2
     outs = tiny_engine().generate(["b", "a", "c"], [GREEDY, GREEDY, SamplingParams(max_tokens=3)])
     assert [len(o.output_token_ids) for o in outs] == [12, 12, 3]
-    assert all(o.finished and o.ttft_s is not None and o.ttft_s >= 0 for o in outs)
-    assert outs[0].tpot_s is not None and outs[0].text == e.tokenizer.decode(
-        outs[0].output_token_ids
-    )
+    assert all(o.finished and o.first_token_time is not None for o in outs)
+    assert all(o.first_token_time >= o.arrival_time for o in outs if o.first_token_time)
+    assert len(outs[0].token_times) == 12
+    assert outs[0].text == e.tokenizer.decode(outs[0].output_token_ids)
 
 
 def test_same_greedy_tokens_whatever_the_batching() -> None:

@@ -44,18 +44,9 @@ class RequestOutput:
     finish_time: float | None = None  # engine clock when it finished
     token_times: list[float] = field(default_factory=list, repr=False)  # per output token
 
-    @property
-    def ttft_s(self) -> float | None:
-        if self.first_token_time is None:
-            return None
-        return self.first_token_time - self.arrival_time
-
-    @property
-    def tpot_s(self) -> float | None:
-        """Mean time per output token after the first."""
-        if self.first_token_time is None or len(self.token_times) < 2:
-            return None
-        return (self.token_times[-1] - self.first_token_time) / (len(self.token_times) - 1)
+    # No TTFT or TPOT here: those are the run's fold's (engine.metrics), on the step's
+    # clock, the numbers `run`, `stats` and /metrics give; these times are when the caller
+    # got the tokens, after the step (its detokenization included).
 
 
 class LLMEngine:
