@@ -137,6 +137,15 @@ class Observer(Lifecycles):
         warmup = bool(
             self.steps and self.steps[0] == 0 and self.end_ns[0] and self.work_ns[0] is not None
         )
+        if warmup and self.arrival_origin_ns is not None:
+            # The engine's first step is measured from the arrival that woke it: before
+            # its work began, the engine took that request in (the tokenizer's first call,
+            # hundreds of ms on a CPU), and a predicted run starts its first step at that
+            # arrival. Arrivals are exact on the trace's clock here (format 1.4).
+            woke = [r.arrival_time for r in self.reqs.values() if r.arrival_step == 0]
+            if woke:
+                since = self.end_ns[0] / 1e9 - (min(woke) - self.arrival_origin_ns / 1e9)
+                secs[0] = max(float(secs[0]), since)
         return fit_model(work, secs, source, excluded, warmup)
 
 

@@ -216,6 +216,29 @@ def test_the_engines_first_step_is_its_warm_up_not_a_step_to_fit() -> None:
     assert parse_model("intercept=0.01,warmup=2").warmup_s == 2.0
 
 
+def test_a_predicted_run_ends_its_first_step_when_the_recording_did(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    """The warm-up is measured from the arrival that woke the engine to the end of its
+    first step (the tokenizer's first call and the kernel's load included): a predicted
+    run, which starts its first step at that arrival, ends it where the recording did."""
+    from replays.timebase import fit_trace
+    from replays.whatif import whatif
+
+    trace, predicted = tmp_path / "run.trace", tmp_path / "pred.trace"
+    w = _run_workload(tmp_path, 4)
+    _cli("run", "--model", str(tiny_gguf), "--workload", str(w), *TINY, "--trace", str(trace))
+    whatif(trace, out=predicted, check=False)
+    ends = []
+    for path in (trace, predicted):
+        with TraceReader(path) as reader:
+            ends.append(next(iter(reader.steps())).time_ns)
+    if fit_trace(trace).warmup_s > 0:
+        assert abs(ends[1] - ends[0]) < 1_000_000, ends  # ns: the same end, to rounding
+    else:  # a first step no slower than its work says: nothing to add
+        assert ends[1] >= ends[0] - 1_000_000, ends
+
+
 def test_whatif_refuses_a_model_below_min_r2(tiny_gguf: Path, tmp_path: Path) -> None:
     trace = tmp_path / "run.trace"
     w = _run_workload(tmp_path, 8)
