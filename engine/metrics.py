@@ -515,14 +515,16 @@ class LiveMetrics:
                 obs.prefix_query_tokens += life.queried_tokens[0]
         clock = self._clock()
         step = rec.step
+        seen: set[int] = set()  # a request sampled twice in a step has one gap, not two
         for ref, count in explicit_samples(rec):
             life = reqs.get(ref)
             if life is None or not count:
                 continue
             obs.generation_tokens += count
             steps = life.sample_steps
-            if steps[-1] != step:
+            if steps[-1] != step or ref in seen:
                 continue
+            seen.add(ref)
             if len(steps) == 1:
                 obs.ttft.append(end - clock.arrivals[ref])
                 obs.prompt_tokens += life.num_prompt_tokens
