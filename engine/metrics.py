@@ -495,6 +495,7 @@ class LiveMetrics:
         self.first_step = 0  # the step of ends[0]
         self.ends: list[float] = []  # per step from first_step on
         self.starts: list[float] = []
+        self.arrivals: dict[int, float] = {}  # per ref in flight: its arrival_time
 
     def step(self, rec: Step, end: float) -> StepObservations:
         """The step's record, and when its work ended (the record's making: where a
@@ -504,6 +505,8 @@ class LiveMetrics:
             self.first_step = rec.step
         before = fold.preemptions
         fold.step_explicit(rec)
+        for a in rec.arrivals:
+            self.arrivals[a.ref] = a.arrival_time
         self.ends.append(end)
         self.starts.append(end - rec.work_ns / 1e9)
         obs = StepObservations(preemptions=fold.preemptions - before)
@@ -535,17 +538,21 @@ class LiveMetrics:
             if life is not None:
                 obs.finished.append((life, request_times(life, clock)))
                 fold._unscheduled.pop(f.ref, None)
+                self.arrivals.pop(f.ref, None)
         self._trim()
         return obs
 
     def _clock(self) -> Clock:
-        arrivals = {ref: r.arrival_time for ref, r in self.fold.reqs.items()}
-        return Clock(SECONDS, self.first_step, self.ends, self.starts, arrivals)
+        # the arrivals kept as they come and go: no pass over the requests in flight
+        return Clock(SECONDS, self.first_step, self.ends, self.starts, self.arrivals)
 
     def _trim(self) -> None:
         """Forget the times of steps before every request in flight arrived."""
         last = self.first_step + len(self.ends) - 1
-        keep = min((r.arrival_step for r in self.fold.reqs.values()), default=last)
+        # requests are kept in arrival order (a dict keeps it through deletions): the
+        # first in flight arrived first
+        oldest = next(iter(self.fold.reqs.values()), None)
+        keep = last if oldest is None else oldest.arrival_step
         cut = max(0, min(keep, last) - self.first_step)
         if cut >= 64 or (cut and not self.fold.reqs):  # amortized: not on every step
             del self.ends[:cut], self.starts[:cut]

@@ -425,3 +425,30 @@ def test_client_figures_are_vllm_bench_serves() -> None:
     assert m.tpot_p50 == pytest.approx(0.03) and m.tpot_p99 == pytest.approx(0.03)
     assert m.ttft_p50 == pytest.approx(0.2) and m.queue_p50 == pytest.approx(0.02)
     assert m.itl_p50 == pytest.approx(0.04) and m.e2e_p50 == pytest.approx(0.23)
+
+
+def test_the_live_fold_keeps_the_steps_a_request_in_flight_needs() -> None:
+    from engine.metrics import LiveMetrics
+
+    live = LiveMetrics()
+    long = Step(0, arrivals=(_arrival(0, 8),), scheduled=(Scheduled(0, 8, 0, 0),))
+    live.step(long, 1.0)
+    for s in range(1, 299):  # it decodes every step while short ones come and go
+        entries = [Scheduled(0, 1, 2, 7 + s)]
+        arrivals: tuple[Arrival, ...] = ()
+        finishes: tuple[Finish, ...] = ()
+        if s % 2:
+            arrivals = (_arrival(s, 4),)
+            entries.append(Scheduled(s, 4, 0, 0))
+        else:
+            entries.append(Scheduled(s - 1, 1, 2, 4))
+            finishes = (Finish(s - 1, 4),)
+        live.step(Step(s, arrivals=arrivals, scheduled=tuple(entries), finishes=finishes), s + 1.0)
+    end = Step(299, scheduled=(Scheduled(0, 1, 2, 306),), finishes=(Finish(0, 4),))
+    obs = live.step(end, 300.0)
+    (life, times) = obs.finished[0]
+    assert life.ref == 0 and times.tpot == pytest.approx(1.0) and times.e2e == 300.0
+    assert times.decode == pytest.approx(299.0) and not live.fold.reqs
+    for s in range(300, 400):  # idle steps forget it all
+        live.step(Step(s), s + 1.0)
+    assert len(live.ends) < 70 and not live.arrivals
