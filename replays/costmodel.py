@@ -104,7 +104,8 @@ class CostModel:
         unknown = sorted(set(self.coefficients) - set(FEATURES))
         if unknown:
             raise CostModelError(
-                f"unknown feature(s) {', '.join(unknown)}; known: intercept, {', '.join(FEATURES)}"
+                f"unknown feature(s) {', '.join(unknown)}; "
+                f"known: intercept, warmup, {', '.join(FEATURES)}"
             )
         values = [self.intercept_s, self.warmup_s, *self.coefficients.values()]
         if not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
