@@ -143,7 +143,11 @@ class ServerRecording:
         stream_limit: int = DEFAULT_LIMIT,
         max_viewers: int = DEFAULT_MAX_VIEWERS,
         clock: Callable[[], int] = time.monotonic_ns,
+        new_recorder: Callable[[TraceWriter, Recorder | None], Recorder] | None = None,
     ) -> None:
+        """`new_recorder(writer, previous)` makes each segment's Recorder (an engine whose
+        recorder takes options of its own: vLLM's, recorder.vllm.live); by default one
+        with this class's options, continuing `previous`."""
         if max_bytes < MIN_MAX_BYTES:
             raise ValueError(f"max_bytes={max_bytes}: must be at least {MIN_MAX_BYTES} bytes")
         if segment_s <= 0:
@@ -189,6 +193,7 @@ class ServerRecording:
             # timer writes out the last steps of an engine thread that hangs.
             flush_interval_s=FLUSH_INTERVAL_S,
         )
+        self._new_recorder = new_recorder
         self._hub = StreamHub(stream_limit, max_viewers)
         self._lock = threading.Lock()  # the segment list, read by incident()
         self._closed_segments: list[_Closed] = []
@@ -229,15 +234,16 @@ class ServerRecording:
             writer.flush()
         self._between_steps()
 
-    def close(self) -> None:
-        """Close the last segment (footer) and end every viewer's stream. Idempotent."""
+    def close(self, stopped: str = "") -> None:
+        """Close the last segment (footer) and end every viewer's stream. Idempotent.
+        `stopped`: why recording stops while the engine goes on (Recorder.close)."""
         if self._closed:
             return
         self._closed = True
         if self.core.sink is self:
             self.core.sink = self._downstream
         try:
-            self._recorder.close()
+            self._recorder.close(stopped)
             self.error = self.error or self._recorder.error
         finally:
             self._hub.close()
@@ -272,8 +278,12 @@ class ServerRecording:
 
     def _between_steps(self) -> None:
         if self._hub.pending and not self.core.scheduler.has_unreported:
+            # A recorder in the background may not have published the last steps yet:
+            # they go out before the snapshot that follows them.
+            self._recorder.drain()
             self._hub.serve_pending(preamble(), self._stream_start)
         if self._flush_asked != self._flush_done:
+            self._recorder.drain()
             writer = self._writer
             if writer is not None:
                 writer.drain()
@@ -307,6 +317,7 @@ class ServerRecording:
         # Every step of this segment is written before the next segment starts: else a
         # kill between the two leaves this one cut short of steps that the next one's
         # first step says came before it, a gap that reads as a missing segment.
+        old.drain()
         if (writer := self._writer) is not None:
             writer.drain()
         try:
@@ -366,12 +377,16 @@ class ServerRecording:
         self._seq += 1
         writer = _SegmentWriter(path, self._hub)
         try:
-            recorder = Recorder(
-                self.core, writer, install=False, continue_from=previous, **self._options
-            )
+            if self._new_recorder is not None:
+                recorder = self._new_recorder(writer, previous)
+            else:
+                recorder = Recorder(
+                    self.core, writer, install=False, continue_from=previous, **self._options
+                )
         except BaseException:
             writer.close()
             raise
+        recorder.drain()  # its header and opening snapshot, before they are measured
         writer.quiet = False
         writer.drain()
         self._start_bytes = writer.offset  # preamble, header and opening snapshot

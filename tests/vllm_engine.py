@@ -246,6 +246,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     scripts_path.write_text(json.dumps(scripts))
     os.environ[SCRIPTS_ENV] = str(scripts_path)
     os.environ["SCHEDTOP_TRACE_DIR"] = spec["trace_dir"]
+    os.environ.update(spec.get("env", {}))  # e.g. SCHEDTOP_LIVE_PORT, _TRACE_MAX_BYTES
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if spec["multiprocess"] else "0"
     if spec.get("check"):
         os.environ[CHECK_ENV] = str(Path(spec["trace_dir"]) / "check.jsonl")
@@ -297,6 +298,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         ):
             if step > 20_000:
                 raise SystemExit("the engine is still running at step 20000")
+            if step == spec.get("gate_at_step"):
+                # The live test's hook: wait here (vLLM idle) until a viewer is attached.
+                _wait_for_file(Path(spec["trace_dir"]) / "go")
             if str(step) in spec.get("sleep_before_step", {}):
                 # Wall time with nothing to do (the step-timing test's idle gap).
                 time.sleep(spec["sleep_before_step"][str(step)])
@@ -322,11 +326,27 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 if out.finished:
                     finished.append(out.request_id)
             step += 1
+            if spec.get("step_sleep_s"):
+                # A model's time per step: a live viewer sees the steps as they come.
+                time.sleep(spec["step_sleep_s"])
+            if step == spec.get("signal_at_step"):
+                # The incident test's hook: SIGUSR1 to the process that records.
+                _signal_recorder(engine)
             if step == spec.get("hang_after_steps"):
                 _hang(engine, Path(spec["trace_dir"]) / "hung")
+        if spec.get("gate_at_end"):  # ...and here, before shutting down
+            _wait_for_file(Path(spec["trace_dir"]) / "end")
     finally:
         engine.engine_core.shutdown()
     return {"steps": step, "finished": finished}
+
+
+def _wait_for_file(path: Path, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{path} never came")
+        time.sleep(0.05)
 
 
 def _hang(engine: Any, marker: Path) -> None:
@@ -337,6 +357,18 @@ def _hang(engine: Any, marker: Path) -> None:
     marker.write_text(str(tap.next_step - 1))
     while True:
         time.sleep(3600)
+
+
+def _signal_recorder(engine: Any) -> None:
+    import signal
+
+    core = getattr(engine.engine_core, "engine_core", None)
+    proc = getattr(getattr(engine.engine_core, "resources", None), "engine_manager", None)
+    if core is not None:  # in-process: this process records
+        os.kill(os.getpid(), signal.SIGUSR1)
+        return
+    for p in getattr(proc, "processes", ()):  # the engine-core process records
+        os.kill(p.pid, signal.SIGUSR1)
 
 
 def _batches_in_flight(engine: Any) -> bool:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.records import Step
+from recorder.errors import RecordingError
 from recorder.vllm.checks import (
     UnsupportedVllm,
     check_attributes,
@@ -15,6 +16,8 @@ from recorder.vllm.checks import (
     setup_problems,
     trace_path,
 )
+from recorder.vllm.live import LockingMixin, live_port_asked
+from recorder.vllm.live import settings as live_settings
 from recorder.vllm.tap import Tap
 
 log = logging.getLogger("schedtop.recorder.vllm")
@@ -48,7 +51,7 @@ class RecordingMixin:
         tap = Tap(sched, is_async, block_size, int(kv_cfg.num_blocks))
         pc = vllm_config.parallel_config
         rank = int(getattr(pc, "data_parallel_rank", 0) or 0)
-        path = trace_path(rank if pc.data_parallel_size > 1 else None)
+        dp_rank = rank if pc.data_parallel_size > 1 else None
         model = str(getattr(vllm_config.model_config, "model", ""))
         name = (
             f"vLLM {vllm.__version__} ({'AsyncScheduler' if is_async else 'Scheduler'}"
@@ -56,7 +59,16 @@ class RecordingMixin:
             + ")"
         )
         check = self.schedtop_check
-        tap.open(path, name, model, check)
+        try:
+            segments = live_settings()
+        except RecordingError as e:
+            raise UnsupportedVllm(str(e)) from None
+        if segments.segmented:  # rotation, incidents, a live port (recorder.vllm.live)
+            lock = getattr(self, "_schedtop_lock", None)
+            path = tap.open_segments(segments, dp_rank, name, model, check, lock)
+        else:
+            path = trace_path(dp_rank)
+            tap.open(path, name, model, check)
         self._schedtop = tap
         self.schedtop_trace = path
         log.info("schedtop: recording vLLM's scheduler into %s", path)
@@ -146,6 +158,8 @@ class RecordingScheduler:
         vllm_config = kwargs.get("vllm_config") or args[0]
         base = AsyncScheduler if vllm_config.scheduler_config.async_scheduling else Scheduler
         impl: Any = compose(cls.mixin, base)
+        if live_port_asked():  # the HTTP side serves an idle vLLM under the lock
+            impl = compose(LockingMixin, impl)
         # Not an instance of cls, so Python will not call __init__ on it: do it here.
         obj = impl.__new__(impl)
         obj.__init__(*args, **kwargs)

@@ -199,7 +199,9 @@ class Tap(KVTaps):
         self.flush_interval = env_number("SCHEDTOP_FLUSH_INTERVAL_S", 1.0)
         self.stopped: str | None = None  # why recording stopped
         self.redact = env_flag("SCHEDTOP_REDACT_PROMPTS")
-        self.recorder: Recorder | None = None
+        # The step records' destination: a Recorder (one file), or the segments'
+        # owner (recorder.vllm.live.VllmRecording), which takes the same calls.
+        self.recorder: Any = None
         self.writer: TraceWriter | None = None
         self.threshold = 0  # the step's long-prefill cap (0: off)
         self.in_flight = 0  # async: batches scheduled and not updated yet
@@ -226,11 +228,51 @@ class Tap(KVTaps):
             ) from None
         self.install_kv()
 
-    def _recorder(self, facade: _Facade, model: str, engine_name: str, on_record: Any) -> Recorder:
-        assert self.writer is not None
+    def open_segments(
+        self,
+        settings: Any,
+        dp_rank: int | None,
+        engine_name: str,
+        model: str,
+        on_record: Any,
+        lock: Any = None,
+    ) -> Path:
+        """Record into rotating segments, as `schedtop serve` does (recorder.vllm.live:
+        SCHEDTOP_TRACE_MAX_BYTES, SCHEDTOP_LIVE_PORT); returns the run directory."""
+        from recorder.vllm.live import open_segmented
+
+        def new_recorder(core: Any, writer: TraceWriter, previous: Recorder | None) -> Recorder:
+            return self._recorder(core, model, engine_name, on_record, writer, previous)
+
+        try:
+            recording = open_segmented(self, settings, dp_rank, new_recorder, lock)
+        except ValueError as e:
+            raise UnsupportedVllm(
+                f"schedtop's recorder settings (SCHEDTOP_SNAPSHOT_*, "
+                f"SCHEDTOP_FLUSH_INTERVAL_S): {e}"
+            ) from None
+        self.recorder = recording
+        self.install_kv()
+        return recording.directory
+
+    def _recorder(
+        self,
+        facade: Any,
+        model: str,
+        engine_name: str,
+        on_record: Any,
+        writer: TraceWriter | None = None,
+        continue_from: Recorder | None = None,
+    ) -> Recorder:
+        writer = writer or self.writer
+        assert writer is not None
         return Recorder(
             cast(EngineCore, facade),
-            self.writer,
+            writer,
+            # A segment after the first (recorder.vllm.live) continues the one before;
+            # the owner of the segments passes records on, so none is installed.
+            install=False,
+            continue_from=continue_from,
             redact_prompts=self.redact,
             snapshot_interval=int(env_number("SCHEDTOP_SNAPSHOT_INTERVAL", SNAPSHOT_INTERVAL)),
             # Not by replay work unless asked: inside a production server the trace's bytes
@@ -739,7 +781,7 @@ class Tap(KVTaps):
             self.flush()  # idle, or due: a reader sees every step so far
 
     def _steady_record(
-        self, recorder: Recorder, step: _Step, update_ns: int, kv_events: KVEvents, work_ns: int
+        self, recorder: Any, step: _Step, update_ns: int, kv_events: KVEvents, work_ns: int
     ) -> None:
         """Already in the trace's compact form: the leading decodes are every running
         request, the queues did not move. An async step with no update yet has no tokens."""
