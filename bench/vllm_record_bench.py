@@ -29,8 +29,11 @@ import gc
 import logging
 import os
 import random
+import socket
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -70,6 +73,7 @@ class Bench:
         trace: Path | None,
         steps: int,
         churn: bool = False,
+        live: str = "",
     ) -> None:
         self.n, self.churn, self.next_id = n, churn, n
         # Room for every request's whole run: a full pool would preempt and shrink the batch.
@@ -91,7 +95,22 @@ class Bench:
             log_stats=False,
             structured_output_manager=StructuredOutputManager(vllm_config),
         )
-        if recording:
+        self.viewer: subprocess.Popen[bytes] | None = None
+        if recording and live:
+            # The live port (recorder.vllm.live): segments in a directory, the HTTP
+            # side on a port of its own, the scheduler's calls under its lock.
+            assert trace is not None
+            port = free_port()
+            env = {"SCHEDTOP_TRACE_DIR": str(trace), "SCHEDTOP_LIVE_PORT": str(port)}
+            os.environ.update(env)
+            try:
+                self.sched = RecordingScheduler(**kwargs)
+            finally:
+                for k in env:
+                    del os.environ[k]
+            if live == "viewer":
+                self.viewer = start_viewer(port)
+        elif recording:
             assert trace is not None
             os.environ["SCHEDTOP_TRACE_FILE"] = str(trace)
             self.sched = RecordingScheduler(**kwargs)
@@ -99,6 +118,7 @@ class Bench:
         else:
             self.sched = (AsyncScheduler if is_async else Scheduler)(**kwargs)
         self.trace = trace
+        self.live = live
         self.is_async = is_async
         self.rng = random.Random(0)
         self.queue: list[tuple[Any, Any]] = []
@@ -165,37 +185,79 @@ class Bench:
 
     def writer_cpu(self) -> float:
         """CPU seconds the recorder's own threads have used (0 without them): the one that
-        encodes and appends the records, and the trace writer's, which writes the file."""
+        encodes and appends the records, and the trace writer's, which writes the file;
+        with a live port, the HTTP side's too (a viewer's connection writes the stream).
+        The live recording's current segment only: each segment has threads of its own,
+        and the benchmark's runs are shorter than one."""
         tap = getattr(self.sched, "_schedtop", None)
-        threads = (
-            getattr(getattr(tap, "recorder", None), "background_thread", None),
-            getattr(getattr(tap, "writer", None), "_thread", None),
-        )
+        recorder = getattr(tap, "recorder", None)
+        writer = getattr(tap, "writer", None) or getattr(recorder, "sink", None)
+        threads = [
+            getattr(recorder, "background_thread", None),
+            getattr(writer, "_thread", None),
+        ]
+        server = getattr(recorder, "server", None)
+        if server is not None:  # its viewers' connections, and the one that accepts them
+            names = (f"schedtop-viewer-{server.port}", server.thread.name)
+            threads += [t for t in threading.enumerate() if t.name in names]
         return sum(
             time.clock_gettime(time.pthread_getcpuclockid(t.ident))
             for t in threads
             if t is not None and t.ident is not None and t.is_alive()
         )
 
+    def viewing(self) -> bool:
+        """Whether the viewer (if any) streams: its first snapshot was served."""
+        recording = getattr(getattr(self.sched, "_schedtop", None), "recorder", None)
+        return self.viewer is None or bool(recording._hub.live)
+
     def trace_bytes(self) -> int:
         """The trace's bytes so far (every record recorded so far appended)."""
         tap = getattr(self.sched, "_schedtop", None)
-        if tap is None or tap.writer is None:
+        if tap is None or tap.recorder is None:
             return 0
-        if tap.recorder is not None:
-            tap.recorder.drain()
-        return int(tap.writer.offset)
+        tap.recorder.drain()
+        writer = tap.writer or getattr(tap.recorder, "sink", None)
+        return int(writer.offset) if writer is not None else 0
+
+    def close(self) -> None:
+        self.sched.shutdown()
+        if self.viewer is not None:
+            self.viewer.kill()
+            self.viewer.wait()
 
 
 def measure(
-    n: int, is_async: bool, steps: int, repeats: int, tmp: Path, churn: bool = False
-) -> dict[str, float]:
+    n: int,
+    is_async: bool,
+    steps: int,
+    repeats: int,
+    tmp: Path,
+    churn: bool = False,
+    live: tuple[str, ...] = (),
+) -> dict[str, dict[str, float]]:
+    """vLLM's plain scheduler and the recording one, stepped in turn; with `live`, also
+    the recording with a live port and no viewer ("port") and with one viewer attached
+    ("viewer"), in the same turns. Returns each recording's figures by name ("file",
+    then the live ones)."""
     warmup = 64 + n if churn else 20  # churn: until the first requests are all replaced
     total = warmup + steps * repeats
     plain = Bench(n, is_async, False, None, total, churn)
-    rec = Bench(n, is_async, True, tmp / f"bench-{n}-{is_async}-{churn}.trace", total, churn)
-    for b in (plain, rec):
+    names = ("file", *live)
+    recs = {}
+    for name in names:
+        where = tmp / f"bench-{n}-{is_async}-{churn}-{name}"
+        trace = where.with_suffix(".trace") if name == "file" else where
+        kind = "" if name == "file" else name
+        recs[name] = Bench(n, is_async, True, trace, total, churn, live=kind)
+    everyone = [plain, *recs.values()]
+    for b in everyone:
         for _ in range(warmup):  # admit everyone (prefill), reach steady decoding
+            b.step()
+    for b in recs.values():
+        deadline = time.monotonic() + 60
+        while not b.viewing():  # the viewer attached: its snapshot comes at a step's end
+            assert time.monotonic() < deadline, "the viewer never attached"
             b.step()
     # As vLLM's engine core does once it has started (vllm.utils.gc_utils.freeze_gc_heap):
     # a full collection of the two schedulers' heaps would otherwise land, 0.4 s at a
@@ -203,41 +265,74 @@ def measure(
     gc.collect()
     gc.freeze()
     plain_t: list[float] = []
-    rec_t: list[float] = []
-    start = rec.trace_bytes()
-    writer0 = rec.writer_cpu()
+    rec_t: dict[str, list[float]] = {k: [] for k in names}
+    start = {k: b.trace_bytes() for k, b in recs.items()}
+    writer0 = {k: b.writer_cpu() for k, b in recs.items()}
     for _ in range(repeats):
-        # Step by step in turn, so that both see the same machine (it may be shared).
-        tp = tr = 0.0
+        # Step by step in turn, so that all see the same machine (it may be shared).
+        tp = 0.0
+        tr = dict.fromkeys(names, 0.0)
         for _ in range(steps):
             tp += plain.step()
-            tr += rec.step()
+            for k, b in recs.items():
+                tr[k] += b.step()
         plain_t.append(tp / steps)
-        rec_t.append(tr / steps)
-    bytes_end = rec.trace_bytes()
-    writer_s = (rec.writer_cpu() - writer0) / (steps * repeats)
-    plain_us, rec_us = sum(plain_t) / repeats, sum(rec_t) / repeats
-    ratios = [r / p for r, p in zip(rec_t, plain_t)]
-    # Over every measured step: the snapshot every 256 steps is amortized, as in a trace.
-    bytes_per_step = (bytes_end - start) / (steps * repeats)
-    rec.sched.shutdown()
+        for k in names:
+            rec_t[k].append(tr[k] / steps)
+    plain_us = sum(plain_t) / repeats
+    out = {}
+    for k, b in recs.items():
+        bytes_end = b.trace_bytes()
+        writer_s = (b.writer_cpu() - writer0[k]) / (steps * repeats)
+        rec_us = sum(rec_t[k]) / repeats
+        ratios = [r / p for r, p in zip(rec_t[k], plain_t)]
+        out[k] = {
+            "plain_us": plain_us * 1e6,
+            "rec_us": rec_us * 1e6,
+            "overhead": rec_us / plain_us - 1,
+            "best": min(ratios) - 1,
+            "median": median(ratios) - 1,
+            # The recorder's threads (they encode the records and write the file), as a
+            # share of vLLM's own schedule + update time: the engine's process pays them.
+            "writer": writer_s / plain_us,
+            "all": (rec_us + writer_s) / plain_us - 1,
+            # Over every measured step: the snapshot every 256 steps is amortized.
+            "bytes": (bytes_end - start[k]) / (steps * repeats),
+        }
+    for b in recs.values():
+        b.close()
     gc.unfreeze()
-    for b in (plain, rec):  # every request still decoding: the batch never shrank
+    for b in everyone:  # every request still decoding: the batch never shrank
         if not churn:
             assert len(b.sched.running) == n and not b.sched.waiting, "the pool ran out"
         assert all(r.num_preemptions == 0 for r in b.sched.requests.values()), "preempted"
-    return {
-        "plain_us": plain_us * 1e6,
-        "rec_us": rec_us * 1e6,
-        "overhead": rec_us / plain_us - 1,
-        "best": min(ratios) - 1,
-        "median": median(ratios) - 1,
-        # The recorder's threads (they encode the records and write the file), as a share
-        # of vLLM's own schedule + update time: the engine's process pays them too.
-        "writer": writer_s / plain_us,
-        "all": (rec_us + writer_s) / plain_us - 1,
-        "bytes": bytes_per_step,
-    }
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# A viewer as `schedtop live` is one: another process, reading and spooling the stream.
+VIEWER = """
+import sys, time
+from tui.remote import RemoteStream
+s = RemoteStream(sys.argv[1], reconnect=False)
+s.start(timeout_s=120)
+while not s.ended:
+    time.sleep(0.5)
+"""
+
+
+def start_viewer(port: int) -> subprocess.Popen[bytes]:
+    root = str(Path(__file__).resolve().parent.parent)
+    return subprocess.Popen(
+        [sys.executable, "-c", VIEWER, f"http://127.0.0.1:{port}"],
+        env={**os.environ, "PYTHONPATH": root},
+        stdout=subprocess.DEVNULL,
+    )
 
 
 def main() -> None:
@@ -246,30 +341,46 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--running", type=int, nargs="+", default=[256, 1024])
     ap.add_argument("--no-churn", action="store_true", help="steady decoding only (no churn rows)")
+    ap.add_argument(
+        "--live",
+        action="store_true",
+        help="also the live port (SCHEDTOP_LIVE_PORT): with no viewer, and with one",
+    )
     args = ap.parse_args()
     import vllm
 
+    live = ("port", "viewer") if args.live else ()
     print(
         f"vLLM {vllm.__version__}; {args.steps} decode steps per round, {args.repeats} rounds "
         "step by step in turn; CPU time of schedule() + update_from_output() per step"
     )
-    print(
+    head = (
         f"{'running':>8} {'load':>7} {'scheduler':>15} {'vLLM us/step':>13} {'recording':>10} "
         f"{'overhead':>9} {'best':>7} {'median':>7} {'threads':>8} {'all':>7} {'bytes/step':>11}"
     )
+    if live:
+        head += f" {'port':>7} {'port+all':>8} {'viewer':>7} {'viewer+all':>10}"
+    print(head)
     with tempfile.TemporaryDirectory() as tmp:
         for churn in (False,) if args.no_churn else (False, True):
             for n in args.running:
                 for is_async in (False, True):
-                    r = measure(n, is_async, args.steps, args.repeats, Path(tmp), churn)
+                    rs = measure(n, is_async, args.steps, args.repeats, Path(tmp), churn, live)
+                    r = rs["file"]
                     name = "AsyncScheduler" if is_async else "Scheduler"
                     load = "churn" if churn else "steady"
-                    print(
+                    line = (
                         f"{n:>8} {load:>7} {name:>15} {r['plain_us']:>13.0f} {r['rec_us']:>10.0f} "
                         f"{r['overhead']:>+9.1%} {r['best']:>+7.1%} {r['median']:>+7.1%} "
-                        f"{r['writer']:>+8.1%} {r['all']:>+7.1%} {r['bytes']:>11.0f}",
-                        flush=True,
+                        f"{r['writer']:>+8.1%} {r['all']:>+7.1%} {r['bytes']:>11.0f}"
                     )
+                    if live:
+                        p, v = rs["port"], rs["viewer"]
+                        line += (
+                            f" {p['overhead']:>+7.1%} {p['all']:>+8.1%}"
+                            f" {v['overhead']:>+7.1%} {v['all']:>+10.1%}"
+                        )
+                    print(line, flush=True)
 
 
 if __name__ == "__main__":

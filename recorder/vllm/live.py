@@ -79,6 +79,7 @@ ENV_NAMES = (
 INCIDENT_SIGNAL = signal.SIGUSR1  # `kill -USR1 PID` cuts an incident of the default window
 DEFAULT_INCIDENT_WINDOW_S = 600.0  # as `schedtop serve --incident-window`
 STREAM_POLL_S = 0.5  # a viewer's get() timeout: how soon an idle engine serves it
+STREAM_BATCH_S = 0.05  # a viewer's stream is written at most 20 times a second
 MAX_CONNECTIONS = 32  # HTTP connections served at once (viewers are 16 of them at most)
 MAX_BODY_BYTES = 16 << 10  # an incident's body: a note and a window
 READ_TIMEOUT_S = 10.0  # a request's line, headers and body must come within this
@@ -213,7 +214,7 @@ class VllmRecording(ServerRecording):
         )
 
     # The tap reads `error` as a Recorder's: the current segment's, or this one's.
-    @property  # type: ignore[override]
+    @property
     def error(self) -> str | None:
         if self._own_error is not None:
             return self._own_error
@@ -455,7 +456,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._json(401, _error("missing or wrong API key: send 'Authorization: Bearer KEY'"))
         return False
 
-    def _json(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+    def _json(
+        self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> None:
         data = (json.dumps(body) + "\n").encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -493,6 +496,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
+        # Named, so that its CPU can be told apart (bench/vllm_record_bench.py).
+        threading.current_thread().name = f"schedtop-viewer-{self.server.server_address[1]}"
         # Writes may wait for a slow viewer: only this thread waits (its queue is
         # bounded, and the recording skips it ahead or drops it, never waits for it).
         self.connection.settimeout(None)
@@ -506,6 +511,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     return
                 self.wfile.write(chunk)
                 self.wfile.flush()
+                # At most one write per STREAM_BATCH_S: a step's records queue meanwhile
+                # (bounded) and go in one write; waking for each step of a fast engine
+                # cost this thread (and the GIL vLLM's thread needs) several times more.
+                time.sleep(STREAM_BATCH_S)
         except OSError:
             return  # the viewer went away
         finally:

@@ -6,7 +6,8 @@ executor has loaded the model and profiled the KV cache: a mistyped SCHEDTOP_TRA
 used to cost a full model load before the engine died. vLLM calls general plugins in
 every process it starts, the first time while `vllm serve` builds its argument parser,
 before anything is loaded; this one checks what needs no vLLM config (the vLLM version,
-the trace directory, the SCHEDTOP_* numbers) and exits with one line on a problem.
+the trace directory, the SCHEDTOP_* numbers, sizes and live port) and exits with one line
+on a problem.
 
 It acts only when the command line names `recorder.vllm.RecordingScheduler`: the plugin
 is installed with schedtop, so it runs for every vLLM in that venv, recording or not.
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 from recorder.errors import RecordingError
 from recorder.paths import trace_dir
 from recorder.vllm.checks import check_version, env_number
+from recorder.vllm.live import settings as live_settings
 
 SCHEDULER_CLS = "recorder.vllm.RecordingScheduler"
 NUMBERS = (
@@ -50,6 +52,10 @@ def early_problems(version: str) -> list[str]:
             env_number(name, 0.0)
         except RecordingError as e:
             problems.append(str(e))
+    try:  # rotation and the live port (recorder.vllm.live): sizes, port, key
+        live_settings()
+    except RecordingError as e:
+        problems.append(str(e))
     exact = os.environ.get("SCHEDTOP_TRACE_FILE")
     if exact:
         parent = os.path.dirname(os.path.abspath(exact))
