@@ -340,6 +340,12 @@ class Recorder:
             self._bg.put(flush)
         self._bg.wake()
 
+    def wake(self) -> None:
+        """In the background: have the thread append what is queued now, without a
+        flush (a live viewer's stream is fed as records are appended, not written)."""
+        if self._bg is not None:
+            self._bg.wake()
+
     def _timed_flush(self) -> None:
         """The flush timer's tick (on the recorder's own thread, not the engine's)."""
         flush = getattr(self.sink, "flush_buffered", None)

@@ -33,7 +33,7 @@ from recorder.reader import TraceReader
 from recorder.segments import INCIDENTS, list_segments
 from replays.reducer import state_at
 from replays.timeline import Timeline
-from tests.test_vllm import ROOT, find_vllm_python, vllm_env
+from tests.test_vllm import ROOT, find_vllm_python, record_in_vllm, vllm_env
 from tests.tui_support import app_test, wait_until
 from tui.app import SchedtopApp
 from tui.cli import main
@@ -211,3 +211,24 @@ async def test_live_attach_incidents_and_rotation_in_vllm(tmp_path: Path) -> Non
     # (resim needs every arrival from step 0, which the bound deleted: as for serve's)
     stats = CliRunner().invoke(main, ["stats", str(directory)])
     assert stats.exit_code == 0, stats.output
+
+
+def test_rotation_in_process_sync_checked_and_resimulated(tmp_path: Path) -> None:
+    """The bound alone (no port, so no lock): vLLM's scheduler in the caller's process,
+    sync, its state checked against the trace's after every step across the segments'
+    rotations; a directory that kept every segment re-simulates exactly."""
+    python = find_vllm_python()
+    env = {"SCHEDTOP_TRACE_MAX_BYTES": str(MAX_BYTES)}
+    run = {"name": "rot", "workload": workload(24), "multiprocess": False}
+    results = record_in_vllm(
+        python, tmp_path, [{**run, "async_scheduling": False, "env": env}], check=True
+    )
+    assert "error" not in results["rot"], results
+    lines = (tmp_path / "rot" / "check.jsonl").read_text().splitlines()
+    checks = [json.loads(line) for line in lines]
+    assert checks and not [c for c in checks if c["problem"]]
+    (directory,) = [p for p in (tmp_path / "rot").iterdir() if p.is_dir()]
+    segments = list_segments(directory)
+    assert len(segments) >= 2 and segments[0].seq == 0, [s.path.name for s in segments]
+    resim = CliRunner().invoke(main, ["resim", str(directory)])
+    assert resim.exit_code == 0, resim.output

@@ -25,13 +25,16 @@ Environment: SCHEDTOP_TRACE_DIR (where traces go), SCHEDTOP_REDACT_PROMPTS=1 (ha
 lengths instead of token ids), SCHEDTOP_FLUSH_INTERVAL_S (default 1.0),
 SCHEDTOP_SNAPSHOT_INTERVAL (at most this many steps apart, default 4096) and
 SCHEDTOP_SNAPSHOT_BUDGET (snapshots placed by their cost, at most this share of vLLM's
-schedule + update time, default 0.0025). One file per data-parallel rank. Set-ups whose
+schedule + update time, default 0.0025). One file per data-parallel rank.
+SCHEDTOP_TRACE_MAX_BYTES and SCHEDTOP_LIVE_PORT (recorder.vllm.live) keep the recording
+as `schedtop serve` keeps its own: rotating segments, incidents, a live stream. Set-ups whose
 decisions schedtop's scheduler does not model are refused at start-up; requests that use
 such features stop the recording with a warning (the file keeps every step before).
 
 Modules: `checks` (what is refused, vLLM's config under schedtop's names), `kv` (the KV
 cache manager and block pool taps), `lazyhash` (block hashes computed on first use),
-`tap` (the decisions and the step records), `scheduler` (the class vLLM is given).
+`tap` (the decisions and the step records), `scheduler` (the class vLLM is given),
+`live` (segments, incidents and the live port), `plugin` (refusals before the model loads).
 """
 
 from recorder.vllm.checks import (

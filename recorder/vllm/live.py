@@ -79,13 +79,13 @@ ENV_NAMES = (
 INCIDENT_SIGNAL = signal.SIGUSR1  # `kill -USR1 PID` cuts an incident of the default window
 DEFAULT_INCIDENT_WINDOW_S = 600.0  # as `schedtop serve --incident-window`
 STREAM_POLL_S = 0.5  # a viewer's get() timeout: how soon an idle engine serves it
-STREAM_BATCH_S = 0.05  # a viewer's stream is written at most 20 times a second
+STREAM_BATCH_S = 0.1  # a viewer's stream is written at most 10 times a second
 MAX_CONNECTIONS = 32  # HTTP connections served at once (viewers are 16 of them at most)
 MAX_BODY_BYTES = 16 << 10  # an incident's body: a note and a window
 READ_TIMEOUT_S = 10.0  # a request's line, headers and body must come within this
 # With a viewer attached, the recorder's thread is woken at least this often, so that
 # steps reach the stream as they happen rather than in batches of 64.
-LIVE_WAKE_S = 0.05
+LIVE_WAKE_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,7 +255,7 @@ class VllmRecording(ServerRecording):
             now = time.monotonic()
             if now - self._last_wake >= LIVE_WAKE_S:
                 self._last_wake = now
-                self._recorder.flush()  # queued behind the records, and wakes the thread
+                self._recorder.wake()  # appends (so streams) what is queued; no write
         if self._rotation_due():
             self._rotate()
 
