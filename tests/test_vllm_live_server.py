@@ -6,6 +6,8 @@ wherever the tests run. tests/test_vllm_live.py does it inside vLLM's engine loo
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -22,7 +24,7 @@ from engine.sim.driver import make_engine, run_steps
 from recorder.multi import open_trace
 from recorder.reader import TraceReader
 from recorder.recorder import Recorder
-from recorder.vllm.live import LiveServer, Settings, VllmRecording
+from recorder.vllm.live import LiveServer, Settings, VllmRecording, open_segmented
 from replays.reducer import state_at
 from replays.timeline import Timeline
 from tests.tui_support import demo_workload
@@ -156,3 +158,43 @@ def test_a_viewer_attaches_to_an_idle_engine_and_follows_it(live: Live, tmp_path
                     assert tl.state(s).to_snapshot() == state_at(disk, s).to_snapshot()
     finally:
         stream.close()
+
+
+def test_open_segmented_keeps_runs_and_cuts_an_incident_on_sigusr1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SCHEDTOP_TRACE_DIR", str(tmp_path))
+    for i in range(3):  # three older vLLM runs, and a server's that is not vLLM's
+        for kind in ("vllm", "serve"):
+            old = tmp_path / f"2020010{i}-000000.000-{kind}-1"
+            old.mkdir()
+            (old / "segment-000000.trace").write_bytes(b"")
+    w = demo_workload()
+    engine = make_engine(w)
+
+    def new_recorder(core: Any, writer: Any, previous: Recorder | None) -> Recorder:
+        return Recorder(core, writer, install=False, continue_from=previous)
+
+    settings = Settings(64 << 10, None, 2, 600.0, None, None)
+    recording = open_segmented(FakeTap(engine), settings, None, new_recorder)
+    try:
+        assert (
+            sorted(p.name.split("-")[2] for p in tmp_path.iterdir()) == ["serve"] * 3 + ["vllm"] * 2
+        ), "the newest 2 vLLM runs kept, this one included; serve's untouched"
+        assert recording.directory.parent == tmp_path
+        engine.sink = Forward(recording)
+        steps = iter(run_steps(w, engine))
+        for _ in range(8):
+            next(steps)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        incidents = recording.directory / "incidents"
+        deadline = time.monotonic() + 30
+        while not list(incidents.glob("*.json")) and time.monotonic() < deadline:
+            time.sleep(0.02)  # the signal wakes the recording's incident thread
+        (note,) = incidents.glob("*.json")
+        meta = json.loads(note.read_text())
+        assert meta["note"] == "signal SIGUSR1" and meta["last_step"] == 7
+    finally:
+        engine.sink = NULL_SINK
+        recording.close()
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL

@@ -203,6 +203,7 @@ class VllmRecording(ServerRecording):
         self.settings = s
         self.server: LiveServer | None = None
         self.incident_signal: threading.Event | None = None
+        self.signal_before: Any = None  # SIGUSR1's handler before ours
         self._tap = tap
         self._last_wake = 0.0
         super().__init__(
@@ -236,6 +237,8 @@ class VllmRecording(ServerRecording):
                 self.server.close()
             if self.incident_signal is not None:
                 self.incident_signal.set()  # its thread sees the recording closed and ends
+                if threading.current_thread() is threading.main_thread():
+                    signal.signal(INCIDENT_SIGNAL, self.signal_before or signal.SIG_DFL)
 
     # -- the engine thread (vLLM's, inside a scheduler call) ---------------------------------
 
@@ -389,6 +392,7 @@ def _install_signal(recording: VllmRecording) -> None:
     threading.Thread(target=cut, name="schedtop-incident", daemon=True).start()
     signal.signal(INCIDENT_SIGNAL, lambda *_: wake.set())
     recording.incident_signal = wake
+    recording.signal_before = previous
 
 
 # -- the HTTP side ---------------------------------------------------------------------------
