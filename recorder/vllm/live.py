@@ -501,7 +501,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.close_connection = True
         # Named, so that its CPU can be told apart (bench/vllm_record_bench.py).
-        threading.current_thread().name = f"schedtop-viewer-{self.server.server_address[1]}"
+        port = self.connection.getsockname()[1]
+        threading.current_thread().name = f"schedtop-viewer-{port}"
         # Writes may wait for a slow viewer: only this thread waits (its queue is
         # bounded, and the recording skips it ahead or drops it, never waits for it).
         self.connection.settimeout(None)
