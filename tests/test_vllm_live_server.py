@@ -153,6 +153,8 @@ def test_a_viewer_attaches_to_an_idle_engine_and_follows_it(live: Live, tmp_path
                 time.sleep(0.02)  # the spool grows on the stream's thread
                 tl.refresh()
             assert tl.last_step == 44
+            # A viewer gets records as they are appended; the file, at the next flush.
+            live.recording.serve_idle_flush()
             with open_trace(live.directory) as disk:
                 for s in (5, 20, 44):
                     assert tl.state(s).to_snapshot() == state_at(disk, s).to_snapshot()

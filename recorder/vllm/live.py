@@ -82,6 +82,7 @@ STREAM_POLL_S = 0.5  # a viewer's get() timeout: how soon an idle engine serves 
 STREAM_BATCH_S = 0.1  # a viewer's stream is written at most 10 times a second
 MAX_CONNECTIONS = 32  # HTTP connections served at once (viewers are 16 of them at most)
 MAX_BODY_BYTES = 16 << 10  # an incident's body: a note and a window
+CLOSE_WAIT_S = 1.0  # at shutdown, how long viewers' connections may take to finish
 READ_TIMEOUT_S = 10.0  # a request's line, headers and body must come within this
 # With a viewer attached, the recorder's thread is woken at least this often, so that
 # steps reach the stream as they happen rather than in batches of 64.
@@ -412,6 +413,9 @@ class LiveServer:
 
         Handler.recording = recording
         Handler.expected = expected
+        Handler.live = self
+        self.streaming = 0  # viewers' connections writing a stream
+        self.idle = threading.Condition()  # ...notified when one ends
 
         class Server(http.server.ThreadingHTTPServer):
             daemon_threads = True
@@ -438,6 +442,10 @@ class LiveServer:
         self.thread.start()
 
     def close(self) -> None:
+        """After the streams have ended (the recording closed them): their connections
+        get what is queued, at most CLOSE_WAIT_S (vLLM's process may exit right after)."""
+        with self.idle:
+            self.idle.wait_for(lambda: self.streaming == 0, CLOSE_WAIT_S)
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -445,6 +453,7 @@ class LiveServer:
 class _Handler(http.server.BaseHTTPRequestHandler):
     recording: VllmRecording
     expected: bytes | None
+    live: LiveServer
     timeout = READ_TIMEOUT_S  # the request line and headers (a slow client is cut)
     protocol_version = "HTTP/1.1"
 
@@ -506,6 +515,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         # Writes may wait for a slow viewer: only this thread waits (its queue is
         # bounded, and the recording skips it ahead or drops it, never waits for it).
         self.connection.settimeout(None)
+        live = self.live
+        with live.idle:
+            live.streaming += 1
         try:
             while True:
                 chunk = sub.get(STREAM_POLL_S)
@@ -524,6 +536,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return  # the viewer went away
         finally:
             sub.close()
+            with live.idle:
+                live.streaming -= 1
+                live.idle.notify_all()
 
     def do_POST(self) -> None:  # noqa: N802 -- http.server's name
         path = self.path.split("?", 1)[0]
