@@ -473,7 +473,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
     ) -> None:
         data = (json.dumps(body) + "\n").encode()
+        # One request per connection: an idle keep-alive would hold one of the
+        # MAX_CONNECTIONS threads until its read timeout.
+        self.close_connection = True
         self.send_response(status)
+        self.send_header("Connection", "close")
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         for k, v in (headers or {}).items():
