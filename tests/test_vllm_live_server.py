@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -93,7 +94,8 @@ def live(tmp_path: Path) -> Iterator[Live]:
         )
 
     settings = Settings(64 << 10, None, 16, 600.0, 0, KEY)
-    recording = VllmRecording(FakeTap(engine), tmp_path / "run", new_recorder, settings)
+    lock = threading.RLock()  # LockingMixin's, which a live port puts on vLLM's calls
+    recording = VllmRecording(FakeTap(engine), tmp_path / "run", new_recorder, settings, lock)
     engine.sink = Forward(recording)
     recording.server = LiveServer(recording, 0, KEY)
     url = f"http://127.0.0.1:{recording.server.port}"
@@ -175,8 +177,10 @@ def test_open_segmented_keeps_runs_and_cuts_an_incident_on_sigusr1(
     engine = make_engine(w)
 
     def new_recorder(core: Any, writer: Any, previous: Recorder | None) -> Recorder:
-        return Recorder(core, writer, install=False, continue_from=previous)
+        return Recorder(core, writer, install=False, continue_from=previous, flush_interval_s=1.0)
 
+    # No live port, so no lock: the incident waits for a step that never comes (2 s),
+    # then takes what the flush timer has written.
     settings = Settings(64 << 10, None, 2, 600.0, None, None)
     recording = open_segmented(FakeTap(engine), settings, None, new_recorder)
     try:

@@ -198,8 +198,11 @@ class VllmRecording(ServerRecording):
     ) -> None:
         core = _Core(tap)
         self._own_error: str | None = None
-        # The scheduler's lock (LockingMixin) when a live port is on; else nothing takes
-        # it but the HTTP side, which then never finds vLLM idle (no port: no HTTP side).
+        # The scheduler's lock (LockingMixin) when a live port is on. Without it nothing
+        # tells another thread that vLLM is idle: serve_idle* then do nothing, and an
+        # incident (the signal) waits for a step, or FLUSH_WAIT_S, and takes what the
+        # flush timer has written.
+        self.locked = lock is not None
         self.lock = lock if lock is not None else threading.RLock()
         self.settings = s
         self.server: LiveServer | None = None
@@ -287,7 +290,7 @@ class VllmRecording(ServerRecording):
     def serve_idle(self) -> None:
         """From the HTTP side: while vLLM's engine thread calls nothing (idle), do what
         it would do between two steps (a waiting viewer's snapshot, a flush asked for)."""
-        if not self.lock.acquire(blocking=False):
+        if not self.locked or not self.lock.acquire(blocking=False):
             return  # the engine thread is in a scheduler call: it serves them itself
         try:
             if not self._closed and not self.core.scheduler.has_unreported:
@@ -296,20 +299,26 @@ class VllmRecording(ServerRecording):
             self.lock.release()
 
     def _wait_for_flush(self) -> None:
-        self.serve_idle_flush()
-        super()._wait_for_flush()
+        if not self.serve_idle_flush():
+            super()._wait_for_flush()  # the engine thread flushes after its step
 
-    def serve_idle_flush(self) -> None:
-        """An incident's flush while vLLM is idle: nothing would ever run it."""
-        if self.lock.acquire(blocking=False):
-            try:
-                if not self._closed and not self.core.scheduler.has_unreported:
-                    self._recorder.drain()
-                    writer = self._writer
-                    if writer is not None:
-                        writer.drain()
-            finally:
-                self.lock.release()
+    def serve_idle_flush(self) -> bool:
+        """An incident's flush while vLLM is idle, which would never run it; whether it
+        was done (False: vLLM is in a scheduler call, or there is no lock to tell)."""
+        if not self.locked or not self.lock.acquire(blocking=False):
+            return False
+        try:
+            if self._closed or self.core.scheduler.has_unreported:
+                return False
+            # vLLM's thread is held out, so nothing is queued for the recorder's thread
+            # once it has drained, and the writer is ours to flush.
+            self._recorder.drain()
+            writer = self._writer
+            if writer is not None:
+                writer.drain()
+            return True
+        finally:
+            self.lock.release()
 
     def incident_for(self, window_s: float | None, note: str | None) -> dict[str, Any]:
         """incident() as the HTTP route and the signal answer it (the JSON reply)."""
