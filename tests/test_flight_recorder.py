@@ -89,8 +89,16 @@ def test_a_hung_engine_killed_keeps_its_last_steps(mode: str, tmp_path: Path) ->
 
 @pytest.mark.vllm
 @pytest.mark.slow
-@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
-def test_a_hung_vllm_engine_killed_keeps_its_last_steps(is_async: bool, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("is_async", "segments"),
+    [(False, False), (True, False), (True, True)],
+    ids=["sync", "async", "async-segments"],
+)
+def test_a_hung_vllm_engine_killed_keeps_its_last_steps(
+    is_async: bool, segments: bool, tmp_path: Path
+) -> None:
+    """segments: SCHEDTOP_TRACE_MAX_BYTES (recorder.vllm.live): a run directory, whose
+    segments' recorders keep the same flush timer."""
     python = find_vllm_python()
     requests = [
         {
@@ -121,12 +129,17 @@ def test_a_hung_vllm_engine_killed_keeps_its_last_steps(is_async: bool, tmp_path
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     # The default interval (1 s) holds too; a shorter one keeps the test short.
     env = {**vllm_env(), "SCHEDTOP_FLUSH_INTERVAL_S": "0.25"}
+    if segments:
+        env["SCHEDTOP_TRACE_MAX_BYTES"] = "1GiB"
     cmd = [python, "-m", "tests.vllm_engine", str(tmp_path / "spec.json"), str(tmp_path / "o")]
     marker = root / "hang" / "hung"
     (root / "hang").mkdir(parents=True)
     trace_dir = root / "hang"
 
     def the_trace() -> Path:
+        if segments:
+            runs = sorted(p for p in trace_dir.iterdir() if p.is_dir())
+            return runs[0] if runs else trace_dir / "none"
         found = sorted(trace_dir.glob("*.trace"))
         return found[0] if found else trace_dir / "none.trace"
 
