@@ -55,6 +55,14 @@ class Request:
     first_scheduled_step: int = -1  # the step it was first admitted in (-1: not yet)
     first_token_step: int = -1  # the step of its first sampled token (-1: none yet)
     prefill_chunk: bool = False  # its last scheduled step stopped short of its known tokens
+    # Fast-path thresholds, so that a steady decode step skips the calls that would do
+    # nothing for this request. Each is conservative: the default makes the call every time.
+    hash_due: int = field(default=0, repr=False)  # len(all_token_ids) at which block_hasher
+    # has a block to hash again (BlockHasher keeps it; 0: call it for every token)
+    stop_len: int = field(default=0, repr=False)  # len(all_token_ids) at which a length cap
+    # may end it (the scheduler keeps it; 0: check every token)
+    kv_quiet: int = field(default=-1, repr=False)  # the KV manager keeps it: while
+    # num_computed_tokens + new tokens <= kv_quiet, allocate_running would do nothing
     all_token_ids: list[int] = field(init=False)  # prompt + outputs
     num_prompt_tokens: int = field(init=False)  # len(prompt_token_ids)
 
@@ -87,7 +95,7 @@ class Request:
     def append_output_token_ids(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
-        if self.block_hasher is not None:
+        if self.block_hasher is not None and len(self.all_token_ids) >= self.hash_due:
             self.block_hasher(self)
 
     def sort_key(self) -> tuple[int, float, str]:

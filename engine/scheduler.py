@@ -9,11 +9,12 @@ order; waiting requests get what is left, unless this step preempted someone.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain, islice
 from operator import attrgetter
 
 from engine.config import EngineConfig
 from engine.kv.block_pool import KVBlock
-from engine.kv.manager import KVCacheManager, cdiv
+from engine.kv.manager import NO_BLOCKS, KVCacheManager, cdiv
 from engine.outputs import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from engine.queues import make_queue
 from engine.records import (
@@ -43,6 +44,7 @@ from engine.rules import (
 )
 
 _REF = attrgetter("ref")
+_COMPUTED = attrgetter("num_computed_tokens")
 PLACEHOLDER = -1  # a padding draft: never a token, so always rejected
 
 
@@ -136,6 +138,7 @@ class Scheduler:
             config.enable_prefix_caching,
             config.watermark_blocks,
         )
+        self.kv.num_lookahead_tokens = self.num_lookahead_tokens
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
         self.waiting = make_queue(config.policy)
@@ -173,6 +176,13 @@ class Scheduler:
         if problem:
             self._record_finish(request, Status.FINISHED_ERROR, problem)
             return
+        # The length at which check_stop's length caps may end it; with stop tokens every
+        # token needs the full check (0).
+        params = request.sampling_params
+        if not params.stop_token_ids:
+            request.stop_len = min(
+                self.max_model_len, request.num_prompt_tokens + params.max_tokens
+            )
         self.requests[request.request_id] = request
         self.waiting.add(request)
 
@@ -305,7 +315,10 @@ class Scheduler:
                 p.shortfalls.append(Shortfall(req.ref, wanted, 0, Reason.MAX_MODEL_LEN))
                 p.cursor += 1
                 continue
-            blocks = kv.allocate_running(req, n, lookahead)
+            if computed + n <= req.kv_quiet:
+                blocks = NO_BLOCKS  # room in its table and no block filled: nothing to do
+            else:
+                blocks = kv.allocate_running(req, n, lookahead)
             if blocks is None:
                 blocks = self._preempt_until_fits(req, n, p)
                 if blocks is None:
@@ -491,14 +504,15 @@ class Scheduler:
         step = self.step_index
         new_reqs = [self._new_request_data(r, p) for r in p.admitted]
         running_reqs = p.running_reqs
-        new_blocks = p.new_blocks
+        k = len(running_reqs)
+        # new_blocks and num_scheduled hold the running requests first, in the same order.
         cached = CachedRequestData(
-            [r.request_id for r in running_reqs],
+            list(islice(p.num_scheduled, k)),
             [
-                [b.block_id for b in blocks] if (blocks := new_blocks[r.request_id]) else []
-                for r in running_reqs
+                [b.block_id for b in blocks] if blocks else []
+                for blocks in islice(p.new_blocks.values(), k)
             ],
-            [r.num_computed_tokens for r in running_reqs],
+            list(map(_COMPUTED, running_reqs)),
         )
         scheduled = self._advance(p)
         if self.async_scheduling:
@@ -542,18 +556,20 @@ class Scheduler:
         """Move every scheduled request's num_computed_tokens forward; label its tokens."""
         scheduled: list[Scheduled] = []
         append = scheduled.append
-        requests = self.requests
         spec = p.spec_tokens
-        chunk_kind = Kind.CHUNK
-        for rid, n in p.num_scheduled.items():
-            req = requests[rid]
+        decode = Kind.DECODE
+        # num_scheduled's order: the running requests scheduled, then the admitted ones.
+        for req, n in zip(chain(p.running_reqs, p.admitted), p.num_scheduled.values()):
             before = req.num_computed_tokens
-            num_spec = len(spec[rid]) if spec and rid in spec else 0
+            num_spec = len(spec[req.request_id]) if spec and req.request_id in spec else 0
             chunk = before + n < len(req.all_token_ids) + req.num_output_placeholders
-            kind = entry_kind(n, chunk, req.output_token_ids, num_spec)
+            if n == 1 and not chunk and not num_spec and req.output_token_ids:
+                kind = decode  # entry_kind's answer for a decode, without the call
+            else:
+                kind = entry_kind(n, chunk, req.output_token_ids, num_spec)
             append(Scheduled(req.ref, n, kind, before, num_spec))
             req.num_computed_tokens = before + n
-            req.prefill_chunk = kind is chunk_kind
+            req.prefill_chunk = chunk and not num_spec  # entry_kind's CHUNK
         return scheduled
 
     def _count_in_flight(self, p: _Pass) -> None:
@@ -595,10 +611,17 @@ class Scheduler:
                 req.num_computed_tokens -= len(spec[rid]) - accepted
             if req.first_token_step < 0:
                 req.first_token_step = step
-            if len(tokens) == 1:  # the common case: no loop
+            if len(tokens) == 1:  # the common case: append_output_token_ids, inlined
                 tok = tokens[0]
-                req.append_output_token_ids(tok)
-                stopped = self.check_stop(req, tok)
+                req.output_token_ids.append(tok)
+                all_ids = req.all_token_ids
+                all_ids.append(tok)
+                if len(all_ids) >= req.hash_due and req.block_hasher is not None:
+                    req.block_hasher(req)
+                # Only EOS, a stop token (stop_len 0) or a length cap can stop it.
+                stopped = (
+                    tok == req.eos_token_id or len(all_ids) >= req.stop_len
+                ) and self.check_stop(req, tok)
             else:
                 stopped = self._append(req, tokens)
             flat += tokens

@@ -39,3 +39,5 @@ class BlockHasher:
             parent = hashes[-1] if hashes else ROOT_HASH
             hashes.append(hash_block(parent, tokens[start : start + bs]))
             start += bs
+        # Nothing to hash before the next block is full: the request skips the call until then.
+        request.hash_due = start + bs

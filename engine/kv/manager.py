@@ -17,7 +17,7 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-_NO_BLOCKS: list[KVBlock] = []  # shared "nothing allocated" result; never mutated
+NO_BLOCKS: list[KVBlock] = []  # shared "nothing allocated" result; never mutated
 
 
 class KVCacheManager:
@@ -38,6 +38,9 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
         self.num_cached_block: dict[str, int] = {}  # leading blocks already in the hash map
+        # The lookahead slots the scheduler asks allocate_running for (it sets this): part
+        # of each request's kv_quiet, the threshold below which that call does nothing.
+        self.num_lookahead_tokens = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -139,7 +142,20 @@ class KVCacheManager:
         if self.enable_caching:
             # Draft tokens may be rejected, so cache only up to the known tokens.
             self.cache_blocks(request, min(num_computed + num_new_tokens, request.num_tokens))
+        self._set_quiet(request, table)
         return new_blocks
+
+    def _set_quiet(self, request: Request, table: list[KVBlock]) -> None:
+        """Keep `request.kv_quiet`: the most tokens (computed + new) for which
+        allocate_running finds room in the table and no block to hash, so that the
+        scheduler can skip that call for a steady decode (most steps of most requests)."""
+        bs = self.block_size
+        quiet = len(table) * bs - self.num_lookahead_tokens
+        if self.enable_caching:
+            filled = (self.num_cached_block.get(request.request_id, 0) + 1) * bs - 1
+            if filled < quiet:
+                quiet = filled
+        request.kv_quiet = quiet
 
     def allocate_running(
         self, request: Request, num_new_tokens: int, num_lookahead_tokens: int = 0
@@ -155,7 +171,7 @@ class KVCacheManager:
         if slots > self.max_model_len:
             slots = self.max_model_len
         need = (slots + bs - 1) // bs - len(table)
-        new_blocks = _NO_BLOCKS
+        new_blocks = NO_BLOCKS
         if need > 0:
             pool = self.pool
             if need > pool.free_queue.num_free:
@@ -170,6 +186,7 @@ class KVCacheManager:
                 upto = known
             if upto // bs > self.num_cached_block.get(rid, 0):
                 self.cache_blocks(request, upto)
+        self._set_quiet(request, table)
         return new_blocks
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
@@ -189,12 +206,14 @@ class KVCacheManager:
         table = self.req_to_blocks[rid]
         self.pool.cache_full_blocks(request.ref, table[done:full], request.block_hashes[done:full])
         self.num_cached_block[rid] = full
+        self._set_quiet(request, table)
 
     def free(self, request: Request) -> None:
         """Release the request's table, tail-first, so its last blocks are reused first."""
         rid = request.request_id
         table = self.req_to_blocks.pop(rid, None)
         self.num_cached_block.pop(rid, None)
+        request.kv_quiet = -1
         if not table:
             return
         ordered = table[::-1]
