@@ -9,7 +9,7 @@ order; waiting requests get what is left, unless this step preempted someone.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import chain, islice
+from itertools import islice
 from operator import attrgetter
 
 from engine.config import EngineConfig
@@ -44,7 +44,6 @@ from engine.rules import (
 )
 
 _REF = attrgetter("ref")
-_COMPUTED = attrgetter("num_computed_tokens")
 PLACEHOLDER = -1  # a padding draft: never a token, so always rejected
 
 
@@ -95,6 +94,8 @@ class _Pass:
     cursor: int = 0  # index in running of the request being scheduled
     num_scheduled: dict[str, int] = field(default_factory=dict)
     running_reqs: list[Request] = field(default_factory=list)  # scheduled from running
+    computed_before: list[int] = field(default_factory=list)  # theirs, before this step
+    scheduled: list[Scheduled] = field(default_factory=list)  # the step's entries, in order
     new_blocks: dict[str, list[KVBlock]] = field(default_factory=dict)
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)
     admitted: list[Request] = field(default_factory=list)
@@ -284,7 +285,10 @@ class Scheduler:
 
     def _schedule_running(self, p: _Pass) -> None:
         # The hottest loop of the engine: it runs for every running request every step, so
-        # it keeps state in locals and takes the KV manager's running-request fast path.
+        # it keeps state in locals (the cursor and the budget go back to `p` around a
+        # preemption, which moves them), skips the KV manager for a request whose table
+        # has room (kv_quiet), and writes each entry and advances its request as it goes:
+        # a request scheduled here is taken back only by a preemption, which undoes it.
         running = self.running
         kv = self.kv
         threshold = p.threshold
@@ -294,39 +298,48 @@ class Scheduler:
         num_scheduled = p.num_scheduled
         new_blocks = p.new_blocks
         running_reqs = p.running_reqs
-        while p.cursor < len(running):
-            budget = p.budget
+        before = p.computed_before.append
+        entry = p.scheduled.append
+        decode = Kind.DECODE
+        cursor = p.cursor
+        budget = p.budget
+        while cursor < len(running):
             if budget <= 0:
                 p.running_stop = queue_stop(Reason.TOKEN_BUDGET)
-                return
-            req = running[p.cursor]
+                break
+            req = running[cursor]
             computed = req.num_computed_tokens
-            n = wanted = len(req.all_token_ids) + len(req.spec_token_ids) - computed
+            known = len(req.all_token_ids)
+            n = wanted = known + len(req.spec_token_ids) - computed
+            placeholders = 0
             if is_async and req.num_output_placeholders:
                 if _reaches_max_tokens_in_flight(req):
-                    p.cursor += 1  # its last token is in flight: nothing more to schedule
+                    cursor += 1  # its last token is in flight: nothing more to schedule
                     continue
-                n = wanted = wanted + req.num_output_placeholders
+                placeholders = req.num_output_placeholders
+                n = wanted = wanted + placeholders
             if n > 1 or computed >= last_position:
                 n, reason = cut_short(n, threshold, budget, last_position - computed)
             else:  # a decode: no cap cuts one token (budget > 0 here, a threshold is >= 1)
                 reason = None
             if n <= 0:
                 p.shortfalls.append(Shortfall(req.ref, wanted, 0, Reason.MAX_MODEL_LEN))
-                p.cursor += 1
+                cursor += 1
                 continue
             if computed + n <= req.kv_quiet:
                 blocks = NO_BLOCKS  # room in its table and no block filled: nothing to do
             else:
                 blocks = kv.allocate_running(req, n, lookahead)
-            if blocks is None:
-                blocks = self._preempt_until_fits(req, n, p)
                 if blocks is None:
-                    if self.policy == "priority":
-                        continue  # it preempted itself; the cursor already points at the next
-                    p.running_stop = running_kv_stop()
-                    return
-            p.cursor += 1
+                    p.cursor, p.budget = cursor, budget
+                    blocks = self._preempt_until_fits(req, n, p)
+                    cursor, budget = p.cursor, p.budget
+                    if blocks is None:
+                        if self.policy == "priority":
+                            continue  # it preempted itself; the cursor points at the next
+                        p.running_stop = running_kv_stop()
+                        break
+            cursor += 1
             rid = req.request_id
             if req.prefill_chunk:  # vLLM's is_prefill_chunk: still prefilling from last step
                 p.prefill_scheduled = True
@@ -334,13 +347,28 @@ class Scheduler:
                 p.shortfalls.append(Shortfall(req.ref, wanted, n, reason))
             num_scheduled[rid] = n
             new_blocks[rid] = blocks
-            p.budget -= n
+            budget -= n
             running_reqs.append(req)
+            before(computed)
+            num_spec = 0
             if req.spec_token_ids:
-                num_spec = n + computed - len(req.all_token_ids)
+                num_spec = n + computed - known
                 if num_spec > 0:
-                    p.spec_tokens[rid] = req.spec_token_ids[:num_spec]
+                    p.spec_tokens[rid] = drafts = req.spec_token_ids[:num_spec]
+                    num_spec = len(drafts)
+                else:
+                    num_spec = 0
                 req.spec_token_ids = []
+            # The entry and its request's progress (what _advance does for admitted ones).
+            chunk = computed + n < known + placeholders
+            if n == 1 and not chunk and not num_spec and req.output_token_ids:
+                kind = decode  # entry_kind's answer for a decode, without the call
+            else:
+                kind = entry_kind(n, chunk, req.output_token_ids, num_spec)
+            entry(Scheduled(req.ref, n, kind, computed, num_spec))
+            req.num_computed_tokens = computed + n
+            req.prefill_chunk = chunk and not num_spec  # entry_kind's CHUNK
+        p.cursor, p.budget = cursor, budget
 
     def _preempt_until_fits(self, req: Request, n: int, p: _Pass) -> list[KVBlock] | None:
         """Preempt victims until `req`'s slots fit, or `req` itself is the victim (S5).
@@ -349,9 +377,14 @@ class Scheduler:
             victim = self._remove_victim(p)
             given_back = p.num_scheduled.pop(victim.request_id, 0)
             if given_back:
-                # PRIORITY can pick a request already scheduled this step: take it back out.
+                # PRIORITY can pick a request already scheduled this step: take it back out,
+                # entry, progress and all.
                 p.budget += given_back
-                p.running_reqs.remove(victim)
+                index = p.running_reqs.index(victim)
+                del p.running_reqs[index]
+                del p.computed_before[index]
+                del p.scheduled[index]
+                victim.num_computed_tokens -= given_back
                 p.new_blocks.pop(victim.request_id)
                 p.spec_tokens.pop(victim.request_id, None)
                 p.shortfalls[:] = [s for s in p.shortfalls if s.ref != victim.ref]
@@ -512,7 +545,7 @@ class Scheduler:
                 [b.block_id for b in blocks] if blocks else []
                 for blocks in islice(p.new_blocks.values(), k)
             ],
-            list(map(_COMPUTED, running_reqs)),
+            p.computed_before,
         )
         scheduled = self._advance(p)
         if self.async_scheduling:
@@ -553,13 +586,15 @@ class Scheduler:
         )
 
     def _advance(self, p: _Pass) -> list[Scheduled]:
-        """Move every scheduled request's num_computed_tokens forward; label its tokens."""
-        scheduled: list[Scheduled] = []
+        """Move every admitted request's num_computed_tokens forward and label its tokens,
+        after the running requests' entries (_schedule_running did theirs)."""
+        scheduled = p.scheduled
         append = scheduled.append
         spec = p.spec_tokens
         decode = Kind.DECODE
         # num_scheduled's order: the running requests scheduled, then the admitted ones.
-        for req, n in zip(chain(p.running_reqs, p.admitted), p.num_scheduled.values()):
+        k = len(p.running_reqs)
+        for req, n in zip(p.admitted, islice(p.num_scheduled.values(), k, None)):
             before = req.num_computed_tokens
             num_spec = len(spec[req.request_id]) if spec and req.request_id in spec else 0
             chunk = before + n < len(req.all_token_ids) + req.num_output_placeholders
@@ -600,44 +635,40 @@ class Scheduler:
         step = self.step_index
         caching = self.config.enable_prefix_caching
         proposed: list[SpecProposed] = []
-        for rid, tokens in zip(result.req_ids, result.sampled_token_ids):
-            req = requests.get(rid) if tokens else None
-            if req is None:  # mid-prefill, or aborted while the runner worked
-                counts.append(0)
-                continue
-            if spec and rid in spec:
-                accepted = len(tokens) - 1
-                accepted_drafts.append(SpecAccepted(req.ref, accepted))
-                req.num_computed_tokens -= len(spec[rid]) - accepted
-            if req.first_token_step < 0:
-                req.first_token_step = step
-            if len(tokens) == 1:  # the common case: append_output_token_ids, inlined
-                tok = tokens[0]
-                req.output_token_ids.append(tok)
-                all_ids = req.all_token_ids
-                all_ids.append(tok)
-                if len(all_ids) >= req.hash_due and req.block_hasher is not None:
-                    req.block_hasher(req)
-                # Only EOS, a stop token (stop_len 0) or a length cap can stop it.
-                stopped = (
-                    tok == req.eos_token_id or len(all_ids) >= req.stop_len
-                ) and self.check_stop(req, tok)
-            else:
-                stopped = self._append(req, tokens)
-            flat += tokens
-            counts.append(len(tokens))
-            touched.append(req)
-            if spec and rid in spec and caching:
-                # Accepted drafts may have filled blocks: hash them now, as vLLM does, even
-                # for a request that just stopped (its full blocks then free to the tail).
-                self.kv.cache_blocks(req, req.num_computed_tokens)
-            if stopped:
-                finished_any = True
-                self._finish(req, req.status)
-            elif drafts:
-                req.spec_token_ids = proposal = drafts.get(rid, [])
-                if proposal:
-                    proposed.append(SpecProposed(req.ref, len(proposal)))
+        if not spec and not drafts:
+            finished_any = self._update_plain(result, touched, counts, flat)
+        else:
+            for rid, tokens in zip(result.req_ids, result.sampled_token_ids):
+                req = requests.get(rid) if tokens else None
+                if req is None:  # mid-prefill, or aborted while the runner worked
+                    counts.append(0)
+                    continue
+                if spec and rid in spec:
+                    accepted = len(tokens) - 1
+                    accepted_drafts.append(SpecAccepted(req.ref, accepted))
+                    req.num_computed_tokens -= len(spec[rid]) - accepted
+                if req.first_token_step < 0:
+                    req.first_token_step = step
+                if len(tokens) == 1:  # the common case: no loop
+                    tok = tokens[0]
+                    req.append_output_token_ids(tok)
+                    stopped = self.check_stop(req, tok)
+                else:
+                    stopped = self._append(req, tokens)
+                flat += tokens
+                counts.append(len(tokens))
+                touched.append(req)
+                if spec and rid in spec and caching:
+                    # Accepted drafts may have filled blocks: hash them now, as vLLM does, even
+                    # for a request that just stopped (its full blocks then free to the tail).
+                    self.kv.cache_blocks(req, req.num_computed_tokens)
+                if stopped:
+                    finished_any = True
+                    self._finish(req, req.status)
+                elif drafts:
+                    req.spec_token_ids = proposal = drafts.get(rid, [])
+                    if proposal:
+                        proposed.append(SpecProposed(req.ref, len(proposal)))
         if finished_any:
             self.running = [r for r in self.running if r.status == Status.RUNNING]
         outcome = Outcome(
@@ -652,6 +683,57 @@ class Scheduler:
         self._finishes = []
         self._finished_reqs = []
         return outcome
+
+    def _update_plain(
+        self,
+        result: ModelRunnerOutput,
+        touched: list[Request],
+        counts: list[int],
+        flat: list[int],
+    ) -> bool:
+        """update_from_output's loop for a step without drafts (every step without
+        speculative decoding): the same work, with the one-token sample (a decode, or a
+        prefill's first token) inlined, as it runs for every running request every step.
+        Returns whether a request finished."""
+        get = self.requests.get
+        step = self.step_index
+        count = counts.append
+        put = flat.append
+        touch = touched.append
+        finished_any = False
+        for rid, tokens in zip(result.req_ids, result.sampled_token_ids):
+            req = get(rid) if tokens else None
+            if req is None:  # mid-prefill, or aborted while the runner worked
+                count(0)
+                continue
+            if req.first_token_step < 0:
+                req.first_token_step = step
+            if len(tokens) == 1:  # append_output_token_ids and check_stop, inlined
+                tok = tokens[0]
+                req.output_token_ids.append(tok)
+                all_ids = req.all_token_ids
+                all_ids.append(tok)
+                num = len(all_ids)
+                if num >= req.hash_due and req.block_hasher is not None:
+                    req.block_hasher(req)
+                put(tok)
+                count(1)
+                touch(req)
+                # Only EOS, a stop token (stop_len is then 0) or a length cap can stop it.
+                if (tok == req.eos_token_id or num >= req.stop_len) and self.check_stop(
+                    req, tok
+                ):
+                    finished_any = True
+                    self._finish(req, req.status)
+                continue
+            stopped = self._append(req, tokens)
+            flat += tokens
+            count(len(tokens))
+            touch(req)
+            if stopped:
+                finished_any = True
+                self._finish(req, req.status)
+        return finished_any
 
     @staticmethod
     def _entry_counts(
