@@ -44,6 +44,9 @@ from engine.rules import (
 )
 
 _REF = attrgetter("ref")
+# The new block ids of a request that got none (most, most steps): one shared list, read
+# only, rather than a new one per request per step.
+_NO_BLOCK_IDS: list[int] = []
 PLACEHOLDER = -1  # a padding draft: never a token, so always rejected
 
 
@@ -542,7 +545,7 @@ class Scheduler:
         cached = CachedRequestData(
             list(islice(p.num_scheduled, k)),
             [
-                [b.block_id for b in blocks] if blocks else []
+                [b.block_id for b in blocks] if blocks else _NO_BLOCK_IDS
                 for blocks in islice(p.new_blocks.values(), k)
             ],
             p.computed_before,
