@@ -313,6 +313,28 @@ class Scheduler:
             req = running[cursor]
             computed = req.num_computed_tokens
             known = len(req.all_token_ids)
+            if (
+                known - computed == 1
+                and computed < req.kv_quiet
+                and computed < last_position
+                and not req.spec_token_ids
+                and not req.prefill_chunk
+                and req.output_token_ids
+                and not (is_async and req.num_output_placeholders)
+            ):
+                # A steady decode (most requests, most steps): one token, no cap can cut
+                # it, its table has room and fills no block. What the general path below
+                # does for it, and no more.
+                cursor += 1
+                rid = req.request_id
+                num_scheduled[rid] = 1
+                new_blocks[rid] = NO_BLOCKS
+                budget -= 1
+                running_reqs.append(req)
+                before(computed)
+                entry(Scheduled(req.ref, 1, decode, computed, 0))
+                req.num_computed_tokens = known
+                continue
             n = wanted = known + len(req.spec_token_ids) - computed
             placeholders = 0
             if is_async and req.num_output_placeholders:
@@ -329,9 +351,8 @@ class Scheduler:
                 p.shortfalls.append(Shortfall(req.ref, wanted, 0, Reason.MAX_MODEL_LEN))
                 cursor += 1
                 continue
-            if computed + n <= req.kv_quiet:
-                blocks = NO_BLOCKS  # room in its table and no block filled: nothing to do
-            else:
+            blocks: list[KVBlock] | None = NO_BLOCKS
+            if computed + n > req.kv_quiet:  # else: room in its table, no block filled
                 blocks = kv.allocate_running(req, n, lookahead)
                 if blocks is None:
                     p.cursor, p.budget = cursor, budget
@@ -723,9 +744,7 @@ class Scheduler:
                 count(1)
                 touch(req)
                 # Only EOS, a stop token (stop_len is then 0) or a length cap can stop it.
-                if (tok == req.eos_token_id or num >= req.stop_len) and self.check_stop(
-                    req, tok
-                ):
+                if (tok == req.eos_token_id or num >= req.stop_len) and self.check_stop(req, tok):
                     finished_any = True
                     self._finish(req, req.status)
                 continue
