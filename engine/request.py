@@ -56,13 +56,15 @@ class Request:
     first_token_step: int = -1  # the step of its first sampled token (-1: none yet)
     prefill_chunk: bool = False  # its last scheduled step stopped short of its known tokens
     # Fast-path thresholds, so that a steady decode step skips the calls that would do
-    # nothing for this request. Each is conservative: the default makes the call every time.
-    hash_due: int = field(default=0, repr=False)  # len(all_token_ids) at which block_hasher
-    # has a block to hash again (BlockHasher keeps it; 0: call it for every token)
-    stop_len: int = field(default=0, repr=False)  # len(all_token_ids) at which a length cap
-    # may end it (the scheduler keeps it; 0: check every token)
-    kv_quiet: int = field(default=-1, repr=False)  # the KV manager keeps it: while
-    # num_computed_tokens + new tokens <= kv_quiet, allocate_running would do nothing
+    # nothing for this request. Each is conservative: its default makes the call every
+    # time. Not init fields: a copy (dataclasses.replace) starts from the defaults.
+    # len(all_token_ids) from which block_hasher has a block to hash (BlockHasher keeps it)
+    hash_due: int = field(default=0, init=False, repr=False)
+    # len(all_token_ids) from which a length cap may end it (the scheduler keeps it)
+    stop_len: int = field(default=0, init=False, repr=False)
+    # while num_computed_tokens + new tokens <= kv_quiet, the KV manager's allocate_running
+    # would do nothing (the manager keeps it)
+    kv_quiet: int = field(default=-1, init=False, repr=False)
     all_token_ids: list[int] = field(init=False)  # prompt + outputs
     num_prompt_tokens: int = field(init=False)  # len(prompt_token_ids)
 
