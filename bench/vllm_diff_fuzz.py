@@ -123,6 +123,9 @@ def spec_workload(rng: random.Random) -> dict[str, Any]:
     w = random_workload(rng)
     k = rng.choice([1, 2, 3, 4])
     cfg = w["config"]
+    # Our config refuses drafts with async scheduling (not supported together yet): such a
+    # workload would only count as "different" without comparing a step.
+    cfg.pop("async_scheduling", None)
     lo = rng.choice([1, 1, 2])
     cfg["speculative_config"] = {
         "method": "ngram",
