@@ -13,7 +13,7 @@ a request waited while one of worse priority ran (a priority inversion).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -187,6 +187,10 @@ class QueueScan:
         self._episode: _Episode | None = None
         self._blockings: list[tuple[int, int, HeadOfLine]] = []  # min-heap: the longest
         self._seq = 0  # heap tie-break
+        self._skip = -1  # the offset of a step record take() was given already
+        # After take(): the scan holds no state of its own (it saw the taker's); the next
+        # advance() asks this for a copy of the state after its last step.
+        self._resume: Callable[[int], State] | None = None
 
     def advance(self, max_steps: int | None = None) -> int:
         """Scan up to `max_steps` more step records (None: to the end); how many.
@@ -196,7 +200,11 @@ class QueueScan:
             if max_steps is not None and n >= max_steps:
                 break
             self.offset = offset + FRAME_SIZE + len(body)
-            if rtype == RecordType.SNAPSHOT and self.state is None:
+            if offset == self._skip:
+                continue  # taken already
+            if rtype == RecordType.STEP and self._resume is not None:
+                self.state, self._resume = self._resume(self.last_step), None
+            if rtype == RecordType.SNAPSHOT and self.state is None and self._resume is None:
                 snap = decode(rtype, body, offset)
                 if isinstance(snap, Snapshot):  # a trace that starts mid-run
                     self.state = State.from_snapshot(self.reader.header, snap)
@@ -217,9 +225,39 @@ class QueueScan:
         elif entry > heap[0]:
             heapq.heapreplace(heap, entry)
 
+    def take(
+        self,
+        rec: Step,
+        offset: int,
+        left: tuple[tuple[int, int], ...],
+        after: State,
+        resume: Callable[[int], State],
+    ) -> bool:
+        """Count step `rec` (at byte `offset`) as another walk of the same trace has
+        decoded and applied it, when it is the next step this scan would read: `left` is
+        its unscheduled() list, `after` the state after it (read now, not kept). The record
+        is then neither decoded nor applied again: a live view that digests every step
+        for its log would otherwise pay for each twice. `resume(step)` gives a private
+        copy of the state after `step` if the scan has to read on by itself later.
+        Whether it took the step."""
+        if rec.step != self.last_step + 1 or offset < self.offset:
+            return False
+        if self.state is None and self._resume is None:
+            return False  # a mid-run trace's scan that has not met its snapshot yet
+        # No step record lies between self.offset and `offset` (the steps are in order
+        # and the last one read was rec.step - 1): only records this scan skips anyway.
+        self.state, self._resume = None, resume
+        self.offset, self._skip = offset, offset
+        self._count(rec, left, after)
+        return True
+
     def _step(self, state: State, rec: Step) -> None:
         leading = decoders(rec, state)
         apply(state, rec)
+        self._count(rec, unscheduled(rec, leading, state), state)
+
+    def _count(self, rec: Step, left_pairs: tuple[tuple[int, int], ...], state: State) -> None:
+        """What step `rec` adds to the waits and blockings; `state`: the state after it."""
         for a in rec.arrivals:
             self._prio[a.ref] = a.priority
             self._waiting[a.ref] = _Waiter(a.ref, a.request_id, a.priority, rec.step)
@@ -230,8 +268,9 @@ class QueueScan:
         for f in rec.finishes:  # aborted while waiting: its wait ends unadmitted
             self._waiting.pop(f.ref, None)
             self._prio.pop(f.ref, None)
-        left = dict(unscheduled(rec, leading, state))
-        worst_running = max((self._prio.get(r, 0) for r in state.running), default=None)
+        left = dict(left_pairs)
+        worst_running: int | None = None  # worked out when a waiting request needs it:
+        worst_known = False  # most steps leave none unscheduled, and it costs a pass
         head = state.waiting[0] if state.waiting else None
         blocked = head is not None and rec.waiting_stop is not None and left.get(head) in _BLOCKING
         head_id = state.request_id(head) if blocked and head is not None else None
@@ -239,6 +278,10 @@ class QueueScan:
             w = self._waiting.get(ref)
             if w is None:
                 continue
+            if not worst_known:
+                prio = self._prio
+                worst_running = max((prio.get(r, 0) for r in state.running), default=None)
+                worst_known = True
             w.counts[code] = w.counts.get(code, 0) + 1
             if code == Reason.HEAD_OF_LINE and head_id is not None and head != ref:
                 w.heads[head_id] = w.heads.get(head_id, 0) + 1

@@ -33,6 +33,7 @@ from recorder.schema import (
     Scheduled,
     Snapshot,
     Status,
+    Step,
 )
 
 THRASH_STEPS = 8  # preempted again within this many steps of getting back in: thrash
@@ -106,6 +107,7 @@ class IncidentScan:
         self._victims: Counter[str] = Counter()
         self._steps = self._lost = self._computed = self._thrash = 0
         self._aborts = self._errors = 0
+        self._skip = -1  # the offset of a step record take() was given already
 
     def advance(self, max_steps: int | None = None) -> int:
         """Scan up to `max_steps` more step records (None: to the end); how many it read.
@@ -115,6 +117,8 @@ class IncidentScan:
             if max_steps is not None and n >= max_steps:
                 break
             self.offset = offset + FRAME_SIZE + len(body)
+            if offset == self._skip:
+                continue  # taken already
             if rtype == RecordType.STEP:
                 try:
                     self._step(unpack_body(body))
@@ -148,27 +152,73 @@ class IncidentScan:
             self.ids.add(r.request_id)
             self._counts[r.ref] = r.num_preemptions
 
+    def take(self, rec: Step, offset: int) -> bool:
+        """Count step `rec` (at byte `offset`), decoded by another walk of the same
+        trace, when it is the next step this scan would read (whether it was): a live
+        view that decodes every step for its log need not have it decoded twice."""
+        if rec.step != self.last_step + 1 or offset < self.offset or self._steps == 0:
+            return False  # not next; or a mid-run trace's snapshot may lie before it
+        # No step record lies between self.offset and `offset` (steps are in order and
+        # the last one read was rec.step - 1), and no other record there matters now.
+        self.offset, self._skip = offset, offset
+        self._count(
+            rec.step,
+            rec.arrivals,
+            rec.admissions,
+            rec.free_blocks_after_schedule,
+            rec.preemptions,
+            rec.finishes,
+            rec.num_decodes + sum(e.num_tokens for e in rec.scheduled),
+            rec.free_blocks,
+        )
+        return True
+
     def _step(self, body: object) -> None:
         if type(body) is not dict:
             raise Bad("expected a map")
+        # Each field decoded in the order the counting reads it (a bad one is reported
+        # as before: by name, the first that fails).
         step = _get(body, "step")
         arrivals: tuple[Arrival, ...] = _get(body, "arrivals")
+        admissions: tuple[Admission, ...] = _get(body, "admissions")
+        free_after = _get(body, "free_blocks_after_schedule")
+        preemptions: tuple[Preemption, ...] = _get(body, "preemptions")
+        finishes: tuple[Finish, ...] = _get(body, "finishes")
+        scheduled: tuple[Scheduled, ...] = _get(body, "scheduled")
+        computed = _get(body, "num_decodes") + sum(e.num_tokens for e in scheduled)
+        self._count(
+            step,
+            arrivals,
+            admissions,
+            free_after,
+            preemptions,
+            finishes,
+            computed,
+            _get(body, "free_blocks"),
+        )
+
+    def _count(
+        self,
+        step: int,
+        arrivals: tuple[Arrival, ...],
+        admissions: tuple[Admission, ...],
+        free_after: int,
+        preemptions: tuple[Preemption, ...],
+        finishes: tuple[Finish, ...],
+        computed: int,
+        free: int,
+    ) -> None:
         for a in arrivals:
             self._names[a.ref] = a.request_id
             self.ids.add(a.request_id)
-        admissions: tuple[Admission, ...] = _get(body, "admissions")
         for ad in admissions:
             self._back_in[ad.ref] = step
-        free_after = _get(body, "free_blocks_after_schedule")
-        preemptions: tuple[Preemption, ...] = _get(body, "preemptions")
         for p in preemptions:
             self._preempt(step, p, free_after)
-        finishes: tuple[Finish, ...] = _get(body, "finishes")
         for f in finishes:
             self._finish(step, f, free_after)
-        scheduled: tuple[Scheduled, ...] = _get(body, "scheduled")
-        self._computed += _get(body, "num_decodes") + sum(e.num_tokens for e in scheduled)
-        self._free = _get(body, "free_blocks")
+        self._computed += computed
+        self._free = free
         self._steps += 1
         self.last_step = step
 

@@ -157,6 +157,11 @@ class Timeline:
             self._records.popitem(last=False)
         return rec
 
+    def offset(self, step: int) -> int:
+        """Where the step record of `step` starts in the file."""
+        self._check(step)
+        return self._offsets[step - self.first_step]
+
     def time_ns(self, step: int) -> int:
         """When `step` ended, in ns since the recording started."""
         return self.record(step).time_ns
@@ -176,8 +181,10 @@ class Timeline:
 
     # -- states -------------------------------------------------------------------------------
 
-    def state(self, step: int) -> State:
-        """The state after `step` (valid until the next call on this Timeline)."""
+    def state(self, step: int, keyframes: bool = True) -> State:
+        """The state after `step` (valid until the next call on this Timeline).
+        `keyframes=False`: keep no copy of the states built on the way (a walk over many
+        steps that only needs the last few kept says so for the others)."""
         if step != self.first_step - 1:
             self._check(step)
         if self._cur is not None and self._cur_step == step:
@@ -188,7 +195,7 @@ class Timeline:
         backward = 0 < self._cur_step - step <= _NEAR
         with _no_gc_pauses():
             state, at = self._start_for(step)
-            self._advance(state, at, step, keep_all=backward)
+            self._advance(state, at, step, keep_all=backward, keep=keyframes)
         self._cur, self._cur_step = state, step
         return state
 
@@ -256,7 +263,9 @@ class Timeline:
             j = bisect_right(self._snap_steps, step) - 1  # no initial state to fall back on
         return j
 
-    def _advance(self, state: State, at: int, step: int, keep_all: bool = False) -> None:
+    def _advance(
+        self, state: State, at: int, step: int, keep_all: bool = False, keep: bool = True
+    ) -> None:
         interval = self.keyframe_interval
         # Keyframes pay off near where the user is (stepping back, small jumps); on a long
         # jump, copying the state every `interval` steps of the way would cost more than
@@ -264,7 +273,7 @@ class Timeline:
         keep_from = at if keep_all else step - _NEAR
         for s in range(at + 1, step + 1):
             apply(state, self.record(s), self._offsets[s - self.first_step])
-            if s % interval == 0 and s >= keep_from and s not in self._keyframes:
+            if keep and s % interval == 0 and s >= keep_from and s not in self._keyframes:
                 self._keep(s, state.copy())
 
     def _keep(self, step: int, state: State) -> None:

@@ -148,6 +148,11 @@ def _listed(step: int, kind: str, items: list[tuple[str, str]], verb: str) -> It
     yield Event(step, kind, f"{len(rest)} more {verb}: {shown}", tuple(rest))
 
 
+# Told of each step a History digests: (its record, its digest, the state after it; the
+# state is the Timeline's working one: read it during the call, don't keep it).
+Seen = Callable[[Step, Digest, State], None]
+
+
 class History:
     """The digests of recently visited steps, at most `capacity` of them (least recently
     used go first)."""
@@ -190,9 +195,19 @@ class History:
             s -= 1
         return tuple(reversed(out))
 
-    def fill(self, timeline: Timeline, lo: int, hi: int) -> int:
+    def fill(
+        self,
+        timeline: Timeline,
+        lo: int,
+        hi: int,
+        seen: Seen | None = None,
+        keyframes_from: int | None = None,
+    ) -> int:
         """Make the missing digests of steps lo..hi (clamped to the trace), walking the
-        timeline. Returns how many it made. Moves the timeline's working state."""
+        timeline. Returns how many it made. Moves the timeline's working state.
+        `seen(record, digest, state after)` is called for each step digested, in order.
+        `keyframes_from`: the Timeline keeps no keyframes of the steps before it (a live
+        batch of hundreds of steps would copy the state every few dozen for nothing)."""
         lo, hi = max(lo, timeline.first_step), min(hi, timeline.last_step)
         if hi - lo + 1 > self.capacity:
             lo = hi - self.capacity + 1
@@ -202,13 +217,20 @@ class History:
             if s in self._digests:
                 s += 1
                 continue
-            made += self._walk(timeline, s, hi)
+            made += self._walk(timeline, s, hi, seen, keyframes_from)
             s += 1
             while s <= hi and s not in self._digests:
                 s += 1
         return made
 
-    def _walk(self, timeline: Timeline, start: int, hi: int) -> int:
+    def _walk(
+        self,
+        timeline: Timeline,
+        start: int,
+        hi: int,
+        seen: Seen | None,
+        keyframes_from: int | None,
+    ) -> int:
         """Digest the run of missing steps that starts at `start`."""
         made = 0
         prev = self._digests.get(start - 1)
@@ -226,9 +248,11 @@ class History:
             rec = timeline.record(s)
             names = names_before(rec, before)  # now: state(s) moves this object on to s
             leading = decoders(rec, before)
-            after = timeline.state(s)
+            after = timeline.state(s, keyframes_from is None or s >= keyframes_from)
             d = digest(rec, names, after, prev_time, self.engine_time, leading)
             self._put(d)
+            if seen is not None:
+                seen(rec, d, after)
             prev_time = d.time_ns
             made += 1
             s += 1
@@ -240,6 +264,7 @@ class History:
         step: int,
         names: Mapping[int, str],
         leading: tuple[int, ...] | None = None,
+        seen: Seen | None = None,
     ) -> None:
         """Digest `step` from the state after it (the timeline's working state there) and
         the names and leading decodes taken before it (names_before, decoders), if it is
@@ -256,7 +281,10 @@ class History:
         )
         rec = timeline.record(step)
         after = timeline.state(step)
-        self._put(digest(rec, names, after, prev_time, self.engine_time, leading))
+        d = digest(rec, names, after, prev_time, self.engine_time, leading)
+        self._put(d)
+        if seen is not None:
+            seen(rec, d, after)
 
     def _put(self, d: Digest) -> None:
         self._digests[d.step] = d

@@ -20,6 +20,7 @@ from recorder.errors import TraceError
 from recorder.schema import Step
 from replays.breakpoints import Predicate, find, parse
 from replays.clients import ClientLog
+from replays.state import State
 from replays.timeline import Timeline
 from tui.commands import (
     Cancel,
@@ -37,7 +38,7 @@ from tui.commands import (
     TogglePlay,
     WatchIncidents,
 )
-from tui.history import Event, History, names_before
+from tui.history import Digest, Event, History, names_before
 from tui.incidents import IncidentFeed
 from tui.viewmodel import Context, Frame, StepInput, build_frame
 from tui.waits import WaitBook, decoders
@@ -313,7 +314,7 @@ class Session:
             return 0.0
         if self.playing:
             return max(1.0 / self.speed, 1.0 / MAX_FPS)
-        if self.incidents.busy:
+        if self.incidents.busy and not self._scan_attached():
             return 0.0  # the incident scan goes on between commands
         if self.live and not self.tl.finished and not self.writer_gone:
             return POLL_S
@@ -333,7 +334,7 @@ class Session:
             self._search_slice()
         elif self.playing:
             self._play(now)
-        elif self.incidents.busy and self.incidents.step():
+        elif self.incidents.busy and not self._scan_attached() and self.incidents.step():
             # The open view shows the scan's progress twice a second, not after every
             # slice: a frame costs far more than a slice.
             done = not self.incidents.busy
@@ -379,6 +380,27 @@ class Session:
                     self.notices.append(("warning", f"{self.name}: {link.error}{said}"))
                 self._link_text = text
                 self.dirty = True
+
+    def _scan_attached(self) -> bool:
+        """Following a live trace with the incident scans caught up with the frames:
+        the next frame's walk over the new steps hands them their records (_seen), so
+        the scans need not read the file by themselves (each record would be decoded
+        and replayed two more times). A view that fell behind (skipped ahead) or
+        paused leaves the scans to read on by themselves, as in a replay; so does one
+        with no new step to show (what is left to scan is not a step: the end record)."""
+        return (
+            self.following
+            and self._followed_to is not None
+            and self.incidents.scanned_to >= self._followed_to
+            and self.tl.last_step > self._followed_to
+        )
+
+    def _seen(self, rec: Step, d: Digest, after: State) -> None:
+        """A step the history has just digested: hand it to the incident scans."""
+        self.incidents.take(rec, self.tl.offset(rec.step), d.unscheduled, after, self._private)
+
+    def _private(self, step: int) -> State:
+        return self.tl.state(step).copy()
 
     def _check_writer(self) -> None:
         """A quiet live trace whose writer has died will not grow again: read it to its
@@ -538,9 +560,11 @@ class Session:
                         "reads",
                     )
                 )
-            self.history.fill(tl, first, i - 1)
+            # Keyframes for the last few steps only: a step back from the newest is cheap,
+            # and a batch of hundreds of steps is not copied every few dozen.
+            self.history.fill(tl, first, i - 1, self._seen, i - 2 * tl.keyframe_interval)
             step = self._step_input(i)
-            self.history.add_step(tl, i, self._before_names, self._before_decoders)
+            self.history.add_step(tl, i, self._before_names, self._before_decoders, self._seen)
         else:
             if i >= tl.first_step:
                 first = max(lo, tl.first_step)
@@ -552,7 +576,7 @@ class Session:
             if step is not None:
                 # The step's own events and waits come with its first frame; the
                 # history around it may come a frame later.
-                self.history.add_step(tl, i, self._before_names, self._before_decoders)
+                self.history.add_step(tl, i, self._before_names, self._before_decoders, self._seen)
         self._followed_to = i if self.following else None
         state = tl.state(i)
         self.seq += 1
@@ -605,7 +629,7 @@ class Session:
         """Digest steps lo..hi, and the next AHEAD too when hi is past what is known
         (stepping forwards then finds them made)."""
         ahead = AHEAD if self.history.get(hi) is None and not self.following else 0
-        self.history.fill(self.tl, lo, hi + ahead)
+        self.history.fill(self.tl, lo, hi + ahead, self._seen)
 
     def _step_input(self, i: int) -> StepInput | None:
         """Step i spelled out (kept while the cursor stays there)."""
