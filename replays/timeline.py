@@ -189,6 +189,14 @@ class Timeline:
             self._check(step)
         if self._cur is not None and self._cur_step == step:
             return self._cur
+        if self._cur is not None and self._cur_step == step - 1:
+            # The next step (a walk forwards, a live view following): the working state
+            # is always the cheapest start, and one step allocates too little for the
+            # collector to matter.
+            state, self._cur = self._cur, None  # until applied, the state is nobody's
+            self._advance(state, step - 1, step, keep=keyframes)
+            self._cur, self._cur_step = state, step
+            return state
         # Walking backwards (a short move back), the steps just before this one come next:
         # keep keyframes all the way from the start point, so each further step back is
         # short. A long jump back is a jump like any other.

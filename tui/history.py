@@ -162,6 +162,7 @@ class History:
             raise ValueError("capacity must be >= 1")
         self.capacity = capacity
         self.engine_time = False  # step times are the engine's own (simulated runs)
+        self.made = 0  # digests made so far, all told (benchmarks count the work with it)
         self._digests: OrderedDict[int, Digest] = OrderedDict()
 
     def __len__(self) -> int:
@@ -287,6 +288,7 @@ class History:
             seen(rec, d, after)
 
     def _put(self, d: Digest) -> None:
+        self.made += 1
         self._digests[d.step] = d
         self._digests.move_to_end(d.step)
         while len(self._digests) > self.capacity:
