@@ -55,6 +55,7 @@ from tui.commands import Goto  # noqa: E402
 from tui.launch import open_session  # noqa: E402
 from tui.session import Session  # noqa: E402
 from tui.viewmodel import Frame  # noqa: E402
+from tui.worker import FrameSource  # noqa: E402
 
 BIG_TRACE = Path("/tmp/schedtop-bench/1m-256.trace")
 FALLBACK = Path("/tmp/schedtop-bench/tui-256.trace")  # cached between runs
@@ -436,9 +437,46 @@ def render_part() -> None:
         print()
 
 
+def reader_cost(tmp: Path, steps: int = 20_000, batch: int = 500) -> tuple[float, int]:
+    """The reader thread's work alone, with no app and no other process: the live source
+    appended to a file `batch` steps at a time (what a writer at 10,000 steps/s adds
+    between two frames at 20 a second), a frame built after each batch as the worker
+    would. Returns (CPU seconds per step, steps the notes say were skipped)."""
+    with TraceReader(LIVE_SOURCE) as reader:
+        offsets = list(reader.index().step_offsets)
+    data = LIVE_SOURCE.read_bytes()
+    dest = tmp / "reader-cost.trace"
+    dest.write_bytes(data[: offsets[100]])
+    session = open_session(dest, live=True, named_writer=False)
+    source = FrameSource(session, lambda: None, lambda *_: None)
+    source.run_once()
+    written = 100
+    steps = min(steps, len(offsets) - batch - 1)
+    with open(dest, "ab", buffering=0) as out:
+        c0 = time.process_time()
+        while written < steps:
+            out.write(data[offsets[written] : offsets[written + batch]])
+            written += batch
+            source.run_once()
+        cpu = time.process_time() - c0
+    skipped = sum(
+        int(e.text.split(" steps")[0].replace(",", ""))
+        for e in session.notes
+        if e.kind == "note" and "not read" in e.text
+    )
+    session.close()
+    return cpu / (written - 100), skipped
+
+
 def live_part(args: argparse.Namespace, tmp: Path) -> None:
     rates = [int(r) for r in args.rates.split(",")]
     live_source(int(max(rates) * (args.seconds + 4)))
+    per_step, skipped = reader_cost(tmp)
+    print(
+        "2. live, the reader thread's work alone (no app; batches of 500 steps, a frame "
+        f"after each): {per_step * 1e6:.0f} us CPU per step, {skipped} steps skipped: "
+        f"one core would follow {1 / per_step:,.0f} steps/s, drawing aside"
+    )
     print(
         f"2. live: another process appends a recorded trace's steps at R steps/s, the "
         f"app follows ({args.seconds:g} s per rate); lag = steps written but not yet "
