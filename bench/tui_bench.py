@@ -40,7 +40,12 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# --code-from TREE: import schedtop from another checkout (its reader cost, side by side
+# with this one's: `--parts 2 --reader-only --code-from ../main`).
+_ROOT = Path(__file__).resolve().parent.parent
+if "--code-from" in sys.argv[:-1]:
+    _ROOT = Path(sys.argv[sys.argv.index("--code-from") + 1]).resolve()
+sys.path.insert(0, str(_ROOT))
 
 from rich.console import Console  # noqa: E402
 
@@ -383,6 +388,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0, help="live: seconds per rate")
     parser.add_argument("--jumps", type=int, default=30, help="go to: random jumps")
     parser.add_argument("--parts", default="1,2,3,4", help="which parts to run")
+    parser.add_argument(
+        "--reader-only", action="store_true", help="live: the reader thread's cost alone"
+    )
+    parser.add_argument(
+        "--code-from", metavar="TREE", help="import schedtop from this checkout instead"
+    )
     args = parser.parse_args()
     parts = {int(p) for p in args.parts.split(",")}
     print(
@@ -475,8 +486,10 @@ def live_part(args: argparse.Namespace, tmp: Path) -> None:
     print(
         "2. live, the reader thread's work alone (no app; batches of 500 steps, a frame "
         f"after each): {per_step * 1e6:.0f} us CPU per step, {skipped} steps skipped: "
-        f"one core would follow {1 / per_step:,.0f} steps/s, drawing aside"
+        f"one core would follow {1 / per_step:,.0f} steps/s, drawing aside ({_ROOT})"
     )
+    if args.reader_only:
+        return
     print(
         f"2. live: another process appends a recorded trace's steps at R steps/s, the "
         f"app follows ({args.seconds:g} s per rate); lag = steps written but not yet "
