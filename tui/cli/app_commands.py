@@ -65,11 +65,18 @@ def live(trace: str, api_key: str | None) -> None:
     "wait>STEPS, util<PERCENT (these four hit when they become true; "
     "`while free<N` at every step it holds). Repeatable.",
 )
+@click.option(
+    "--rank",
+    type=click.IntRange(min=0),
+    metavar="R",
+    help="A directory of data-parallel rank traces: replay rank R (default: the first).",
+)
 @user_errors
-def replay(trace: str, breaks: tuple[str, ...]) -> None:
+def replay(trace: str, breaks: tuple[str, ...], rank: int | None) -> None:
     """Step through a recorded trace like a debugger, from step 0: forwards, backwards,
     to any step or time, to the next breakpoint hit. Keys: ? in the app."""
     from replays.breakpoints import parse
+    from replays.ranks import find_ranks, pick_rank, rank_note
     from tui.launch import open_session, run_app
 
     try:
@@ -78,7 +85,20 @@ def replay(trace: str, breaks: tuple[str, ...]) -> None:
         raise click.BadParameter(str(e), param_hint="--break") from None
     # A breakpoint on a request the trace does not have is refused by the app once its
     # incident scan has read the trace (checking here would read it all before opening).
-    run_app(open_session(trace, live=False, breakpoints=predicates))
+    ranks = find_ranks(trace)
+    if ranks is None:
+        if rank is not None:
+            raise click.BadParameter(
+                "only for a directory of data-parallel rank traces", param_hint="--rank"
+            )
+        run_app(open_session(trace, live=False, breakpoints=predicates))
+        return
+    # One rank at a time: each is its own scheduler, with its own steps and clock.
+    chosen = pick_rank(ranks, rank)
+    session = open_session(chosen.path, live=False, breakpoints=predicates)
+    if len(ranks) > 1:
+        session.notices.append(("information", rank_note(ranks, chosen.rank, trace)))
+    run_app(session)
 
 
 @click.command()

@@ -30,9 +30,16 @@ STRICT = click.option(
 @user_errors
 def info(trace: str) -> None:
     """Show what a trace holds: header, steps, duration, requests, preemptions, and
-    whether it was closed cleanly (or where its tail was cut)."""
+    whether it was closed cleanly (or where its tail was cut). A directory of one
+    recording's data-parallel rank traces: the ranks side by side."""
     from recorder.info import format_summary, summarize
+    from replays.ranks import find_ranks
+    from replays.ranks import format_info as format_ranks
 
+    ranks = find_ranks(trace)
+    if ranks is not None:
+        click.echo(format_ranks(ranks, [summarize(r.path) for r in ranks]))
+        return
     click.echo(format_summary(summarize(trace)))
 
 
@@ -287,9 +294,16 @@ def diff(a: str, b: str) -> None:
 @user_errors
 def stats(trace: str, as_json: bool, cost_model: bool) -> None:
     """Throughput, TTFT/TPOT percentiles, preemptions, prefix hits and KV use of a trace,
-    and its preemption storm: preemptions per 1k steps, recompute lost, top victims."""
+    and its preemption storm: preemptions per 1k steps, recompute lost, top victims. A
+    directory of one recording's data-parallel rank traces: the ranks side by side."""
     import json
 
+    from replays.ranks import find_ranks
+
+    ranks = find_ranks(trace)
+    if ranks is not None:
+        _rank_stats(ranks, as_json, cost_model)
+        return
     if cost_model:
         from replays.costmodel import format_model
         from replays.timebase import fit_trace
@@ -306,6 +320,25 @@ def stats(trace: str, as_json: bool, cost_model: bool) -> None:
         click.echo(json.dumps({**s.to_json(), "storm": storm.to_json()}, indent=1))
     else:
         click.echo(f"{format_stats(s)}\n{format_summary(storm)}")
+
+
+def _rank_stats(ranks: Any, as_json: bool, cost_model: bool) -> None:
+    import json
+
+    from replays import ranks as rk
+    from replays.stats import trace_stats
+    from replays.storms import scan
+
+    if cost_model:
+        raise click.UsageError(
+            "--cost-model fits one rank's step timings: give one rank's trace, not the directory"
+        )
+    stats = [trace_stats(r.path) for r in ranks]
+    storms = [scan(r.path).summary() for r in ranks]
+    if as_json:
+        click.echo(json.dumps(rk.stats_json(ranks, stats, storms), indent=1))
+    else:
+        click.echo(rk.format_stats(ranks, stats, storms))
 
 
 @click.command()
