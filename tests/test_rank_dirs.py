@@ -182,3 +182,29 @@ def test_replay_opens_the_first_rank_and_names_the_others(
     assert "only for a directory of data-parallel rank traces" in (
         schedtop("replay", str(single), "--rank", "0").output
     )
+
+
+def test_real_vllm_traces_named_as_ranks(tmp_path: Path) -> None:
+    """Traces vLLM's own engine loop recorded (tests/data): a rank from the -dpR name when
+    the header has none; a directory joining two different set-ups is refused."""
+    data = Path(__file__).parent / "data"
+    trailing = data / "vllm_async_trailing_steps.trace"
+    d = tmp_path / "same"
+    d.mkdir()
+    for rank in (0, 1):
+        (d / f"20261201-203243.000-vllm-vm-{rank + 7}-dp{rank}.trace").write_bytes(
+            trailing.read_bytes()
+        )
+    result = schedtop("stats", str(d), "--json")
+    assert result.exit_code == 0, result.output
+    own = json.loads(schedtop("stats", str(trailing), "--json").stdout)
+    assert [r["stats"] for r in json.loads(result.stdout)["ranks"]] == [own, own]
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "a-dp0.trace").write_bytes(trailing.read_bytes())
+    other = data / "vllm_async_prefix_caching_off_block32.trace"
+    (mixed / "b-dp1.trace").write_bytes(other.read_bytes())
+    line = one_line_error(schedtop("info", str(mixed)))
+    assert line.endswith(
+        "mixes unrelated recordings: b-dp1.trace has another configuration than a-dp0.trace"
+    )
