@@ -74,7 +74,8 @@ def live(trace: str, api_key: str | None) -> None:
 @user_errors
 def replay(trace: str, breaks: tuple[str, ...], rank: int | None) -> None:
     """Step through a recorded trace like a debugger, from step 0: forwards, backwards,
-    to any step or time, to the next breakpoint hit. Keys: ? in the app."""
+    to any step or time, to the next breakpoint hit. Keys: ? in the app. A directory of
+    one vLLM recording's data-parallel rank traces: one rank, with a note naming the others."""
     from replays.breakpoints import parse
     from replays.ranks import find_ranks, pick_rank, rank_note
     from tui.launch import open_session, run_app
