@@ -28,7 +28,7 @@ from replays.storms import StormSummary
 # The vLLM recorder names the rank in the header's engine (recorder/vllm/scheduler.py);
 # older or renamed files still carry it in the file name (recorder/vllm/checks.py,
 # recorder/vllm/live.py).
-_HEADER_RANK = re.compile(r", DP rank (\d+) of (\d+)")
+_HEADER_RANK = re.compile(r", DP rank (\d+)(?: of (\d+))?")
 _FILE_RANK = re.compile(r"-dp(\d+)\.trace$")
 _RUN_RANK = re.compile(r"-vllm_dp(\d+)-\d+$")
 
@@ -68,7 +68,8 @@ def find_ranks(directory: str | Path) -> list[RankTrace] | None:
             continue
         m = _HEADER_RANK.search(header.engine)
         if m is not None:
-            ranked.append((RankTrace(int(m.group(1)), int(m.group(2)), path), header))
+            size = int(m.group(2)) if m.group(2) else None  # a dense model's: unknown
+            ranked.append((RankTrace(int(m.group(1)), size, path), header))
         elif n is not None:
             ranked.append((RankTrace(int(n.group(1)), None, path), header))
         else:

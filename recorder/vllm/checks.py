@@ -8,7 +8,9 @@ schedtop's EngineConfig under vLLM's own knob names.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -162,6 +164,26 @@ def env_number(name: str, default: float) -> float:
         return float(raw)
     except ValueError:
         raise UnsupportedVllm(f"{name}={raw!r}: expected a number") from None
+
+
+def data_parallel_rank(pc: Any) -> tuple[int, int | None] | None:
+    """This engine core's data-parallel (rank, size), None without data parallelism; the
+    size is None when vLLM no longer says it. vLLM 0.33 runs a dense (non-MoE) model's
+    ranks as independent engines and resets each one's parallel config to DP=1
+    (`reconfigure_for_independent_dp_rank`): the rank is left in `data_parallel_index`
+    and in the engine-core process's name (`EngineCore_DP<rank>`), the size nowhere.
+    Reading only `data_parallel_size` named no rank: every rank wrote an unranked file,
+    and with a live port every rank asked for the same port."""
+    size = int(getattr(pc, "data_parallel_size", 1) or 1)
+    if size > 1:
+        return int(getattr(pc, "data_parallel_rank", 0) or 0), size
+    index = int(getattr(pc, "data_parallel_index", 0) or 0)
+    m = re.fullmatch(r"EngineCore_DP(\d+)", multiprocessing.current_process().name)
+    if index > 0:
+        return index, None
+    if m is not None:
+        return int(m.group(1)), None
+    return None
 
 
 def trace_path(dp_rank: int | None) -> Path:

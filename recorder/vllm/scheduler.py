@@ -13,6 +13,7 @@ from recorder.vllm.checks import (
     UnsupportedVllm,
     check_attributes,
     check_version,
+    data_parallel_rank,
     setup_problems,
     trace_path,
 )
@@ -49,14 +50,13 @@ class RecordingMixin:
             )
         is_async = isinstance(self, AsyncScheduler)
         tap = Tap(sched, is_async, block_size, int(kv_cfg.num_blocks))
-        pc = vllm_config.parallel_config
-        rank = int(getattr(pc, "data_parallel_rank", 0) or 0)
-        dp_rank = rank if pc.data_parallel_size > 1 else None
+        dp = data_parallel_rank(vllm_config.parallel_config)
+        dp_rank = None if dp is None else dp[0]
         model = str(getattr(vllm_config.model_config, "model", ""))
+        # replays.ranks reads the rank (and the size, when vLLM still knows it) from here
+        rank_label = "" if dp is None else f", DP rank {dp[0]}" + (f" of {dp[1]}" if dp[1] else "")
         name = (
-            f"vLLM {vllm.__version__} ({'AsyncScheduler' if is_async else 'Scheduler'}"
-            + (f", DP rank {rank} of {pc.data_parallel_size}" if pc.data_parallel_size > 1 else "")
-            + ")"
+            f"vLLM {vllm.__version__} ({'AsyncScheduler' if is_async else 'Scheduler'}{rank_label})"
         )
         check = self.schedtop_check
         try:
