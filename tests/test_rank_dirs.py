@@ -208,3 +208,36 @@ def test_real_vllm_traces_named_as_ranks(tmp_path: Path) -> None:
     assert line.endswith(
         "mixes unrelated recordings: b-dp1.trace has another configuration than a-dp0.trace"
     )
+
+
+@pytest.mark.vllm
+def test_a_real_vllm_data_parallel_recording(tmp_path: Path) -> None:
+    """vLLM with data_parallel_size=2 (a dense model: vLLM runs the ranks as independent
+    engines, each told DP=1): each rank still names itself, and the directory reads side
+    by side with each column equal to its file's own stats."""
+    import subprocess
+
+    from tests.test_vllm import ROOT, find_vllm_python, vllm_env
+
+    out = tmp_path / "rec"
+    out.mkdir()
+    proc = subprocess.run(
+        [find_vllm_python(), "-m", "tests.vllm_dp", str(out)],
+        cwd=ROOT,
+        env=vllm_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    names = sorted(p.name for p in out.iterdir())
+    assert sorted(n[-10:] for n in names) == ["-dp0.trace", "-dp1.trace"], names
+    result = schedtop("stats", str(out), "--json")
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.stdout)
+    assert [r["rank"] for r in got["ranks"]] == [0, 1]
+    for r in got["ranks"]:
+        assert r["stats"] == json.loads(schedtop("stats", r["trace"], "--json").stdout)
+    assert sum(r["stats"]["num_requests"] for r in got["ranks"]) == 8
+    info = schedtop("info", str(out))
+    assert info.exit_code == 0 and "engine    vLLM 0.33" in info.stdout, info.output
