@@ -92,6 +92,22 @@ def release_aborted_request(original: Any, sched: Any, req: Any) -> Any:
     return out
 
 
+def abort_request(original: Any, sched: Any, recv_req: Any) -> Any:
+    tap = _TAP if _TAP is not None and _TAP.stopped is None else None
+    if tap is None:
+        return original(sched, recv_req)
+    # which requests it aborts is SGLang's to say (a rid prefix, or all): the live ones
+    # whose state it changed
+    before = [(r, r.to_finish) for r in sched.collect_inflight_reqs()]
+    waiting = list(sched.waiting_queue)
+    out = original(sched, recv_req)
+    still = {id(r) for r in sched.waiting_queue}
+    hit = [r for r, had in before if r.to_finish is not None and had is None]
+    hit += [r for r in waiting if id(r) not in still]
+    tap.guard(tap.on_abort_received, hit)
+    return out
+
+
 def add_request_to_queue(original: Any, sched: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
     out = original(sched, req, *args, **kwargs)
     tap = _tap(sched)
@@ -108,6 +124,7 @@ def install() -> None:
     HookRegistry.register(f"{_SCHED}.process_batch_result", process_batch_result, around)
     HookRegistry.register(f"{_SCHED}._add_request_to_queue", add_request_to_queue, around)
     HookRegistry.register(f"{_SCHED}._release_aborted_request", release_aborted_request, around)
+    HookRegistry.register(f"{_SCHED}.abort_request", abort_request, around)
     HookRegistry.register(
         "sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode", retract_decode, around
     )

@@ -56,6 +56,10 @@ _FINISHED = {
     "FINISH_LENGTH": Status.FINISHED_LENGTH_CAPPED,
     "FINISH_ABORT": Status.FINISHED_ABORTED,
 }
+# The message of an abort's finish: the step before which SGLang received the abort (a
+# running request finishes at its next result, maybe steps later), so that `resim
+# --engine sglang` can send it at the same point.
+ABORT_RECEIVED = "abort received before step "
 # PrefillAdder.add_one_req's results (AddReqResult) for the request it left waiting
 _WAIT_REASON = {"NO_TOKEN": Reason.KV_BLOCKS, "OTHER": Reason.TOKEN_BUDGET}
 
@@ -137,8 +141,17 @@ def sglang_config(sched: Any) -> tuple[EngineConfig, dict[str, Any]]:
         "sglang_schedule_conservativeness": float(args.schedule_conservativeness),
         "sglang_enable_mixed_chunk": bool(args.enable_mixed_chunk),
         "sglang_overlap_schedule": bool(getattr(sched, "enable_overlap", False)),
+        # SGLang's test knob that retracts every N forward passes: it changes decisions,
+        # so a re-simulation must set it too (0: off)
+        "sglang_test_retract_interval": _test_retract_interval(),
     }
     return config, extra
+
+
+def _test_retract_interval() -> int:
+    from sglang.srt.managers import scheduler
+
+    return int(scheduler.TEST_RETRACT_INTERVAL) if scheduler.TEST_RETRACT else 0
 
 
 def _sampling(req: Any) -> SamplingParams:
@@ -166,6 +179,7 @@ class Tap:
         self.status: dict[int, int] = {}  # ref -> Status (WAITING, RUNNING, PREEMPTED)
         self.computed: dict[int, int] = {}  # ref -> tokens computed, as the trace has it
         self.attempts: dict[str, str] = {}  # rid -> PrefillAdder's last result this step
+        self.abort_received: dict[int, int] = {}  # ref -> the step before which it came
         self.pending_arrivals: list[Arrival] = []  # queued between two steps
         self.pending_finishes: list[Finish] = []  # aborts between two steps
         self.step = _Step()
@@ -241,6 +255,25 @@ class Tap:
         step.finishes.extend(self.pending_finishes)
         self.pending_finishes.clear()
         self.attempts.clear()
+
+    def upcoming_step(self) -> int:
+        """The step the next `get_next_batch_to_run` will build: the one being built ends
+        there if it holds something (an idle loop's is dropped)."""
+        step = self.step
+        return self.next_step + (1 if step.decided and step else 0)
+
+    def on_abort_received(self, reqs: Any) -> None:
+        """SGLang received an abort for these requests (a running one finishes at its next
+        result, maybe steps later): the step it came before goes into its finish."""
+        at = self.upcoming_step()
+        for req in reqs:
+            ref = self.refs.get(req.rid)
+            if ref is not None:
+                self.abort_received.setdefault(ref, at)
+
+    def _abort_message(self, ref: int) -> str:
+        at = self.abort_received.pop(ref, None)
+        return "" if at is None else f"{ABORT_RECEIVED}{at}"
 
     def on_add(self, req: Any) -> None:
         """A request SGLang queued (a retracted one coming back is known already). Its
@@ -337,10 +370,13 @@ class Tap:
         FINISH_ABORT in its next result)."""
         ref = self.refs.pop(req.rid, None)
         if ref is not None:
+            self.abort_received.setdefault(ref, self.upcoming_step())
+            message = self._abort_message(ref)
             self._forget(ref)
-            self.pending_finishes.append(Finish(ref, Status.FINISHED_ABORTED))
+            self.pending_finishes.append(Finish(ref, Status.FINISHED_ABORTED, message))
 
     def _forget(self, ref: int) -> None:
+        self.abort_received.pop(ref, None)
         self.status.pop(ref, None)
         self.computed.pop(ref, None)
         self.seen_outputs.pop(ref, None)
@@ -363,6 +399,8 @@ class Tap:
                 reason = type(req.finished_reason).__name__
                 status = _FINISHED.get(reason, Status.FINISHED_ERROR)
                 message = "" if status != Status.FINISHED_ERROR else reason
+                if status == Status.FINISHED_ABORTED:
+                    message = self._abort_message(ref)
                 step.finishes.append(Finish(ref, status, message))
                 del self.refs[req.rid]
                 self._forget(ref)
