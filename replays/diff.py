@@ -29,14 +29,33 @@ TIMING_FIELDS = frozenset({"time_ns", "schedule_ns", "update_ns", "timings", "wo
 # nothing should not be reported as a difference.
 _MASKED = TIMING_FIELDS | {"token_budget"}
 _COMPARED = tuple(f.name for f in fields(Step) if f.name not in _MASKED)
+# Across engines, what each engine keeps its own way rather than decides: when samples
+# come back (SGLang's overlap loop reports a batch's a step late) and how the pool is
+# accounted (blocks here, token slots there).
+BOOKKEEPING_FIELDS = frozenset(
+    {
+        "sample_counts",
+        "sampled_tokens",
+        "other_samples",
+        "kv_events",
+        "free_blocks_after_schedule",
+        "free_blocks",
+        "free_slots",
+        "cached_slots",
+    }
+)
+_DECISIONS = tuple(name for name in _COMPARED if name not in BOOKKEEPING_FIELDS)
 
 
-def differing_fields(a: Step, b: Step, across_runs: bool = False) -> tuple[str, ...]:
+def differing_fields(
+    a: Step, b: Step, across_runs: bool = False, decisions_only: bool = False
+) -> tuple[str, ...]:
     """The fields of two step records that differ, timings and the budget aside.
     `across_runs`: the steps are of two recordings of one workload (two vLLM runs), whose
     arrivals are the same requests under vLLM's random id suffixes and at other wall
     times: arrivals are compared by client id (recorder.ids), without arrival_time."""
-    out = tuple(name for name in _COMPARED if getattr(a, name) != getattr(b, name))
+    compared = _DECISIONS if decisions_only else _COMPARED
+    out = tuple(name for name in compared if getattr(a, name) != getattr(b, name))
     if across_runs and "arrivals" in out and _same_arrivals(a.arrivals, b.arrivals):
         out = tuple(name for name in out if name != "arrivals")
     return out
@@ -81,8 +100,9 @@ class TraceDiff:
         return self.first_step is None
 
 
-def diff_traces(a: str | Path, b: str | Path) -> TraceDiff:
-    """Compare the decisions of two traces step by step, then their metrics."""
+def diff_traces(a: str | Path, b: str | Path, decisions_only: bool = False) -> TraceDiff:
+    """Compare the decisions of two traces step by step, then their metrics.
+    `decisions_only`: two engines' traces, their BOOKKEEPING_FIELDS not compared."""
     a, b = Path(a), Path(b)
     first: int | None = None
     what: tuple[str, ...] = ()
@@ -95,7 +115,7 @@ def diff_traces(a: str | Path, b: str | Path) -> TraceDiff:
             if rec_a is None or rec_b is None:
                 fields_ = ("steps",)
             else:
-                fields_ = differing_fields(rec_a, rec_b, across)
+                fields_ = differing_fields(rec_a, rec_b, across, decisions_only)
             if fields_:
                 differing += 1
                 if first is None:

@@ -40,7 +40,7 @@ from replays.resim_base import (
 from replays.resim_faithful import run_faithful
 from replays.scripts import RecordedInputs, ScriptedRunner, collect_scripts, scripted_engine
 
-__all__ = ["Divergence", "ResimError", "ResimResult", "resimulate"]
+__all__ = ["Divergence", "ResimError", "ResimResult", "cross_engine_whatif", "resimulate"]
 
 
 def resimulate(
@@ -75,11 +75,12 @@ def _resimulate(
                 "re-simulation needs every arrival from step 0"
             )
         if header.kv_pool != "blocks":
-            # An SGLang trace (format 1.5): schedtop's scheduler on it would be a
-            # cross-engine what-if, not a re-simulation, and is not built yet (issue 29).
+            # An SGLang trace (format 1.5): schedtop's scheduler on it is a cross-engine
+            # what-if (cross_engine_whatif), never a check that it decides the same.
             raise ResimError(
                 f"{path}: a trace of {header.engine} (a token pool, not KV blocks): "
-                "schedtop's scheduler cannot re-simulate it yet"
+                "schedtop's scheduler does not re-simulate it (it is a what-if: schedtop "
+                "resim TRACE --engine schedtop; SGLang's own: --engine sglang)"
             )
         config = config_for(header.config, overrides or {})
         # With async scheduling a step's samples arrive a step later: only the scripted
@@ -92,9 +93,45 @@ def _resimulate(
         return run_scripted(reader, config, dict(overrides or {}), out)
 
 
-def run_scripted(
-    reader: TraceReader, config: EngineConfig, overrides: dict[str, Any], out: str | Path | None
+def cross_engine_config(recorded: dict[str, Any], overrides: dict[str, Any]) -> EngineConfig:
+    """schedtop's config for another engine's trace: the header's keys that mean the same
+    here (its pool, max_num_seqs, max_model_len, prefix caching), SGLang's own dropped,
+    except that SGLang's chunked_prefill_size caps a step's prefill tokens as our
+    budget does (its max_prefill_tokens alone would let a step take a whole long prompt)."""
+    ours = {k: v for k, v in recorded.items() if not k.startswith("sglang_")}
+    chunk = recorded.get("sglang_chunked_prefill_size")
+    if isinstance(chunk, int) and chunk > 0:
+        seqs = int(ours.get("max_num_seqs", 1))
+        ours["max_num_batched_tokens"] = max(min(chunk, ours["max_num_batched_tokens"]), seqs)
+    return config_for(ours, overrides)
+
+
+def cross_engine_whatif(
+    path: str | Path, overrides: dict[str, Any] | None, out: str | Path
 ) -> ResimResult:
+    """Another engine's trace (SGLang's) through schedtop's scheduler (vLLM's policy):
+    the same requests, prompts and sampled tokens, the config `cross_engine_config` maps,
+    run until every request finishes. A what-if: its decisions are expected to differ;
+    `replays.diff` compares the two runs."""
+    with inputs_checked(path), open_trace(path) as reader:
+        header = reader.header
+        if header.kv_pool == "blocks":
+            raise ResimError(f"{path}: a trace of {header.engine}: re-simulate it instead")
+        if header.first_step != 0:
+            raise ResimError(f"{path}: the trace starts mid-run (step {header.first_step})")
+        config = cross_engine_config(header.config, overrides or {})
+        return run_scripted(reader, config, dict(overrides or {}), out, what_if=True)
+
+
+def run_scripted(
+    reader: TraceReader,
+    config: EngineConfig,
+    overrides: dict[str, Any],
+    out: str | Path | None,
+    what_if: bool | None = None,
+) -> ResimResult:
+    """`what_if` (default: with overrides): run every request to its end, even past a
+    recording that ended early."""
     with open_trace(reader.path) as again:
         scripts, num_recorded = collect_scripts(again)
     runner = ScriptedRunner(config)
@@ -104,7 +141,12 @@ def run_scripted(
         driven,
         # A check of a recording that ended before its run (killed, or stopped by the
         # recorder) ends where it does; a what-if run goes on to finish its requests.
-        RecordedInputs(scripts, num_recorded, reader.footer, overrides),
+        RecordedInputs(
+            scripts,
+            num_recorded,
+            reader.footer,
+            overrides or ({"what_if": True} if what_if else None),
+        ),
         step_limit(num_recorded),
         lambda step: ResimError(f"the re-simulation is still running at step {step}"),
     )

@@ -28,10 +28,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
-class VllmResimResult:
-    """What a re-simulation with vLLM's scheduler did."""
+class EngineResimResult:
+    """What a re-simulation with an engine's own scheduler (vLLM's, SGLang's) did."""
 
-    trace: Path  # the trace vLLM's scheduler recorded
+    trace: Path  # the trace that scheduler recorded
     num_steps: int  # steps it ran
     divergence_step: int | None  # first step deciding differently from the original
     fields: tuple[str, ...]  # what differs there
@@ -41,22 +41,74 @@ class VllmResimResult:
         return self.divergence_step is None
 
 
-def vllm_python() -> str:
-    """The interpreter to run vLLM with; ResimError when there is none."""
-    configured = os.environ.get(PYTHON_ENV)
+def find_python(env_var: str, package: str, venv: str) -> str:
+    """The interpreter that has `package` (an engine schedtop does not depend on):
+    $env_var, else this one if it can import it, else `venv/bin/python` next to the
+    project; ResimError when there is none."""
+    configured = os.environ.get(env_var)
     if configured:
         if not Path(configured).exists():
-            raise ResimError(f"{PYTHON_ENV}={configured}: no such interpreter")
+            raise ResimError(f"{env_var}={configured}: no such interpreter")
         return configured
-    if importlib.util.find_spec("vllm") is not None:
+    if importlib.util.find_spec(package) is not None:
         return sys.executable
-    local = ROOT / ".venv-vllm" / "bin" / "python"
+    local = ROOT / venv / "bin" / "python"
     if local.exists():
         return str(local)
     raise ResimError(
-        f"no vLLM to run: install vllm into a venv and set {PYTHON_ENV} to its python "
-        "(vLLM is not a schedtop dependency)"
+        f"no {package} to run: install {package} into a venv and set {env_var} to its "
+        f"python ({package} is not a schedtop dependency)"
     )
+
+
+def vllm_python() -> str:
+    """The interpreter to run vLLM with; ResimError when there is none."""
+    return find_python(PYTHON_ENV, "vllm", ".venv-vllm")
+
+
+def drive(
+    python: str,
+    driver: str,
+    who: str,
+    path: str | Path,
+    out: str | Path | None,
+    settings: list[str],
+    overwrite: bool,
+    env: dict[str, str] | None = None,
+) -> EngineResimResult:
+    """Run an engine's driver module (`python -m driver TRACE OUT [KEY=VALUE ...]`) in
+    the engine's interpreter, which records OUT; compare OUT with the trace. `out` must
+    not exist unless `overwrite`; by default it is a fresh name in the trace directory
+    (`...-resim-WHO-PID.trace`), never next to `path`: a directory of incidents that
+    `pytest --schedtop-traces` globs must not gain a re-simulation as an incident."""
+    from recorder.paths import new_trace_path
+
+    path = Path(path)
+    if not path.exists():
+        raise ResimError(f"{path}: no such file")
+    if out is None:
+        out = new_trace_path(f"resim-{who.lower()}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise ResimError(f"{out}: exists; refusing to overwrite it")
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full_env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [python, "-m", driver, str(path), str(out), *settings],
+        capture_output=True,
+        text=True,
+        env=full_env,
+    )
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+        raise ResimError(f"{who}'s side failed (exit {proc.returncode}):\n{tail}")
+    try:
+        steps = int(json.loads(proc.stdout.strip().splitlines()[-1])["steps"])
+    except (ValueError, KeyError, IndexError):
+        raise ResimError(f"{who}'s side said: {proc.stdout[-500:]!r}") from None
+    d = diff_traces(path, out)
+    return EngineResimResult(out, steps, d.first_step, d.fields)
 
 
 def resimulate_with_vllm(
@@ -64,38 +116,9 @@ def resimulate_with_vllm(
     overrides: dict[str, Any] | None = None,
     out: str | Path | None = None,
     overwrite: bool = False,
-) -> VllmResimResult:
-    """Drive vLLM's scheduler with the trace's inputs; compare with the trace. `out`
-    must not exist unless `overwrite`; by default it is a fresh name in the trace
-    directory (`...-resim-vllm-PID.trace`), never next to `path`: a directory of incidents
-    that `pytest --schedtop-traces` globs must not gain a re-simulation as an incident."""
-    from recorder.paths import new_trace_path
-
-    path = Path(path)
-    if not path.exists():
-        raise ResimError(f"{path}: no such file")
-    if out is None:
-        out = new_trace_path("resim-vllm")
-        out.parent.mkdir(parents=True, exist_ok=True)
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise ResimError(f"{out}: exists; refusing to overwrite it")
+) -> EngineResimResult:
+    """Drive vLLM's scheduler with the trace's inputs; compare with the trace (`drive`
+    says where the new trace goes)."""
     settings = [f"{k}={v}" for k, v in (overrides or {}).items()]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    proc = subprocess.run(
-        [vllm_python(), "-m", "replays.vllm_driver", str(path), str(out), *settings],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
-        raise ResimError(f"vLLM's side failed (exit {proc.returncode}):\n{tail}")
-    try:
-        steps = int(json.loads(proc.stdout.strip().splitlines()[-1])["steps"])
-    except (ValueError, KeyError, IndexError):
-        raise ResimError(f"vLLM's side said: {proc.stdout[-500:]!r}") from None
-    d = diff_traces(path, out)
-    return VllmResimResult(out, steps, d.first_step, d.fields)
+    env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
+    return drive(vllm_python(), "replays.vllm_driver", "vLLM", path, out, settings, overwrite, env)

@@ -6,7 +6,9 @@ tiny Llama, the plugin loaded by SGLANG_PLUGINS=schedtop, through workloads of s
 shapes: prefix sharing, chunked long prompts, aborts (waiting and running) in one engine;
 decoding under a small pool with SGLANG_TEST_RETRACT=1 (retractions) in a second (the
 variable is read at start-up). Each engine start-up costs about 17 s, so the shapes share
-engines. The recorder checks each record against the state it builds (SCHEDTOP_STRICT);
+engines. Each trace is then re-simulated by SGLang's own scheduler (`resim --engine
+sglang`, SGLang's scheduler in one process per trace), which must reproduce every decision,
+and by schedtop's (`resim --engine schedtop`), a cross-engine what-if. The recorder checks each record against the state it builds (SCHEDTOP_STRICT);
 here every trace must account for every request sent, and the readers must work on it.
 Without an SGLang venv these tests skip, except in CI (CI=true), where that is a failure.
 """
@@ -48,6 +50,12 @@ ENGINES: list[dict[str, Any]] = [
         "name": "retract",
         "env": {"SGLANG_TEST_RETRACT": "1"},
         "args": {"max_total_tokens": 1024, "max_running_requests": 8},
+        "shapes": ["decode_heavy"],
+    },
+    {
+        # a pool too small for every admitted request's output: SGLang retracts for room
+        "name": "small_pool",
+        "args": {"max_total_tokens": 320, "max_running_requests": 8},
         "shapes": ["decode_heavy"],
     },
 ]
@@ -172,8 +180,6 @@ def test_info_stats_find_export_replay_work_on_sglang_traces(recorded: dict[str,
     )
     assert exported.returncode == 0, exported.stderr
     assert json.loads(perfetto.read_text())["traceEvents"]
-    resim = subprocess.run([*cli, "resim", retract], env=env, capture_output=True, text=True)
-    assert resim.returncode == 2 and "cannot re-simulate it yet" in resim.stderr
     with TraceReader(Path(retract)) as reader:
         timeline = Timeline(reader)
         last = timeline.last_step
@@ -193,3 +199,50 @@ async def _replay_headless(trace: Path) -> None:
         await at_step(pilot, 0)
         await pilot.press("end")
         await at_step(pilot, last)
+
+
+def test_resim_engine_sglang_reproduces_every_decision(
+    recorded: dict[str, Any], sglang_python: str, tmp_path: Path
+) -> None:
+    """SGLang's scheduler, driven offline with each trace's inputs, decides as it did
+    in the engine: prefix hits, chunks, aborts (waiting and running), retractions."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SCHEDTOP_SGLANG_PYTHON": sglang_python}
+    for name, result in recorded.items():
+        out = tmp_path / f"{name}.resim.trace"
+        resim = subprocess.run(
+            [sys.executable, "-m", "tui.cli", "resim", result["trace"], "--engine", "sglang"]
+            + ["--trace", str(out)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert resim.returncode == 0, f"{name}: {resim.stdout[-3000:]}{resim.stderr[-3000:]}"
+        assert "every decision reproduced" in resim.stdout, resim.stdout
+        _, original = steps_of(Path(result["trace"]))
+        _, again = steps_of(out)
+        assert len(again) == len(original)
+
+
+def test_resim_engine_schedtop_on_sglang_traces_is_a_cross_engine_whatif(
+    recorded: dict[str, Any], tmp_path: Path
+) -> None:
+    """schedtop's scheduler on an SGLang trace: labelled a what-if, the decisions
+    compared with `diff`'s machinery, exit 0 however much they differ."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = tmp_path / "cross.trace"
+    resim = subprocess.run(
+        [sys.executable, "-m", "tui.cli", "resim", recorded["retract"]["trace"]]
+        + ["--trace", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert resim.returncode == 0, resim.stderr
+    assert resim.stdout.startswith("cross-engine what-if"), resim.stdout
+    # SGLang's retractions against vLLM's policy on the same pool: none needed
+    assert "first difference at step" in resim.stdout
+    assert "preemptions" in resim.stdout
+    header, steps = steps_of(out)
+    assert header.kv_pool == "blocks" and header.block_size == 1
+    assert not any(s.preemptions for s in steps)

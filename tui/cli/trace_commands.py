@@ -64,11 +64,13 @@ def info(trace: str) -> None:
 )
 @click.option(
     "--engine",
-    type=click.Choice(["schedtop", "vllm"]),
+    type=click.Choice(["schedtop", "vllm", "sglang"]),
     default="schedtop",
     show_default=True,
-    help="Whose scheduler re-simulates: schedtop's, or the installed vLLM's "
-    "(an interpreter with vLLM: $SCHEDTOP_VLLM_PYTHON).",
+    help="Whose scheduler re-simulates: schedtop's, the installed vLLM's (an interpreter "
+    "with vLLM: $SCHEDTOP_VLLM_PYTHON) or SGLang's (an SGLang trace; an interpreter with "
+    "SGLang: $SCHEDTOP_SGLANG_PYTHON). schedtop's on an SGLang trace is a cross-engine "
+    "what-if.",
 )
 @FORCE
 @user_errors
@@ -85,8 +87,11 @@ def resim(trace: str, settings: tuple[str, ...], out: str | None, engine: str, f
 
     check_outputs({"--trace": out}, [trace], force, out)
     overrides = parse_settings(settings)
-    if engine == "vllm":
-        _resim_vllm(trace, overrides, out, force)
+    if engine != "schedtop":
+        _resim_engine(engine, trace, overrides, out, force)
+        return
+    if _kv_pool(trace) != "blocks":
+        _cross_engine(trace, overrides, out)
         return
     if overrides and out is None:
         path = new_trace_path("resim")
@@ -248,13 +253,52 @@ def sweep(
         sys.exit(1)
 
 
-def _resim_vllm(trace: str, overrides: dict[str, Any], out: str | None, force: bool) -> None:
+def _kv_pool(trace: str) -> str:
+    from recorder.multi import open_trace
+
+    with open_trace(trace) as reader:
+        return reader.header.kv_pool
+
+
+def _cross_engine(trace: str, overrides: dict[str, Any], out: str | None) -> None:
+    """schedtop's scheduler on another engine's trace: a what-if, exit 0 however much
+    the decisions differ."""
+    from recorder.paths import new_trace_path
     from replays.diff import diff_traces, format_diff
-    from replays.vllm_resim import resimulate_with_vllm
+    from replays.resim import cross_engine_whatif
+
+    if out is None:
+        path = new_trace_path("resim-cross")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        out = str(path)
+    result = cross_engine_whatif(trace, overrides, out)
+    changed = " ".join(f"{k}={v}" for k, v in result.config.to_dict().items() if v is not None)
+    click.echo("cross-engine what-if: schedtop's scheduler (vLLM's policy) on this trace's")
+    click.echo("requests, prompts and sampled tokens; A is the recording, B schedtop's run;")
+    click.echo("decisions compared (when samples arrive and how the pool is counted are")
+    click.echo("each engine's own)")
+    click.echo(f"config: {changed}")
+    click.echo(f"schedtop ran {result.num_steps} steps; trace: {out}")
+    click.echo("")
+    click.echo(format_diff(diff_traces(trace, out, decisions_only=True)))
+
+
+def _resim_engine(
+    engine: str, trace: str, overrides: dict[str, Any], out: str | None, force: bool
+) -> None:
+    from replays.diff import diff_traces, format_diff
 
     # check_outputs has refused an existing --trace without --force already.
-    result = resimulate_with_vllm(trace, overrides, out, overwrite=force)
-    click.echo(f"vLLM's scheduler ran {result.num_steps} steps; trace: {result.trace}")
+    if engine == "vllm":
+        from replays.vllm_resim import resimulate_with_vllm as resimulate_with
+
+        who = "vLLM"
+    else:
+        from replays.sglang_resim import resimulate_with_sglang as resimulate_with
+
+        who = "SGLang"
+    result = resimulate_with(trace, overrides, out, overwrite=force)
+    click.echo(f"{who}'s scheduler ran {result.num_steps} steps; trace: {result.trace}")
     if result.reproduced:
         click.echo(
             "every decision reproduced" if not overrides else "the change alters no decision"
