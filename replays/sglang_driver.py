@@ -106,7 +106,9 @@ def server_args(inputs: Inputs, model: str) -> dict[str, Any]:
         "load_format": "dummy",
         "skip_tokenizer_init": True,
         "disable_cuda_graph": True,
-        "mem_fraction_static": 0.05,
+        # the pool is max_total_tokens; a fraction this size only passes SGLang's check
+        # of the memory left, on a machine where others use much of it
+        "mem_fraction_static": 0.5,
         "log_level": "error",
         "max_total_tokens": int(c["num_blocks"]) - 1,
         "max_running_requests": int(c["max_num_seqs"]),

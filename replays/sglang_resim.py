@@ -32,6 +32,15 @@ def resimulate_with_sglang(
     overwrite: bool = False,
 ) -> EngineResimResult:
     """Drive SGLang's scheduler with an SGLang trace's inputs; compare with the trace."""
+    from recorder.multi import open_trace
+
+    if Path(path).exists():  # else drive() says so
+        with open_trace(path) as reader:
+            engine = reader.header.engine
+        if not engine.startswith("SGLang"):
+            raise ResimError(
+                f"{path}: a trace of {engine}: --engine sglang re-simulates SGLang's traces"
+            )
     if overrides:
         # SGLang's knobs are not schedtop's config keys; a what-if with them is to come
         raise ResimError("--engine sglang re-simulates with the recorded config only (no --set)")

@@ -140,7 +140,9 @@ def run_engine(root: Path, spec: dict[str, Any]) -> dict[str, Any]:
         "load_format": "dummy",
         "skip_tokenizer_init": True,
         "disable_cuda_graph": True,
-        "mem_fraction_static": 0.05,
+        # max_total_tokens sizes the pool; the fraction only has to pass SGLang's check
+        # of the memory left, on a machine where others use much of it
+        "mem_fraction_static": 0.5,
         "log_level": "error",
         **spec.get("args", {}),
     }

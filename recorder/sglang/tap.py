@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -107,6 +108,7 @@ class _Step:
     schedule_ns: int = 0
     update_ns: int = 0
     decided: bool = False  # a get_next_batch_to_run has run for it
+    start_ns: int = 0  # monotonic, when its get_next_batch_to_run began
 
     def __bool__(self) -> bool:
         return bool(
@@ -247,6 +249,8 @@ class Tap:
         elif step.decided:  # an idle loop: nothing to record yet, keep what came
             step.decided = False
         step = self.step
+        if not step:  # an idle loop's wait is not the step's work
+            step.start_ns = time.monotonic_ns()
         for req in self.sched.waiting_queue:  # queued by a path the add hook does not see
             if req.rid not in self.refs:
                 self.on_add(req)
@@ -443,6 +447,9 @@ class Tap:
             waiting=tuple(r for r in step.waiting if r not in gone),
             free_slots=free + evictable,
             cached_slots=evictable + protected,
+            # from its get_next_batch_to_run to this record: the batch scheduled, its
+            # forward launched, the results before the next processed (format 1.4)
+            work_ns=max(time.monotonic_ns() - step.start_ns, 1),
         )
         self.next_step += 1
         assert self.state is not None
