@@ -88,9 +88,24 @@ def worker(args: argparse.Namespace) -> None:
     engine.shutdown()
 
 
-def start(kind: str, args: argparse.Namespace, trace: Path) -> subprocess.Popen[str]:
+def stub_dir() -> Path:
+    """A `vllm._custom_ops` stub package for both engines' processes: SGLang's rotary
+    embedding imports it without CUDA, and the engine without the plugin has no stub of
+    its own (recorder.sglang's is skipped where this one is found, so both run alike)."""
+    d = Path(tempfile.mkdtemp(prefix="schedtop-bench-stub-")) / "vllm"
+    d.mkdir()
+    (d / "__init__.py").write_text("")
+    (d / "_custom_ops.py").write_text(
+        "def rotary_embedding(*args, **kwargs):\n"
+        "    raise RuntimeError('a stub: the CPU path never calls it')\n"
+    )
+    return d.parent
+
+
+def start(kind: str, args: argparse.Namespace, trace: Path, stubs: Path) -> subprocess.Popen[str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    path = [str(ROOT), str(stubs), env.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, path))
     if kind == "recording":
         env["SGLANG_PLUGINS"] = "schedtop"
         env["SCHEDTOP_TRACE_FILE"] = str(trace)
@@ -125,7 +140,8 @@ def main() -> None:
         worker(args)
         return
     trace = Path(tempfile.mkdtemp(prefix="schedtop-bench-")) / "sglang.trace"
-    procs = {kind: start(kind, args, trace) for kind in ("plain", "recording")}
+    stubs = stub_dir()
+    procs = {kind: start(kind, args, trace, stubs) for kind in ("plain", "recording")}
     for proc in procs.values():
         answer(proc)  # ready
     rounds: dict[str, list[dict[str, Any]]] = {"plain": [], "recording": []}
