@@ -67,6 +67,9 @@ def worker(args: argparse.Namespace) -> None:
         log_level="error",
         max_total_tokens=8192,
         max_running_requests=args.max_running,
+        # the engine not being measured sleeps instead of polling: on a small machine
+        # its busy loop would take CPU from the one that is
+        sleep_on_idle=True,
     )
     params = {"max_new_tokens": args.output, "temperature": 0.0, "ignore_eos": True}
     print(json.dumps({"ready": True}), flush=True)
