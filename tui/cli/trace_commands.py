@@ -254,10 +254,15 @@ def sweep(
 
 
 def _kv_pool(trace: str) -> str:
+    """The trace's pool kind; for a trace that cannot be read, "blocks": resimulate
+    then says what is wrong with it, as it always has."""
     from recorder.multi import open_trace
 
-    with open_trace(trace) as reader:
-        return reader.header.kv_pool
+    try:
+        with open_trace(trace) as reader:
+            return reader.header.kv_pool
+    except (ValueError, OSError):
+        return "blocks"
 
 
 def _cross_engine(trace: str, overrides: dict[str, Any], out: str | None) -> None:
