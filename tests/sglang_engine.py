@@ -16,6 +16,7 @@ import json
 import os
 import random
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,21 @@ class Driver:
             )
 
 
+def wait_recorded(trace: Path, n: int, timeout_s: float = 120.0) -> None:
+    """Until the trace holds `n` finishes (or `timeout_s` passes): SGLang's shutdown kills
+    its scheduler process, and on a loaded machine the kill can come before the recorder's
+    thread has written the last steps (docs/sglang.md, limits)."""
+    from recorder.reader import TraceReader
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if trace.exists():
+            with TraceReader(trace) as reader:
+                if sum(len(s.finishes) for s in reader.steps()) >= n:
+                    return
+        time.sleep(0.05)  # polls the file: the condition is in another process
+
+
 def run_engine(root: Path, spec: dict[str, Any]) -> dict[str, Any]:
     import sglang as sgl
 
@@ -152,6 +168,7 @@ def run_engine(root: Path, spec: dict[str, Any]) -> dict[str, Any]:
     try:
         for shape in spec["shapes"]:
             getattr(driver, shape)()
+        wait_recorded(trace, len(driver.sent))
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
     finally:
