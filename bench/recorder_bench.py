@@ -39,7 +39,7 @@ from engine.records import KVEvents, Step  # noqa: E402
 from engine.sim.driver import make_engine, run_steps  # noqa: E402
 from engine.sim.workload import SimWorkload, parse_workload  # noqa: E402
 from recorder.reader import TraceReader  # noqa: E402
-from recorder.recorder import Recorder  # noqa: E402
+from recorder.recorder import Recorder, RecorderOptions  # noqa: E402
 from recorder.schema import Snapshot  # noqa: E402
 from recorder.writer import TraceWriter  # noqa: E402
 
@@ -152,7 +152,7 @@ def naive_size(report: Step, engine: EngineCore) -> int:
 def sizes(w: SimWorkload, steps: int, redact: bool, trace: Path) -> dict[str, float]:
     """Bytes per steady decode step: step records, snapshots, and the naive encoding."""
     engine = make_engine(w)
-    Recorder(engine, TraceWriter(trace, live=False), redact_prompts=redact)
+    Recorder(engine, TraceWriter(trace, live=False), RecorderOptions(redact_prompts=redact))
     it = warm_up(w, engine)
     naive = []
     for _ in range(steps):

@@ -36,7 +36,7 @@ from engine.records import percentile  # noqa: E402
 from engine.request import Request, SamplingParams  # noqa: E402
 from engine.sim.runner import SimRunner  # noqa: E402
 from recorder.reader import TraceReader  # noqa: E402
-from recorder.recorder import Recorder  # noqa: E402
+from recorder.recorder import Recorder, RecorderOptions  # noqa: E402
 from recorder.writer import TraceWriter  # noqa: E402
 from replays.resim import resimulate  # noqa: E402
 from replays.timeline import Timeline  # noqa: E402
@@ -132,8 +132,7 @@ def generate(
     recorder = Recorder(
         engine,
         TraceWriter(tmp, live=False),
-        snapshot_interval=snapshot_interval,
-        snapshot_work=snapshot_work,
+        RecorderOptions(snapshot_interval=snapshot_interval, snapshot_work=snapshot_work),
     )
     wl = Workload(engine, runner)
     t0 = time.perf_counter()

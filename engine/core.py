@@ -17,6 +17,7 @@ from engine.rules import layout_samples
 from engine.scheduler import Outcome, Scheduler
 from engine.state import snapshot
 from engine.stats import Admitted, EngineStats, StepStats
+from engine.version import schedtop_version
 
 _REF = attrgetter("ref")
 
@@ -122,10 +123,21 @@ class EngineCore:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self.batches)
 
+    @property
+    def has_unreported(self) -> bool:
+        """Arrivals or aborts that no step has reported yet."""
+        return self.scheduler.has_unreported
+
     def has_work(self) -> bool:
         """Requests to run, or something to report (arrivals, aborts and the blocks they
         freed) even with nothing to run: a step now would not be empty for the trace."""
         return self.has_unfinished() or self.scheduler.has_unreported
+
+    def describe(self) -> tuple[str, str]:
+        """The engine and the model it runs, as a trace's header names them."""
+        model = getattr(self.runner, "model_description", "")  # a real model's runner's
+        name = f"schedtop {schedtop_version()} ({type(self.runner).__name__})"
+        return name, model if isinstance(model, str) else ""
 
     def stats(self) -> EngineStats:
         """The engine's load now (engine.stats), for metrics and back-pressure."""

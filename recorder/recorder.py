@@ -10,21 +10,20 @@ The engine does not know the recorder exists: the recorder installs itself as
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import socket
 import time
 from array import array
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from engine.core import EngineCore
+from engine.config import EngineConfig
 from engine.events import NULL_SINK, ClientReport, EventSink, report_client
 from engine.records import KVEvents, Step
-from engine.version import schedtop_version
 from recorder.background import Background
 from recorder.codec import MAX_RECORD_BYTES, STEADY_FIELDS, encode, encode_steady
 from recorder.convert import StepCompactor, scalar_config
@@ -70,12 +69,33 @@ def replay_work(step: Step) -> int:
     )
 
 
-class Recorder:
-    """Records every step of `engine` into `sink`, starting now.
+class RecordedEngine(Protocol):
+    """What a Recorder reads of the engine it records: schedtop's EngineCore, or the tap
+    inside another engine's scheduler (recorder.vllm, recorder.sglang), which answers for
+    that engine in schedtop's terms."""
 
-    Attach it to a fresh engine, or between two steps of a running one (it then starts
-    with a snapshot). A recording that fails (disk full, or a bug here) stops with one
-    warning and never stops the engine, unless `strict` (tests) makes it raise.
+    sink: EventSink  # where the engine reports its steps; the recorder installs itself here
+
+    @property
+    def config(self) -> EngineConfig: ...
+
+    @property
+    def step_index(self) -> int: ...  # the next step's index
+
+    @property
+    def has_unreported(self) -> bool: ...  # arrivals or aborts no step has reported yet
+
+    @property
+    def arrival_clock(self) -> Callable[[], float] | None: ...  # None: not the engine's
+
+    def describe(self) -> tuple[str, str]: ...  # (engine, model), as the header names them
+
+    def snapshot(self) -> Snapshot: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RecorderOptions:
+    """How a Recorder records (every field has the default of a plain recording).
 
     A snapshot follows a step when `snapshot_interval` steps, or `snapshot_work` units of
     replay work (None: default_snapshot_work for the pool; 0: steps only), have passed
@@ -96,75 +116,94 @@ class Recorder:
     hangs and is then killed (SIGKILL) so loses at most that much of its last steps;
     without it, records reach the file only as the engine steps (and flushes).
 
+    A recording that fails (disk full, or a bug here) stops with one warning and never
+    stops the engine, unless `strict` (tests, re-simulation) makes it raise."""
+
+    redact_prompts: bool = False
+    snapshot_interval: int = DEFAULT_SNAPSHOT_INTERVAL
+    snapshot_work: int | None = None
+    snapshot_budget: float = 0.0
+    model: str | None = None  # the header's model, instead of the engine's own description
+    kv_pool: str = "blocks"  # "tokens": SGLang's token pool (docs/trace-format.md, 1.5)
+    # Another engine's own knobs, in the header's config beside schedtop's names for its
+    # (recorder.sglang: SGLang's schedule policy, page size...).
+    own_config: Mapping[str, Any] = field(default_factory=dict)
+    strict: bool = False
+    background: bool = False
+    flush_interval_s: float | None = None
+    on_step_record: Callable[[Step], None] | None = None  # sees every Step record first
+    clock: Callable[[], int] = time.monotonic_ns  # the steps' time_ns
+    wall_clock: Callable[[], int] = time.time_ns  # the header's start time
+    cpu_clock: Callable[[], int] = time.thread_time_ns  # a snapshot's cost, for the budget
+
+    def __post_init__(self) -> None:
+        if self.snapshot_interval < 1:
+            raise ValueError(f"snapshot_interval={self.snapshot_interval}: must be >= 1")
+        if self.snapshot_work is not None and self.snapshot_work < 0:
+            raise ValueError(f"snapshot_work={self.snapshot_work}: must be >= 0")
+        if not 0 <= self.snapshot_budget < 1:
+            raise ValueError(f"snapshot_budget={self.snapshot_budget}: must be in [0, 1)")
+        if self.flush_interval_s is not None and not self.flush_interval_s > 0:
+            raise ValueError(f"flush_interval_s={self.flush_interval_s}: must be > 0")
+        if self.background and self.strict:
+            raise ValueError("strict recording raises on the engine's thread: not in background")
+
+
+class Recorder:
+    """Records every step of `engine` into `sink`, starting now, as `options` say.
+
+    Attach it to a fresh engine, or between two steps of a running one (it then starts
+    with a snapshot).
+
     `install=False` leaves `engine.sink` alone (an owner passes reports on itself);
     `continue_from` makes this the next segment of another recording (its clock and start
     time; refs are the engine's own, so they continue; the segment starts with a snapshot)."""
 
     def __init__(
         self,
-        engine: EngineCore,
+        engine: RecordedEngine,
         sink: TraceSink,
+        options: RecorderOptions = RecorderOptions(),
         *,
-        redact_prompts: bool = False,
-        snapshot_interval: int = DEFAULT_SNAPSHOT_INTERVAL,
-        snapshot_work: int | None = None,
-        snapshot_budget: float = 0.0,
-        model: str | None = None,
-        engine_name: str | None = None,
-        strict: bool = False,
-        on_step_record: Callable[[Step], None] | None = None,
-        clock: Callable[[], int] = time.monotonic_ns,
-        wall_clock: Callable[[], int] = time.time_ns,
-        cpu_clock: Callable[[], int] = time.thread_time_ns,
         install: bool = True,
         continue_from: Recorder | None = None,
-        background: bool = False,
-        flush_interval_s: float | None = None,
-        kv_pool: str = "blocks",
     ) -> None:
-        if snapshot_interval < 1:
-            raise ValueError(f"snapshot_interval={snapshot_interval}: must be >= 1")
+        snapshot_work = options.snapshot_work
         if snapshot_work is None:
             snapshot_work = default_snapshot_work(engine.config.num_blocks)
-        if snapshot_work < 0:
-            raise ValueError(f"snapshot_work={snapshot_work}: must be >= 0")
-        if not 0 <= snapshot_budget < 1:
-            raise ValueError(f"snapshot_budget={snapshot_budget}: must be in [0, 1)")
-        if flush_interval_s is not None and not flush_interval_s > 0:
-            raise ValueError(f"flush_interval_s={flush_interval_s}: must be > 0")
-        if background and strict:
-            raise ValueError("strict recording raises on the engine's thread: not in background")
         mid_run = engine.step_index > 0
-        if mid_run and engine.scheduler.has_unreported:
+        if mid_run and engine.has_unreported:
             raise ValueError(
                 "attach the recorder to a fresh engine or right after a step, "
                 "not after adding or aborting requests"
             )
+        self.options = options
         self.engine = engine
         self.sink = sink
-        self.snapshot_interval = snapshot_interval
+        self.snapshot_interval = options.snapshot_interval
         self.snapshot_work = snapshot_work
         self._work = 0  # replay work since the last snapshot
         self._steps = 0  # steps since the last snapshot
-        self.snapshot_budget = snapshot_budget
+        self.snapshot_budget = options.snapshot_budget
         self._engine_ns = 0  # the engine's schedule + update time since the last snapshot
         # The last snapshot's cost over the budget: the engine time that pays for the next
         # (0 before the first, which comes MIN_BUDGET_STEPS in and measures it).
         self._snapshot_due_ns = 0
-        self._cpu_clock = cpu_clock
-        self.strict = strict
-        self.on_step_record = on_step_record  # sees every Step record before it is written
+        self._cpu_clock = options.cpu_clock
+        # Copied out of the options: the steady-step path reads them on every step.
+        self.strict = options.strict
+        self.on_step_record = options.on_step_record
         self.error: str | None = None  # why recording stopped, once it has
-        self._clock = clock
+        self._clock = clock = options.clock
         # The engine's arrival clock at time 0 (where the engine stamps arrivals): read
         # beside the recorder's own, it puts Arrival.arrival_time on the steps' clock.
         self._arrival_origin_ns: int | None = None
         if continue_from is None:
             self._t0 = clock()
-            arrival_clock = getattr(engine, "arrival_clock", None)
+            arrival_clock = engine.arrival_clock
             if arrival_clock is not None:
                 self._arrival_origin_ns = round(arrival_clock() * 1e9)
-            start_ns = wall_clock()
+            start_ns = options.wall_clock()
         else:
             # The next segment of one recording: the same clock and start time, so that
             # the segments put end to end read as one trace.
@@ -173,28 +212,23 @@ class Recorder:
             start_ns = continue_from.start_time_ns
         self._closed = False
         self._first_step = engine.step_index
-        self._compactor = StepCompactor(engine.config.policy, redact_prompts)
+        self._compactor = StepCompactor(engine.config.policy, options.redact_prompts)
         self._step_offsets = array("Q")
         self._step_ends = array("Q")
         self._snapshots: list[tuple[int, int]] = []
         self._counts = [0, 0, 0, 0]  # steps, arrivals, finishes, preemptions
-        header = self._header(engine, model, redact_prompts, start_ns)
-        if engine_name is not None:  # another engine's scheduler recorded through ours
-            header = dataclasses.replace(header, engine=engine_name)
-        if kv_pool != header.kv_pool:  # SGLang's token pool (docs/trace-format.md, 1.5)
-            header = dataclasses.replace(header, kv_pool=kv_pool)
-        self.header = header
-        self._append(header, boundary=True)
+        self.header = self._header(engine, options, start_ns)
+        self._append(self.header, boundary=True)
         # Started after the header: from here on only its thread appends to the sink.
         # The timer ticks twice an interval, and each tick writes out everything appended
         # before it: a record waits at most one interval (plus a wake-up) to reach the file.
-        tick = None if flush_interval_s is None else self._timed_flush
-        tick_s = (flush_interval_s or 0.0) / 2
-        self._bg = Background(tick=tick, tick_s=tick_s) if background else None
+        tick = None if options.flush_interval_s is None else self._timed_flush
+        tick_s = (options.flush_interval_s or 0.0) / 2
+        self._bg = Background(tick=tick, tick_s=tick_s) if options.background else None
         # Without the background thread, a thread that only keeps time; it flushes the
         # sink from there, so the sink's appends take a lock from now on.
         self._timer = None
-        if tick is not None and not background:
+        if tick is not None and not options.background:
             share = getattr(sink, "share_with_timer", None)
             if share is not None:
                 share()
@@ -477,27 +511,24 @@ class Recorder:
         rtype, body = encode(record)
         return self.sink.append(rtype, body, boundary=boundary)
 
-    def _header(
-        self, engine: EngineCore, model: str | None, redacted: bool, start_ns: int
-    ) -> Header:
+    def _header(self, engine: RecordedEngine, options: RecorderOptions, start_ns: int) -> Header:
         cfg = engine.config
-        if model is None:
-            described = getattr(engine.runner, "model_description", "")
-            model = described if isinstance(described, str) else ""
+        name, model = engine.describe()
         return Header(
-            engine=f"schedtop {schedtop_version()} ({type(engine.runner).__name__})",
-            model=model,
-            config=scalar_config(cfg.to_dict()),
+            engine=name,
+            model=model if options.model is None else options.model,
+            config=scalar_config({**cfg.to_dict(), **options.own_config}),
             block_size=cfg.block_size,
             num_blocks=cfg.num_blocks,
             policy=cfg.policy,
             start_time_ns=start_ns,
             host=socket.gethostname(),
-            redacted=redacted,
+            redacted=options.redact_prompts,
             first_step=engine.step_index,
             snapshot_interval=self.snapshot_interval,
             snapshot_work=self.snapshot_work,
             arrival_origin_ns=self._arrival_origin_ns,
+            kv_pool=options.kv_pool,
         )
 
     def _footer(self, stopped: str = "") -> Footer:
@@ -553,7 +584,7 @@ def client_record(report: ClientReport, after_step: int, time_ns: int) -> Client
 
 
 def open_recording(
-    engine: EngineCore,
+    engine: RecordedEngine,
     path: str | Path | None = None,
     *,
     kind: str = "run",
@@ -576,9 +607,7 @@ def open_recording(
             ) from None
     writer = TraceWriter(path, live=live)
     try:
-        return Recorder(
-            engine,
-            writer,
+        options = RecorderOptions(
             redact_prompts=redact_prompts,
             snapshot_interval=snapshot_interval,
             model=model,
@@ -586,6 +615,7 @@ def open_recording(
             # written already, and its appends need not take the timer's lock.
             flush_interval_s=None if live else FLUSH_INTERVAL_S,
         )
+        return Recorder(engine, writer, options)
     except BaseException:
         writer.close()
         raise

@@ -43,7 +43,12 @@ from recorder.errors import RecordingError
 from recorder.framing import frame, preamble
 from recorder.paths import new_run_dir
 from recorder.reader import TraceReader
-from recorder.recorder import DEFAULT_SNAPSHOT_INTERVAL, FLUSH_INTERVAL_S, Recorder
+from recorder.recorder import (
+    DEFAULT_SNAPSHOT_INTERVAL,
+    FLUSH_INTERVAL_S,
+    Recorder,
+    RecorderOptions,
+)
 from recorder.schema import RecordType
 from recorder.segments import INCIDENTS, is_run_dir, join, list_segments, segment_name
 from recorder.stream import DEFAULT_LIMIT, DEFAULT_MAX_VIEWERS, StreamHub, StreamSubscription
@@ -184,7 +189,7 @@ class ServerRecording:
         self._last_incident: int | None = None  # clock of the last incident cut
         self._incident_lock = threading.Lock()  # one incident at a time
         self._clock = clock
-        self._options: dict[str, Any] = dict(
+        self._options = RecorderOptions(
             redact_prompts=redact_prompts,
             model=model,
             snapshot_interval=snapshot_interval,
@@ -381,7 +386,7 @@ class ServerRecording:
                 recorder = self._new_recorder(writer, previous)
             else:
                 recorder = Recorder(
-                    self.core, writer, install=False, continue_from=previous, **self._options
+                    self.core, writer, self._options, install=False, continue_from=previous
                 )
         except BaseException:
             writer.close()

@@ -3,9 +3,10 @@ each re-simulated step with the trace's, and the recorder it feeds."""
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from engine.core import EngineCore
 from engine.errors import UserError
 from engine.records import MID_STEP_ABORT
 from recorder.errors import TraceError
-from recorder.recorder import Recorder
+from recorder.recorder import Recorder, RecorderOptions
 from recorder.schema import Header, Step
 from recorder.writer import NullWriter, TraceWriter
 from replays.diff import differing_fields
@@ -152,14 +153,12 @@ def recorder_for(
     header: Header,
     out: str | Path | None,
     checker: Checker | None,
-    **options: Any,
+    clock: Callable[[], int] | None = None,
 ) -> Recorder:
     """A recorder of a re-simulation of the trace with `header` into `out` (None: no file),
-    with the trace's settings; `options` go to the Recorder as well."""
+    with the trace's settings; `clock` (default the monotonic one) is the steps' time."""
     sink = TraceWriter(out, live=False) if out is not None else NullWriter()
-    return Recorder(
-        engine,
-        sink,
+    options = RecorderOptions(
         redact_prompts=header.redacted,
         snapshot_interval=header.snapshot_interval,
         # The trace's bounds; with no work bound (recorder.vllm places snapshots by cost,
@@ -170,8 +169,10 @@ def recorder_for(
         # A record the writer cannot encode came from a crafted trace's inputs: raise it
         # here, as one line naming the trace, not as a logged traceback.
         strict=True,
-        **options,
     )
+    if clock is not None:
+        options = dataclasses.replace(options, clock=clock)
+    return Recorder(engine, sink, options)
 
 
 def check_sampled_ids(rec: Step, redacted: bool) -> None:

@@ -251,7 +251,7 @@ class _TimedRun:
                 recorded = stack.enter_context(TraceReader(self.inputs.path))
                 checker = Checker(recorded.steps())
             if out is not None or checker is not None:
-                recorder = recorder_for(self.engine, header, out, checker, clock=self.clock.settle)
+                recorder = recorder_for(self.engine, header, out, checker, self.clock.settle)
                 stack.callback(recorder.close)
             self._drive()
         first = None

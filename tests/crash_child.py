@@ -15,7 +15,7 @@ import time
 
 from engine.sim.driver import make_engine, run_steps
 from engine.sim.workload import SimWorkload, parse_workload
-from recorder.recorder import Recorder
+from recorder.recorder import Recorder, RecorderOptions
 from recorder.writer import TraceWriter
 
 
@@ -64,7 +64,7 @@ def main(path: str, mode: str) -> None:
         flush_interval_s=0.01,
         write=_torn_write if mode == "torn" else os.write,
     )
-    recorder = Recorder(engine, writer, snapshot_interval=32, strict=True)
+    recorder = Recorder(engine, writer, RecorderOptions(snapshot_interval=32, strict=True))
     for _ in run_steps(w, engine):
         print(recorder.flushed_step, flush=True)
     engine.close()

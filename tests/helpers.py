@@ -89,14 +89,16 @@ class Recorded:
 
 def record(w: SimWorkload, sink: Any = None, **options: Any) -> Recorded:
     """Simulate `w` while recording it (into memory by default)."""
-    from recorder.recorder import Recorder
+    from recorder.recorder import Recorder, RecorderOptions
     from recorder.writer import MemoryWriter
 
     engine = make_engine(w)
     # Strict (a recorder bug fails the test) unless recording in the background, where
     # errors cannot raise on the engine's thread.
     options.setdefault("strict", not options.get("background", False))
-    recorder = Recorder(engine, sink if sink is not None else MemoryWriter(), **options)
+    recorder = Recorder(
+        engine, sink if sink is not None else MemoryWriter(), RecorderOptions(**options)
+    )
     out = Recorded(recorder, engine)
     for result in run_steps(w, engine):
         out.states.append(engine.snapshot())

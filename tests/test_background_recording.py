@@ -23,7 +23,7 @@ from recorder.background import Background
 from recorder.codec import encode
 from recorder.convert import StepCompactor
 from recorder.reader import TraceReader
-from recorder.recorder import Recorder
+from recorder.recorder import Recorder, RecorderOptions
 from recorder.schema import End, Footer, Snapshot, Step
 from recorder.writer import MemoryWriter, TraceWriter
 from tests.helpers import record
@@ -117,9 +117,8 @@ def record_steady(path: Path, background: bool) -> int:
     recorder = Recorder(
         engine,
         TraceWriter(path, live=False),
+        RecorderOptions(background=background, snapshot_interval=40),
         install=False,
-        background=background,
-        snapshot_interval=40,
     )
     taken = 0
     for result in run_steps(w, engine):
@@ -149,7 +148,7 @@ def test_flush_reaches_the_file_without_waiting_and_drain_waits(tmp_path: Path) 
     writer = TraceWriter(
         tmp_path / "t.trace", live=False, flush_bytes=1 << 30, flush_interval_s=1e9
     )
-    recorder = Recorder(engine, writer, background=True)
+    recorder = Recorder(engine, writer, RecorderOptions(background=True))
     steps = run_steps(w, engine)
     for _ in range(5):
         next(steps)
@@ -167,7 +166,7 @@ def test_flush_reaches_the_file_without_waiting_and_drain_waits(tmp_path: Path) 
 def test_strict_recording_is_not_done_in_the_background() -> None:
     w = load_workload(demo_workload_path())
     with pytest.raises(ValueError, match="strict"):
-        Recorder(make_engine(w), MemoryWriter(), strict=True, background=True)
+        Recorder(make_engine(w), MemoryWriter(), RecorderOptions(strict=True, background=True))
 
 
 def test_background_runs_jobs_in_order_and_bounds_the_queue() -> None:

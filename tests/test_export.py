@@ -20,7 +20,7 @@ from engine.sim.workload import load_workload
 from recorder.codec import encode
 from recorder.framing import frame, preamble
 from recorder.reader import TraceReader
-from recorder.recorder import Recorder
+from recorder.recorder import Recorder, RecorderOptions
 from recorder.schema import Kernel, Kind, Snapshot, Status, Step, Timing
 from recorder.writer import MemoryWriter
 from replays.export import IDLE_MIN_NS, export_perfetto
@@ -404,7 +404,7 @@ def _record_with(
     step = 0
     while True:
         if step == attach_at:
-            recorder = Recorder(engine, MemoryWriter(), strict=True)
+            recorder = Recorder(engine, MemoryWriter(), RecorderOptions(strict=True))
         act(step, engine)
         if next(steps, None) is None:
             break

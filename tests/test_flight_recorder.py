@@ -168,12 +168,12 @@ def test_a_flush_interval_must_be_positive() -> None:
     from engine.config import EngineConfig
     from engine.core import EngineCore
     from engine.sim.runner import SimRunner
-    from recorder.recorder import Recorder
+    from recorder.recorder import Recorder, RecorderOptions
     from recorder.writer import NullWriter
 
     engine = EngineCore(EngineConfig(), SimRunner({}))
     with pytest.raises(ValueError, match="flush_interval_s"):
-        Recorder(engine, NullWriter(), flush_interval_s=0)
+        Recorder(engine, NullWriter(), RecorderOptions(flush_interval_s=0))
 
 
 def test_a_hung_schedtop_serve_killed_keeps_its_last_steps(tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ from engine.sim.api import demo_workload_path
 from engine.sim.runner import SimRunner
 from engine.sim.workload import load_workload
 from recorder.reader import TraceReader
-from recorder.recorder import Recorder, open_recording
+from recorder.recorder import Recorder, RecorderOptions, open_recording
 from recorder.schema import Snapshot, Step
 from recorder.writer import MemoryWriter, TraceWriter
 from replays.reducer import StepView, apply, apply_with_view, reduce, replay, state_at
@@ -205,7 +205,7 @@ class ScriptedEngine:
         self.runner = SimRunner({})
         self.engine = EngineCore(config, self.runner)
         self.recorder = Recorder(
-            self.engine, sink or MemoryWriter(), strict=True, snapshot_interval=3
+            self.engine, sink or MemoryWriter(), RecorderOptions(strict=True, snapshot_interval=3)
         )
         self.hasher = BlockHasher(config.block_size)
         self.states: list[Snapshot] = []
@@ -365,7 +365,7 @@ def test_attached_mid_run_the_trace_starts_with_a_snapshot(tmp_path: Path) -> No
     e.step(2)
     sink = MemoryWriter()
     e.recorder.close()
-    Recorder(e.engine, sink, strict=True, snapshot_interval=100)
+    Recorder(e.engine, sink, RecorderOptions(strict=True, snapshot_interval=100))
     e.add("c", 30)
     e.step()
     e.engine.abort("b")
@@ -419,7 +419,7 @@ class TimedRunner(SimRunner):
 def test_timings_are_recorded_and_read_back(tmp_path: Path) -> None:
     runner = TimedRunner()
     engine = EngineCore(EngineConfig(num_blocks=64), runner)
-    recorder = Recorder(engine, MemoryWriter(), strict=True)
+    recorder = Recorder(engine, MemoryWriter(), RecorderOptions(strict=True))
     runner.add_script("a", list(range(20)))
     engine.add_request(Request("a", list(range(40)), SamplingParams(max_tokens=10)))
     sent = []

@@ -19,7 +19,7 @@ from recorder.errors import TraceError
 from recorder.info import summarize
 from recorder.multi import SegmentedReader, open_trace
 from recorder.reader import TraceReader
-from recorder.recorder import Recorder
+from recorder.recorder import Recorder, RecorderOptions
 from recorder.schema import Step
 from recorder.segments import join, list_segments
 from recorder.serving import MIN_MAX_BYTES, ServerRecording, open_server_recording
@@ -83,7 +83,7 @@ def record_server(
 
 def record_file(path: Path, w: SimWorkload) -> None:
     engine = make_engine(w)
-    Recorder(engine, TraceWriter(path), snapshot_interval=16, strict=True)
+    Recorder(engine, TraceWriter(path), RecorderOptions(snapshot_interval=16, strict=True))
     for _ in run_steps(w, engine):
         pass
     engine.close()

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from recorder.reader import TraceReader
-from recorder.recorder import MIN_BUDGET_STEPS, MIN_SNAPSHOT_WORK, SNAPSHOT_WORK_PER_BLOCK, Recorder
+from recorder.recorder import (
+    MIN_BUDGET_STEPS,
+    MIN_SNAPSHOT_WORK,
+    SNAPSHOT_WORK_PER_BLOCK,
+    Recorder,
+    RecorderOptions,
+)
 from recorder.schema import FORMAT_MAJOR, Snapshot, Step
 from recorder.writer import MemoryWriter
 from replays.reducer import replay
@@ -202,4 +208,8 @@ def test_a_budget_places_snapshots_by_their_cost(tmp_path: Path, cost: int) -> N
 
 def test_a_budget_out_of_range_is_refused() -> None:
     with pytest.raises(ValueError, match="snapshot_budget"):
-        Recorder(make_engine(workload([req("x", 8)])), MemoryWriter(), snapshot_budget=1.5)
+        Recorder(
+            make_engine(workload([req("x", 8)])),
+            MemoryWriter(),
+            RecorderOptions(snapshot_budget=1.5),
+        )

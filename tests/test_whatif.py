@@ -18,7 +18,7 @@ from engine.request import Request, SamplingParams
 from engine.sim.api import demo_workload_path, load, run_sim
 from engine.sim.runner import SimRunner
 from recorder.reader import TraceReader
-from recorder.recorder import Recorder, open_recording
+from recorder.recorder import Recorder, RecorderOptions, open_recording
 from recorder.schema import Step
 from recorder.writer import TraceWriter
 from replays.costmodel import (
@@ -233,7 +233,7 @@ def timed_trace(path: Path, budget: int = 256, num_blocks: int = 200) -> Path:
         max_num_batched_tokens=budget, max_num_seqs=8, num_blocks=num_blocks, block_size=16
     )
     engine = EngineCore(config, runner, clock=lambda: origin + clock[0] / 1e9)
-    rec = Recorder(engine, TraceWriter(path, live=False), clock=lambda: clock[0])
+    rec = Recorder(engine, TraceWriter(path, live=False), RecorderOptions(clock=lambda: clock[0]))
     hasher = BlockHasher(16)
     rng = np.random.default_rng(5)
     arrivals = [int(t * 1e9) for t in np.cumsum(rng.exponential(0.08, 30)) + 0.3]  # ns

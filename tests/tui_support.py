@@ -11,7 +11,7 @@ from typing import Any
 from engine.sim.api import demo_workload_path
 from engine.sim.driver import make_engine, run_steps
 from engine.sim.workload import SimWorkload, load_workload
-from recorder.recorder import Recorder
+from recorder.recorder import Recorder, RecorderOptions
 from recorder.writer import MemoryWriter
 from replays.breakpoints import Predicate
 from tests.helpers import close_later
@@ -53,10 +53,12 @@ def fixed_trace(
     recorder = Recorder(
         engine,
         MemoryWriter(),
-        strict=True,
-        snapshot_interval=snapshot_interval,
-        clock=FakeClock(seconds=False),
-        wall_clock=lambda: START_NS,
+        RecorderOptions(
+            strict=True,
+            snapshot_interval=snapshot_interval,
+            clock=FakeClock(seconds=False),
+            wall_clock=lambda: START_NS,
+        ),
     )
     for _ in run_steps(w, engine):
         pass

@@ -22,11 +22,10 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from engine.config import EngineConfig
-from engine.core import EngineCore
-from engine.events import NULL_SINK
+from engine.events import NULL_SINK, EventSink
 from engine.records import (
     Admission,
     Arrival,
@@ -42,7 +41,7 @@ from engine.records import (
     Status,
     Step,
 )
-from recorder.recorder import Recorder
+from recorder.recorder import Recorder, RecorderOptions
 from recorder.writer import TraceWriter
 from replays.reducer import apply
 from replays.state import State
@@ -63,34 +62,6 @@ _FINISHED = {
 ABORT_RECEIVED = "abort received before step "
 # PrefillAdder.add_one_req's results (AddReqResult) for the request it left waiting
 _WAIT_REASON = {"NO_TOKEN": Reason.KV_BLOCKS, "OTHER": Reason.TOKEN_BUDGET}
-
-
-class _Config:
-    """EngineConfig under schedtop's names, plus SGLang's own knobs in the header."""
-
-    def __init__(self, config: EngineConfig, extra: dict[str, Any]) -> None:
-        self._config = config
-        self._extra = extra
-        self.block_size = config.block_size
-        self.num_blocks = config.num_blocks
-        self.policy = config.policy
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self._config.to_dict(), **self._extra}
-
-
-class _Facade:
-    """What Recorder reads from an engine, answered from the tap."""
-
-    def __init__(self, config: _Config, snapshot: Callable[[], Snapshot]) -> None:
-        self.config = config
-        self.step_index = 0
-        self.sink = NULL_SINK
-        self.runner = None
-        self._snapshot = snapshot
-
-    def snapshot(self) -> Snapshot:
-        return self._snapshot()
 
 
 @dataclasses.dataclass
@@ -172,9 +143,10 @@ def _sampling(req: Any) -> SamplingParams:
 class Tap:
     """All the recording state, kept apart from SGLang's scheduler attributes."""
 
-    def __init__(self, sched: Any, config: _Config) -> None:
+    def __init__(self, sched: Any, config: EngineConfig, description: tuple[str, str]) -> None:
         self.sched = sched
         self.config = config
+        self.description = description  # (engine, model) for the trace's header
         self.refs: dict[str, int] = {}  # SGLang request id -> ref, while live
         self.seen_outputs: dict[int, int] = {}  # ref -> output tokens recorded
         self.running: list[int] = []  # admitted, not finished or retracted, in order
@@ -197,25 +169,36 @@ class Tap:
         from importlib.metadata import version
 
         config, extra = sglang_config(sched)
-        tap = cls(sched, _Config(config, extra))
+        model = str(getattr(sched.server_args, "model_path", ""))
+        tap = cls(sched, config, (f"SGLang {version('sglang')} (Scheduler)", model))
         flush_s = float(os.environ.get("SCHEDTOP_FLUSH_INTERVAL_S", "1.0"))
         writer = TraceWriter(path, live=False, flush_interval_s=flush_s)
-        model = str(getattr(sched.server_args, "model_path", ""))
-        tap.recorder = Recorder(
-            cast(EngineCore, _Facade(tap.config, tap.snapshot)),
-            writer,
+        options = RecorderOptions(
             snapshot_interval=int(os.environ.get("SCHEDTOP_SNAPSHOT_INTERVAL", "4096")),
             snapshot_work=0,
-            model=model,
-            engine_name=f"SGLang {version('sglang')} (Scheduler)",
             kv_pool="tokens",
+            own_config=extra,
             # SGLang's engine SIGKILLs its scheduler process at shutdown, and a hung one is
             # killed too: the timer keeps the file at most this far behind the steps.
             flush_interval_s=flush_s,
         )
+        tap.recorder = Recorder(tap, writer, options)
         tap.state = State.initial(tap.recorder.header)
         log.info("schedtop: recording SGLang's scheduler into %s", path)
         return tap
+
+    # -- what the Recorder reads of the engine (recorder.recorder.RecordedEngine) ----------
+
+    sink: EventSink = NULL_SINK  # the Recorder installs itself; nothing is downstream
+    arrival_clock = None  # none of its clocks is ours: Header.arrival_origin_ns stays unset
+    has_unreported = False  # recording starts with SGLang's scheduler, before any request
+
+    @property
+    def step_index(self) -> int:
+        return self.next_step
+
+    def describe(self) -> tuple[str, str]:
+        return self.description
 
     # -- failures --------------------------------------------------------------------------
 
@@ -430,7 +413,7 @@ class Tap:
             step=self.next_step,
             schedule_ns=step.schedule_ns,
             update_ns=step.update_ns,
-            token_budget=self.config.to_dict()["max_num_batched_tokens"],
+            token_budget=self.config.max_num_batched_tokens,
             arrivals=tuple(step.arrivals),
             scheduled=entries,
             admissions=tuple(step.admissions),

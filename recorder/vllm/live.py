@@ -178,6 +178,11 @@ class _Core:
         tap = self._tap
         return tap.step is not None or bool(tap.arrivals) or bool(tap.finishes)
 
+    arrival_clock = None  # as the tap's (recorder.recorder.TapEngine)
+
+    def describe(self) -> tuple[str, str]:
+        return self._tap.describe()  # type: ignore[no-any-return]
+
     def snapshot(self) -> Any:
         return self._tap.snapshot()
 

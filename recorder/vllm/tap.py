@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from itertools import chain, compress, islice, repeat
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-from engine.config import EngineConfig
-from engine.core import EngineCore
-from engine.events import NULL_SINK
+from engine.events import NULL_SINK, EventSink
 from engine.records import (
     MID_STEP_ABORT,
     Admission,
@@ -50,7 +48,7 @@ from engine.rules import (
     running_kv_stop,
     waiting_limit,
 )
-from recorder.recorder import Recorder
+from recorder.recorder import RecordedEngine, Recorder, RecorderOptions
 from recorder.vllm.checks import (
     UnsupportedVllm,
     engine_config,
@@ -89,25 +87,6 @@ _NEW_TOKENS = attrgetter("new_token_ids")
 _BLOCK_ID = attrgetter("block_id")
 _RID = attrgetter("request_id")
 _REF = attrgetter("ref")
-
-
-class _Facade:
-    """What Recorder reads from an engine, answered from vLLM's scheduler."""
-
-    def __init__(self, config: EngineConfig, snapshot: Callable[[], Snapshot]) -> None:
-        self.config = config
-        self.step_index = 0
-        self.sink = NULL_SINK
-        self.runner = None
-        self._snapshot = snapshot
-        # No arrival_clock, so no Header.arrival_origin_ns: vLLM stamps arrival_time in
-        # its front end, before tokenizing and handing the request to the engine core,
-        # which sees it milliseconds later; placed exactly, whatif's self-prediction
-        # admits a request a step before vLLM could (measured: step 0 differed). The
-        # estimate from the steps (docs/metrics.md) puts each at or before its step.
-
-    def snapshot(self) -> Snapshot:
-        return self._snapshot()
 
 
 class _Step:
@@ -203,6 +182,7 @@ class Tap(KVTaps):
         # owner (recorder.vllm.live.VllmRecording), which takes the same calls.
         self.recorder: Any = None
         self.writer: TraceWriter | None = None
+        self.description = ("", "")  # (engine, model) for the trace's header
         self.threshold = 0  # the step's long-prefill cap (0: off)
         self.in_flight = 0  # async: batches scheduled and not updated yet
         self.lean_steps = 0  # steps scheduled without the allocate_slots tap
@@ -218,9 +198,9 @@ class Tap(KVTaps):
 
     def open(self, path: Path, engine_name: str, model: str, on_record: Any) -> None:
         self.writer = TraceWriter(path, live=False, flush_interval_s=self.flush_interval)
-        facade = _Facade(self.config, self.snapshot)
+        self.description = (engine_name, model)
         try:
-            self.recorder = self._recorder(facade, model, engine_name, on_record)
+            self.recorder = Recorder(self, self.writer, self._options(on_record), install=False)
         except ValueError as e:
             raise UnsupportedVllm(
                 f"schedtop's recorder settings (SCHEDTOP_SNAPSHOT_*, "
@@ -241,8 +221,15 @@ class Tap(KVTaps):
         SCHEDTOP_TRACE_MAX_BYTES, SCHEDTOP_LIVE_PORT); returns the run directory."""
         from recorder.vllm.live import open_segmented
 
-        def new_recorder(core: Any, writer: TraceWriter, previous: Recorder | None) -> Recorder:
-            return self._recorder(core, model, engine_name, on_record, writer, previous)
+        self.description = (engine_name, model)
+        options = self._options(on_record)
+
+        def new_recorder(
+            core: RecordedEngine, writer: TraceWriter, previous: Recorder | None
+        ) -> Recorder:
+            # A segment after the first (recorder.vllm.live) continues the one before;
+            # the owner of the segments passes records on, so none is installed.
+            return Recorder(core, writer, options, install=False, continue_from=previous)
 
         try:
             recording = open_segmented(self, settings, dp_rank, new_recorder, lock)
@@ -255,24 +242,8 @@ class Tap(KVTaps):
         self.install_kv()
         return recording.directory
 
-    def _recorder(
-        self,
-        facade: Any,
-        model: str,
-        engine_name: str,
-        on_record: Any,
-        writer: TraceWriter | None = None,
-        continue_from: Recorder | None = None,
-    ) -> Recorder:
-        writer = writer or self.writer
-        assert writer is not None
-        return Recorder(
-            cast(EngineCore, facade),
-            writer,
-            # A segment after the first (recorder.vllm.live) continues the one before;
-            # the owner of the segments passes records on, so none is installed.
-            install=False,
-            continue_from=continue_from,
+    def _options(self, on_record: Any) -> RecorderOptions:
+        return RecorderOptions(
             redact_prompts=self.redact,
             snapshot_interval=int(env_number("SCHEDTOP_SNAPSHOT_INTERVAL", SNAPSHOT_INTERVAL)),
             # Not by replay work unless asked: inside a production server the trace's bytes
@@ -282,8 +253,6 @@ class Tap(KVTaps):
             # By cost: a snapshot lists every free and cached block, so at a fixed step count
             # a large pool under light load spent more on snapshots than on its steps.
             snapshot_budget=env_number("SCHEDTOP_SNAPSHOT_BUDGET", SNAPSHOT_BUDGET),
-            model=model,
-            engine_name=engine_name,
             on_step_record=None if on_record is None else lambda s: on_record(computed(s)),
             # Encoding a record costs about as much as all else the recorder does in a
             # step; on a thread of its own it overlaps vLLM's model step.
@@ -292,6 +261,24 @@ class Tap(KVTaps):
             # steps, and a hung engine core that is killed must keep its last steps.
             flush_interval_s=self.flush_interval,
         )
+
+    # -- what the Recorder reads of the engine (recorder.recorder.RecordedEngine) ----------
+
+    sink: EventSink = NULL_SINK  # the Recorder installs itself; nothing is downstream
+    # No arrival clock, so no Header.arrival_origin_ns: vLLM stamps arrival_time in its
+    # front end, before tokenizing and handing the request to the engine core, which sees
+    # it milliseconds later; placed exactly, whatif's self-prediction admits a request a
+    # step before vLLM could (measured: step 0 differed). The estimate from the steps
+    # (docs/metrics.md) puts each at or before its step.
+    arrival_clock = None
+    has_unreported = False  # recording starts with vLLM's scheduler, before any request
+
+    @property
+    def step_index(self) -> int:
+        return self.next_step
+
+    def describe(self) -> tuple[str, str]:
+        return self.description
 
     def close(self, stopped: str = "") -> None:
         if self.recorder is not None:
