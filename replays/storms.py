@@ -11,6 +11,7 @@ in slices in its reader thread, and `schedtop stats` in one go.
 
 from __future__ import annotations
 
+import enum
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -39,7 +40,16 @@ from recorder.schema import (
 THRASH_STEPS = 8  # preempted again within this many steps of getting back in: thrash
 REPEAT = 3  # preempted this many times or more: a repeat victim
 TOP_VICTIMS = 5  # victims named in the summary
-KINDS = ("preempt", "abort", "error")
+
+
+class IncidentKind(enum.StrEnum):
+    """What an incident is (a str, so that the TUI's colour tables and a query's words
+    compare with it as they are)."""
+
+    PREEMPT = "preempt"
+    ABORT = "abort"
+    ERROR = "error"
+
 
 _CODECS: dict[str, tuple[int, Any]] = {name: (key, codec) for key, name, codec in STEP.fields}
 
@@ -49,7 +59,7 @@ class Incident:
     """One preemption, abort or error."""
 
     step: int  # the step it happened in
-    kind: str  # "preempt", "abort" or "error"
+    kind: IncidentKind
     request_id: str  # the victim (preempt) or the request that ended
     cause: str  # preempt: for whom ("itself" when it was its own allocation); error: message
     tokens_lost: int  # preempt: computed tokens thrown away, to be computed again
@@ -134,7 +144,7 @@ class IncidentScan:
     def summary(self) -> StormSummary:
         return StormSummary(
             self._steps,
-            sum(1 for i in self.incidents if i.kind == "preempt"),
+            sum(1 for i in self.incidents if i.kind == IncidentKind.PREEMPT),
             self._lost,
             self._computed,
             self._thrash,
@@ -243,7 +253,7 @@ class IncidentScan:
         self.incidents.append(
             Incident(
                 step,
-                "preempt",
+                IncidentKind.PREEMPT,
                 victim,
                 cause,
                 p.tokens_lost,
@@ -263,7 +273,7 @@ class IncidentScan:
             self.incidents.append(
                 Incident(
                     step,
-                    "error" if error else "abort",
+                    IncidentKind.ERROR if error else IncidentKind.ABORT,
                     name,
                     f.message or ("error" if error else "aborted by the client"),
                     0,
@@ -348,7 +358,7 @@ _SORT_FIELDS = {
 
 def select(
     incidents: Sequence[Incident],
-    kinds: Iterable[str] = ("preempt",),
+    kinds: Iterable[IncidentKind] = (IncidentKind.PREEMPT,),
     query: str = "",
     sort: str = "step",
     reverse: bool = False,

@@ -11,7 +11,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Input
 
-from replays.storms import SORTS, THRASH_STEPS, Incident, select
+from replays.storms import SORTS, THRASH_STEPS, Incident, IncidentKind, select
 from tui.format import short_id
 from tui.incidents import IncidentsVM
 from tui.widgets.incidents import IncidentTable
@@ -101,7 +101,9 @@ class IncidentsScreen(Screen[Incident | None]):
     def _refresh_rows(self) -> None:
         vm = self.vm
         table = self.query_one(IncidentTable)
-        kinds = ("abort", "error") if self.failures else ("preempt",)
+        kinds = (
+            (IncidentKind.ABORT, IncidentKind.ERROR) if self.failures else (IncidentKind.PREEMPT,)
+        )
         query = f"{self.words} thrash" if self.thrash_only else self.words
         items = () if vm is None else vm.items
         rows = select(items, kinds, query, self.sort_key, self.sort_reverse)

@@ -15,14 +15,18 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from replays.storms import Incident
+from replays.storms import Incident, IncidentKind
 from tui.format import middle
 from tui.widgets import palette
 from tui.widgets.requests import fit, full_strip, id_cells
 
 _HEADER = palette.style("#abb2bf", "#2c313a", bold=True)
 _CURSOR_BG = "#3e4451"
-_KIND = {"preempt": "#e06c75", "abort": "#d19a66", "error": "#e06c75"}
+_KIND = {
+    IncidentKind.PREEMPT: "#e06c75",
+    IncidentKind.ABORT: "#d19a66",
+    IncidentKind.ERROR: "#e06c75",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +57,9 @@ def cells(i: Incident) -> tuple[str, ...]:
         i.kind,
         i.request_id,
         i.cause,
-        str(i.tokens_lost) if i.kind == "preempt" else "",
+        str(i.tokens_lost) if i.kind == IncidentKind.PREEMPT else "",
         f"{i.free_before} → {i.free_after}",
-        str(i.count) if i.kind == "preempt" else "",
+        str(i.count) if i.kind == IncidentKind.PREEMPT else "",
         i.thrash,
     )
 
@@ -69,7 +73,13 @@ def widths(rows: tuple[Incident, ...], width: int) -> tuple[int, int]:
     return (
         max(6, min(victim, id_cells(width))),
         max(
-            9, min(cause, id_cells(width) if all(i.kind == "preempt" for i in rows) else width // 3)
+            9,
+            min(
+                cause,
+                id_cells(width)
+                if all(i.kind == IncidentKind.PREEMPT for i in rows)
+                else width // 3,
+            ),
         ),
     )
 
@@ -178,7 +188,9 @@ class IncidentTable(ScrollView, can_focus=True, inherit_bindings=False):
         used = 1
         for (col, w), text in zip(self.columns(width), cells(i)):
             style = base
-            if col.sort == "request" or (col.title == "for / why" and i.kind == "preempt"):
+            if col.sort == "request" or (
+                col.title == "for / why" and i.kind == IncidentKind.PREEMPT
+            ):
                 text = middle(text, w)  # ids: both ends
             if col.title == "kind":
                 style = palette.style(_KIND.get(i.kind, "#abb2bf"), bg, bold=True)
