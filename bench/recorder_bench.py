@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.config import EngineConfig  # noqa: E402
 from engine.core import EngineCore  # noqa: E402
-from engine.records import KVEvents, Step  # noqa: E402
+from engine.records import Kind, KVEvents, Step  # noqa: E402
 from engine.sim.driver import make_engine, run_steps  # noqa: E402
 from engine.sim.workload import SimWorkload, parse_workload  # noqa: E402
 from recorder.reader import TraceReader  # noqa: E402
@@ -80,7 +80,9 @@ def warm_up(w: SimWorkload, engine: EngineCore) -> Any:
     steps = run_steps(w, engine)
     while True:
         report = next(steps).report
-        if len(report.scheduled) == RUNNING and all(s.kind == 2 for s in report.scheduled):
+        if len(report.scheduled) == RUNNING and all(
+            s.kind == Kind.DECODE for s in report.scheduled
+        ):
             return steps
 
 

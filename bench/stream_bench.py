@@ -29,7 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.core import EngineCore  # noqa: E402
-from engine.report import Step  # noqa: E402
+from engine.records import Step  # noqa: E402
 from engine.sim.driver import make_engine, run_steps  # noqa: E402
 from engine.sim.workload import SimWorkload, parse_workload  # noqa: E402
 from recorder.recorder import Recorder  # noqa: E402

@@ -72,7 +72,7 @@ class KVKind(enum.IntEnum):
 
 
 # One label per enum value, for every screen and command line (the TUI, diff, stats,
-# export); the API's finish_reason words are engine.request.FINISH_REASONS.
+# export); the API's finish_reason words are FINISH_REASONS, below.
 STATUS_LABELS: dict[int, str] = {
     Status.WAITING: "waiting",
     Status.RUNNING: "running",
@@ -80,6 +80,14 @@ STATUS_LABELS: dict[int, str] = {
     Status.FINISHED_STOPPED: "stopped",
     Status.FINISHED_LENGTH_CAPPED: "length",
     Status.FINISHED_ABORTED: "aborted",
+    Status.FINISHED_ERROR: "error",
+}
+# A finished status as an API's finish_reason (OpenAI's and vLLM's spelling): what
+# `run` and `serve` answer and what a CLIENT record's finish_reason holds.
+FINISH_REASONS: dict[int, str] = {
+    Status.FINISHED_STOPPED: "stop",
+    Status.FINISHED_LENGTH_CAPPED: "length",
+    Status.FINISHED_ABORTED: "abort",
     Status.FINISHED_ERROR: "error",
 }
 KIND_LABELS: dict[int, str] = {
@@ -119,6 +127,10 @@ REASON_KNOBS: dict[int, tuple[str, ...]] = {
     Reason.NO_CHUNKING: ("enable_chunked_prefill",),
     Reason.RETRACTED: ("num_blocks", "kv_cache_memory"),
 }
+# The pseudo-reason of a request a step left unscheduled with no reason in its record (no
+# pass reached it), in the wait accounting (replays.queueing, tui.waits); never in a trace.
+NOT_REACHED = -1
+WAIT_LABELS: dict[int, str] = {**REASON_LABELS, NOT_REACHED: "not reached"}
 
 
 _UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
@@ -511,3 +523,29 @@ class Snapshot:
     free_queue: tuple[int, ...]  # free block ids, head (reused first) to tail
     cached_block_ids: tuple[int, ...]  # blocks holding a hash, ascending
     cached_hashes: tuple[bytes, ...]  # their hashes, in the same order
+
+
+# -- client (schedtop serve) ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Client:
+    """One HTTP request as the server in front of the engine saw it, written when its
+    response ended (between two steps). Timings are the server's, around the client:
+    from the moment the HTTP request arrived."""
+
+    # The server fills these in with -1 and 0; the recorder stamps them as it writes.
+    after_step: int  # the last step recorded before it (first_step - 1: none yet)
+    time_ns: int  # when it was written, monotonic ns since recording started (timing)
+    request_id: str  # the engine's request id; "" when it never reached the engine
+    endpoint: str  # the route, e.g. "/v1/completions"
+    status: int  # HTTP status code of the response
+    finish_reason: str = ""  # "stop", "length", "abort" (client left), "error"; "" refused
+    stream: bool = False  # server-sent events rather than one JSON body
+    prompt_tokens: int = 0  # prompt length
+    completion_tokens: int = 0  # output tokens generated
+    queue_ns: int | None = None  # arrived -> first scheduled (None: never scheduled)
+    ttft_ns: int | None = None  # arrived -> first token sent (None: none sent)
+    e2e_ns: int = 0  # arrived -> response ended
+    itl_ns: tuple[int, ...] = ()  # gaps between consecutive token chunks sent
+    message: str = ""  # for a 4xx/5xx: what was wrong

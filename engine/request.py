@@ -5,17 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.records import SamplingParams, Status
+from engine.records import FINISH_REASONS, SamplingParams, Status
 
-__all__ = ["FINISH_REASONS", "Request", "SamplingParams", "Status"]
-
-
-FINISH_REASONS = {
-    Status.FINISHED_STOPPED: "stop",
-    Status.FINISHED_LENGTH_CAPPED: "length",
-    Status.FINISHED_ABORTED: "abort",
-    Status.FINISHED_ERROR: "error",
-}  # the API's finish_reason (OpenAI's and vLLM's spelling)
+__all__ = ["Request", "SamplingParams", "Status"]
 
 
 BlockHasher = Callable[["Request"], None]

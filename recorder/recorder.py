@@ -16,13 +16,13 @@ import time
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
 from engine.config import EngineConfig
-from engine.events import NULL_SINK, ClientReport, EventSink, report_client
+from engine.events import NULL_SINK, EventSink, report_client
 from engine.records import KVEvents, Step
 from recorder.background import Background
 from recorder.codec import MAX_RECORD_BYTES, STEADY_FIELDS, encode, encode_steady
@@ -343,14 +343,14 @@ class Recorder:
         log.exception("recording failed at step %d", step)
         self.error = f"step {step}: {type(e).__name__}: {e}"
 
-    def on_client(self, report: ClientReport) -> None:
-        """A server's view of one HTTP request: a CLIENT record between two steps."""
+    def on_client(self, report: Client) -> None:
+        """A server's view of one HTTP request: a CLIENT record between two steps, written
+        as the server made it but for where it falls in the trace."""
         if self.error is None and not self._closed:
             try:
-                self._put(
-                    client_record(report, self.engine.step_index - 1, self._now_ns()),
-                    boundary=True,
-                )
+                after = self.engine.step_index - 1
+                record = replace(report, after_step=after, time_ns=self._now_ns())
+                self._put(record, boundary=True)
             except Exception as e:
                 if self.strict:
                     raise
@@ -557,30 +557,6 @@ def _steady_step(fields: list[Any]) -> Step:
     """The Step record of a steady step's fields (in STEADY_FIELDS order)."""
     named: dict[str, Any] = dict(zip(STEADY_FIELDS, fields))
     return Step(**named)
-
-
-def client_record(report: ClientReport, after_step: int, time_ns: int) -> Client:
-    """The trace's CLIENT record of a server's ClientReport (seconds become ns)."""
-
-    def ns(s: float | None) -> int | None:
-        return None if s is None else max(0, round(s * 1e9))
-
-    return Client(
-        after_step=after_step,
-        time_ns=time_ns,
-        request_id=report.request_id,
-        endpoint=report.endpoint,
-        status=report.status,
-        finish_reason=report.finish_reason,
-        stream=report.stream,
-        prompt_tokens=report.prompt_tokens,
-        completion_tokens=report.completion_tokens,
-        queue_ns=ns(report.queue_s),
-        ttft_ns=ns(report.ttft_s),
-        e2e_ns=ns(report.e2e_s) or 0,
-        itl_ns=tuple(max(0, round(g * 1e9)) for g in report.itl_s),
-        message=report.message,
-    )
 
 
 def open_recording(

@@ -20,11 +20,14 @@ from engine.limits import MAX_NUM_BLOCKS
 from engine.records import (
     KIND_LABELS,
     NO_KV_EVENTS,
+    NOT_REACHED,
     REASON_KNOBS,
     REASON_LABELS,
     STATUS_LABELS,
+    WAIT_LABELS,
     Admission,
     Arrival,
+    Client,
     Finish,
     Kernel,
     Kind,
@@ -59,6 +62,8 @@ __all__ = [
     "REASON_KNOBS",
     "REASON_LABELS",
     "STATUS_LABELS",
+    "WAIT_LABELS",
+    "NOT_REACHED",
     "label",
     "percentile",
     "FORMAT_MAJOR",
@@ -66,6 +71,7 @@ __all__ = [
     "NO_KV_EVENTS",
     "Admission",
     "Arrival",
+    "Client",
     "End",
     "Finish",
     "Footer",
@@ -179,31 +185,6 @@ class End:
     """The last record: where the footer starts. Fixed size, so it is found from the end."""
 
     footer_offset: int  # byte offset of the footer record
-
-
-# -- client (schedtop serve) ----------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Client:
-    """One HTTP request as the server in front of the engine saw it, written when its
-    response ended (between two steps). Timings are the server's, around the client:
-    from the moment the HTTP request arrived."""
-
-    after_step: int  # the last step recorded before it (first_step - 1: none yet)
-    time_ns: int  # when it was written, monotonic ns since recording started (timing)
-    request_id: str  # the engine's request id; "" when it never reached the engine
-    endpoint: str  # the route, e.g. "/v1/completions"
-    status: int  # HTTP status code of the response
-    finish_reason: str = ""  # "stop", "length", "abort" (client left), "error"; "" refused
-    stream: bool = False  # server-sent events rather than one JSON body
-    prompt_tokens: int = 0  # prompt length
-    completion_tokens: int = 0  # output tokens generated
-    queue_ns: int | None = None  # arrived -> first scheduled (None: never scheduled)
-    ttft_ns: int | None = None  # arrived -> first token sent (None: none sent)
-    e2e_ns: int = 0  # arrived -> response ended
-    itl_ns: tuple[int, ...] = ()  # gaps between consecutive token chunks sent
-    message: str = ""  # for a 4xx/5xx: what was wrong
 
 
 Record = Header | Step | Snapshot | Footer | End | Client

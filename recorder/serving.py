@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.core import EngineCore
-from engine.events import ClientReport, report_client
-from engine.report import Step
+from engine.events import report_client
+from engine.records import Client, Step
 from recorder.codec import encode
 from recorder.errors import RecordingError
 from recorder.framing import frame, preamble
@@ -222,7 +222,7 @@ class ServerRecording:
         if self._rotation_due():
             self._rotate()
 
-    def on_client(self, report: ClientReport) -> None:
+    def on_client(self, report: Client) -> None:
         """A server's view of one HTTP request (engine thread, between two steps)."""
         self._recorder.on_client(report)
         report_client(self._downstream, report)

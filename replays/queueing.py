@@ -21,8 +21,9 @@ from recorder.codec import decode
 from recorder.framing import FRAME_SIZE
 from recorder.reader import TraceReader
 from recorder.schema import (
+    NOT_REACHED,
     REASON_KNOBS,
-    REASON_LABELS,
+    WAIT_LABELS,
     Reason,
     RecordType,
     Snapshot,
@@ -32,7 +33,6 @@ from recorder.schema import (
 from replays.reducer import apply
 from replays.state import State
 
-NOT_REACHED = -1  # a request left unscheduled with no reason recorded (no pass reached it)
 TOP = 64  # the longest waits (and head-of-line blockings) kept
 INVERSION_STEPS = 2  # steps waited while worse priority ran, for a flagged inversion
 T = TypeVar("T")
@@ -65,7 +65,7 @@ def unscheduled(rec: Step, leading: Iterable[int], after: State) -> tuple[tuple[
 
 
 def reason_label(code: int) -> str:
-    return REASON_LABELS.get(code, "not reached" if code == NOT_REACHED else f"reason {code}")
+    return WAIT_LABELS.get(code, f"reason {code}")
 
 
 def knobs(code: int) -> str:

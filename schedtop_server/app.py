@@ -4,7 +4,7 @@ health, version, Prometheus metrics, and schedtop's own live stream and incident
 A handler validates the request, hands it to the engine thread and relays what comes
 back. A client that goes away (a closed stream, a cancelled request) aborts its request.
 Every response that ends, good or bad, is reported to the engine's sink as a
-ClientReport, so that the trace holds what only the server sees."""
+Client record, so that the trace holds what only the server sees."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from engine.events import ClientReport
 from engine.model.errors import RequestError
+from engine.records import Client, ns
 from recorder.errors import RecordingError
 from recorder.serving import IncidentError, ServerRecording
 from recorder.stream import StreamSubscription
@@ -134,7 +134,9 @@ class _Exchange:
             self.on_report(self.request_id)
         r = self.received
         self.loop.client_report(
-            ClientReport(
+            Client(
+                after_step=-1,  # the recorder places it
+                time_ns=0,
                 request_id=self.request_id,
                 endpoint=self.endpoint,
                 status=status,
@@ -142,10 +144,10 @@ class _Exchange:
                 stream=self.stream,
                 prompt_tokens=self.prompt_tokens,
                 completion_tokens=self.completion_tokens,
-                queue_s=None if self.scheduled_at is None else self.scheduled_at - r,
-                ttft_s=None if self.first_sent is None else self.first_sent - r,
-                e2e_s=self.loop.clock() - r,
-                itl_s=tuple(self.gaps),
+                queue_ns=None if self.scheduled_at is None else ns(self.scheduled_at - r),
+                ttft_ns=None if self.first_sent is None else ns(self.first_sent - r),
+                e2e_ns=ns(self.loop.clock() - r),
+                itl_ns=tuple(map(ns, self.gaps)),
                 message=message,
             )
         )

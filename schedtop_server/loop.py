@@ -22,9 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from engine.events import ClientReport
 from engine.metrics import LiveMetrics
 from engine.model.errors import RequestError
+from engine.records import Client
 from engine.request import SamplingParams
 from schedtop_server.detok import IncrementalDetokenizer, StopStrings
 
@@ -96,7 +96,7 @@ class _Abort:
 
 @dataclass(frozen=True, slots=True)
 class _Client:
-    report: ClientReport
+    report: Client
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +213,7 @@ class EngineLoop:
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
 
-    def client_report(self, report: ClientReport) -> None:
+    def client_report(self, report: Client) -> None:
         self._inbox.put(_Client(report))
 
     def abort_all(self, message: str, status: int = 503) -> None:

@@ -17,6 +17,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from engine.records import FINISH_REASONS
+
 if TYPE_CHECKING:
     from engine.metrics import StepObservations
     from engine.stats import EngineStats
@@ -39,7 +41,6 @@ REQUEST_LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
     240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
-FINISH_REASONS = ("stop", "length", "abort", "error")
 LABELS = ("model_name", "engine")
 
 
@@ -91,7 +92,9 @@ class ServeMetrics:
             (*LABELS, "finished_reason"),
             registry=r,
         )
-        self.success = {reason: success.labels(*labels, reason) for reason in FINISH_REASONS}
+        self.success = {
+            reason: success.labels(*labels, reason) for reason in FINISH_REASONS.values()
+        }
         self.ttft = histogram(
             "vllm:time_to_first_token_seconds", "Time to first token in seconds.", TTFT_BUCKETS
         )

@@ -4,7 +4,7 @@ article on vLLM's scheduler, part 4 of 《大模型推理系统揭秘：从 vLLM
 
 from __future__ import annotations
 
-from engine.report import Reason
+from engine.records import Reason
 from tests.helpers import req, run, scheduled, waiting, workload
 
 

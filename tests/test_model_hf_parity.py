@@ -16,7 +16,7 @@ import torch
 
 from engine.config import EngineConfig, RunnerOptions
 from engine.model.llm_engine import LLMEngine
-from engine.report import Kind
+from engine.records import Kind
 from engine.request import SamplingParams
 from tests.model_support import default_model, hf_oracle, needs_default_model
 

@@ -7,7 +7,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.kv.hashing import BlockHasher
-from engine.report import Kind, Reason
+from engine.records import Kind, Reason
 from engine.request import Request, SamplingParams, Status
 from engine.sim.driver import make_engine, run_steps
 from engine.sim.runner import SimRunner

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.events import ClientReport
+from engine.records import Client
 from recorder.errors import RecordingError
 from recorder.paths import new_run_dir
 from recorder.segments import INCIDENTS, list_segments
@@ -161,8 +161,10 @@ def test_503s_carry_retry_after(tmp_path: Path) -> None:
 # -- the recording alone (no server) ---------------------------------------------------------
 
 
-def big_report(i: int) -> ClientReport:
-    return ClientReport(
+def big_report(i: int) -> Client:
+    return Client(
+        after_step=-1,
+        time_ns=0,
         request_id="",
         endpoint="/v1/completions",
         status=400,
@@ -170,10 +172,10 @@ def big_report(i: int) -> ClientReport:
         stream=False,
         prompt_tokens=0,
         completion_tokens=0,
-        queue_s=None,
-        ttft_s=None,
-        e2e_s=0.001,
-        itl_s=(),
+        queue_ns=None,
+        ttft_ns=None,
+        e2e_ns=1_000_000,
+        itl_ns=(),
         message=f"{i}: " + "unknown field 'x…'" * 200,  # ~4 KB: what a client can make us write
     )
 

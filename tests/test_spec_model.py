@@ -14,7 +14,7 @@ import pytest
 
 from engine.config import EngineConfig, RunnerOptions, SpeculativeConfig
 from engine.model.llm_engine import LLMEngine
-from engine.report import Kind
+from engine.records import Kind
 from engine.request import SamplingParams
 from recorder.recorder import open_recording
 from replays.resim import resimulate

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from engine.kv.events import KVKind as EngineKVKind
 from engine.records import HASH_BYTES, trace_hashes
-from engine.report import Kind as EngineKind
-from engine.report import Reason as EngineReason
+from engine.records import Kind as EngineKind
+from engine.records import Reason as EngineReason
 from engine.request import Status as EngineStatus
 from recorder import codec
 from recorder.codec import decode, encode, pack_ints, unpack_ints

@@ -16,18 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from recorder.schema import REASON_LABELS
-from replays.queueing import NOT_REACHED, decoders, unscheduled
+from recorder.schema import WAIT_LABELS
+from replays.queueing import decoders, unscheduled
 
-__all__ = ["NOT_REACHED", "WORDS", "Wait", "WaitBook", "breakdown", "decoders", "unscheduled"]
+__all__ = ["Wait", "WaitBook", "breakdown", "decoders", "unscheduled"]
 
 if TYPE_CHECKING:
     from tui.history import Digest
 
 MAX_WALK = 4096  # digests a rebuilt book goes back over at most
-
-# The record's own labels (one table per enum), and one for a request no pass reached.
-WORDS: dict[int, str] = {**REASON_LABELS, NOT_REACHED: "not reached"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +130,7 @@ class WaitBook:
             step - e.since,
             e.exact,
             None if now is None or e.since_ns is None else max(0, now - e.since_ns),
-            tuple((WORDS.get(code, f"reason {code}"), n) for code, n in reasons),
+            tuple((WAIT_LABELS.get(code, f"reason {code}"), n) for code, n in reasons),
         )
 
 

@@ -12,12 +12,13 @@ from pathlib import Path
 
 from engine.config import EngineConfig, RunnerOptions
 from engine.core import EngineCore, StepResult
-from engine.events import NULL_SINK, ClientReport, EventSink, report_client
+from engine.events import NULL_SINK, EventSink, report_client
 from engine.kv.hashing import BlockHasher
 from engine.model.errors import RequestError
 from engine.model.loader import LoadedModel, load_model
 from engine.model.runner import ModelRunner, build_runner
 from engine.model.tokenizer import ModelTokenizer
+from engine.records import Client
 from engine.request import Request, SamplingParams
 from engine.stats import EngineStats
 
@@ -170,7 +171,7 @@ class LLMEngine:
         """The engine's load now: queue lengths and KV blocks (engine.stats)."""
         return self.core.stats()
 
-    def report_client(self, report: ClientReport) -> None:
+    def report_client(self, report: Client) -> None:
         """Hand what a server saw of one HTTP request to the engine's sink (the recorder
         writes it as a CLIENT record); from the engine's thread, between two steps."""
         report_client(self.core.sink, report)

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.core import EngineCore, StepResult
-from engine.records import Status
-from engine.request import FINISH_REASONS
+from engine.records import FINISH_REASONS
 
 
 def decision_record(result: StepResult, engine: EngineCore) -> dict[str, Any]:
@@ -26,7 +25,7 @@ def decision_record(result: StepResult, engine: EngineCore) -> dict[str, Any]:
         },
         "sampled": {rid: toks[-1] for rid, toks in result.sampled().items()},
         "finished": [names[f.ref] for f in rep.finishes],
-        "finish_reasons": {names[f.ref]: FINISH_REASONS[Status(f.status)] for f in rep.finishes},
+        "finish_reasons": {names[f.ref]: FINISH_REASONS[f.status] for f in rep.finishes},
         "num_free_blocks": rep.free_blocks,
         "num_free_blocks_after_schedule": rep.free_blocks_after_schedule,
         "running": [names[r] for r in rep.running or ()],

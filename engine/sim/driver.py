@@ -13,8 +13,8 @@ from engine.driver import CoreEngine, RequestScript, ScriptedInputs, StepDriver
 from engine.events import NULL_SINK, EventSink
 from engine.kv.hashing import BlockHasher
 from engine.metrics import Lifecycle, Lifecycles, RunMetrics, run_metrics, step_clock
-from engine.records import Arrival, Status
-from engine.request import FINISH_REASONS, SamplingParams
+from engine.records import FINISH_REASONS, Arrival
+from engine.request import SamplingParams
 from engine.sim.runner import SimRunner
 from engine.sim.workload import SimWorkload
 from engine.workload_file import WorkloadError
@@ -37,7 +37,7 @@ class SimSummary:
         self.fold.step_explicit(rep)
         self.scheduled_tokens += sum(s.num_tokens for s in rep.scheduled)
         for f in rep.finishes:
-            reason = FINISH_REASONS[Status(f.status)]
+            reason = FINISH_REASONS[f.status]
             self.finish_reason[names[f.ref]] = f"{reason}: {f.message}" if f.message else reason
 
     def metrics(self) -> RunMetrics:
