@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.events import NULL_SINK, EventSink
 from engine.records import (
     Admission,
     Arrival,
@@ -41,7 +40,8 @@ from engine.records import (
     Status,
     Step,
 )
-from recorder.recorder import Recorder, RecorderOptions
+from engine.rules import queue_stop
+from recorder.recorder import Recorder, RecorderOptions, TapEngine
 from recorder.writer import TraceWriter
 from replays.reducer import apply
 from replays.state import State
@@ -140,7 +140,7 @@ def _sampling(req: Any) -> SamplingParams:
     )
 
 
-class Tap:
+class Tap(TapEngine):
     """All the recording state, kept apart from SGLang's scheduler attributes."""
 
     def __init__(self, sched: Any, config: EngineConfig, description: tuple[str, str]) -> None:
@@ -186,19 +186,6 @@ class Tap:
         tap.state = State.initial(tap.recorder.header)
         log.info("schedtop: recording SGLang's scheduler into %s", path)
         return tap
-
-    # -- what the Recorder reads of the engine (recorder.recorder.RecordedEngine) ----------
-
-    sink: EventSink = NULL_SINK  # the Recorder installs itself; nothing is downstream
-    arrival_clock = None  # none of its clocks is ours: Header.arrival_origin_ns stays unset
-    has_unreported = False  # recording starts with SGLang's scheduler, before any request
-
-    @property
-    def step_index(self) -> int:
-        return self.next_step
-
-    def describe(self) -> tuple[str, str]:
-        return self.description
 
     # -- failures --------------------------------------------------------------------------
 
@@ -305,8 +292,8 @@ class Tap:
             why = _WAIT_REASON.get(self.attempts.get(head.rid, ""))
             if why is None and self.sched.running_batch.batch_is_full:
                 why = Reason.MAX_NUM_SEQS
-            if why is not None:
-                step.waiting_stop = QueueStop(why, Reason.HEAD_OF_LINE)
+            if why is not None:  # the rest wait as schedtop's scheduler would say (S7)
+                step.waiting_stop = queue_stop(why)
 
     def _decodes(self, reqs: Any) -> None:
         refs, computed, scheduled = self.refs, self.computed, self.step.scheduled
