@@ -7,6 +7,8 @@ import os
 import time
 from pathlib import Path
 
+from recorder.errors import RecordingError
+
 TRACE_DIR_ENV = "SCHEDTOP_TRACE_DIR"
 SUFFIX = ".trace"
 
@@ -15,6 +17,16 @@ def trace_dir() -> Path:
     """`$SCHEDTOP_TRACE_DIR`, else `~/.cache/schedtop/traces`."""
     configured = os.environ.get(TRACE_DIR_ENV)
     return Path(configured) if configured else Path.home() / ".cache" / "schedtop" / "traces"
+
+
+def make_trace_dir(directory: Path) -> None:
+    """Create `directory` (and its parents) if need be; RecordingError says why not."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RecordingError(
+            f"{directory}: cannot create the trace directory: {e.strerror}"
+        ) from None
 
 
 def new_trace_path(kind: str, now_ns: int | None = None) -> Path:

@@ -27,8 +27,7 @@ from engine.records import KVEvents, Step
 from recorder.background import Background
 from recorder.codec import MAX_RECORD_BYTES, STEADY_FIELDS, encode, encode_steady
 from recorder.convert import StepCompactor, scalar_config
-from recorder.errors import RecordingError
-from recorder.paths import new_trace_path
+from recorder.paths import make_trace_dir, new_trace_path
 from recorder.schema import Client, End, Footer, Header, Record, RecordType, Snapshot
 from recorder.writer import TraceSink, TraceWriter
 
@@ -91,6 +90,34 @@ class RecordedEngine(Protocol):
     def describe(self) -> tuple[str, str]: ...  # (engine, model), as the header names them
 
     def snapshot(self) -> Snapshot: ...
+
+
+class TapEngine:
+    """The RecordedEngine of a tap inside another engine's scheduler (recorder.vllm,
+    recorder.sglang): the tap keeps `config`, `description` and `next_step`, and answers
+    `snapshot()` from its own state."""
+
+    config: EngineConfig  # the other engine's settings under schedtop's names
+    description: tuple[str, str]  # (engine, model), as the header names them
+    next_step: int
+    sink: EventSink = NULL_SINK  # the Recorder installs itself; nothing is downstream
+    # No arrival clock, so no Header.arrival_origin_ns: vLLM stamps arrival_time in its
+    # front end, before tokenizing and handing the request to the engine core, which sees
+    # it milliseconds later; placed exactly, whatif's self-prediction admits a request a
+    # step before vLLM could (measured: step 0 differed). The estimate from the steps
+    # (docs/metrics.md) puts each at or before its step.
+    arrival_clock: Callable[[], float] | None = None
+    has_unreported = False  # a tap starts recording with its scheduler, before any request
+
+    @property
+    def step_index(self) -> int:
+        return self.next_step
+
+    def describe(self) -> tuple[str, str]:
+        return self.description
+
+    def snapshot(self) -> Snapshot:
+        raise NotImplementedError
 
 
 @dataclass(frozen=True, slots=True)
@@ -575,12 +602,7 @@ def open_recording(
     file cannot be created."""
     if path is None:
         path = new_trace_path(kind)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise RecordingError(
-                f"{path.parent}: cannot create the trace directory: {e.strerror}"
-            ) from None
+        make_trace_dir(path.parent)
     writer = TraceWriter(path, live=live)
     try:
         options = RecorderOptions(

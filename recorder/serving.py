@@ -41,7 +41,7 @@ from engine.records import Client, Step
 from recorder.codec import encode
 from recorder.errors import RecordingError
 from recorder.framing import frame, preamble
-from recorder.paths import new_run_dir
+from recorder.paths import make_trace_dir, new_run_dir
 from recorder.reader import TraceReader
 from recorder.recorder import (
     DEFAULT_SNAPSHOT_INTERVAL,
@@ -166,12 +166,7 @@ class ServerRecording:
             )
         if not incident_interval_s >= 0:
             raise ValueError(f"incident_interval_s={incident_interval_s}: must be >= 0")
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise RecordingError(
-                f"{directory}: cannot create the trace directory: {e.strerror}"
-            ) from None
+        make_trace_dir(directory)
         if list_segments(directory):
             raise RecordingError(f"{directory}: holds another run's segments already")
         self.core = core

@@ -16,13 +16,14 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from engine.config import parse_setting
 from recorder.reader import TraceReader
 from replays.costmodel import TRUST_R2, CostModel
-from replays.whatif import METRICS, WhatifError, whatif
+from replays.whatif import METRICS, WhatifError, format_metric, whatif
 
 EXECUTORS = ("serial", "pool", "ray")
 _SHOWN = ("ttft_p99", "tpot_p50", "throughput", "preemptions")  # beside the objective
@@ -200,16 +201,26 @@ def _run_pool(tasks: Sequence[SweepTask], jobs: int, progress: Progress | None) 
         futures = {pool.submit(run_group, [tasks[i] for i in g]): g for g in groups}
         for fut in as_completed(futures):
             g = futures[fut]
-            try:
-                for i, row in zip(g, fut.result()):
-                    rows[i] = row
-            except Exception as e:
-                for i in g:
-                    rows[i] = _failed(tasks[i], e)
+            _place(rows, tasks, g, fut.result)
             done += len(g)
             if progress:
                 progress(done, len(tasks))
     return [r for r in rows if r is not None]
+
+
+def _place(
+    rows: list[SweepRow | None],
+    tasks: Sequence[SweepTask],
+    group: Sequence[int],
+    result: Callable[[], list[SweepRow]],
+) -> None:
+    """A group's rows into their places; a group that raised fails each of its tasks."""
+    try:
+        for i, row in zip(group, result()):
+            rows[i] = row
+    except Exception as e:
+        for i in group:
+            rows[i] = _failed(tasks[i], e)
 
 
 def _run_ray(tasks: Sequence[SweepTask], jobs: int, progress: Progress | None) -> list[SweepRow]:
@@ -240,12 +251,7 @@ def _run_ray(tasks: Sequence[SweepTask], jobs: int, progress: Progress | None) -
             ready, pending = ray.wait(pending, num_returns=1)
             for ref in ready:
                 g = refs[ref]
-                try:
-                    for i, row in zip(g, ray.get(ref)):
-                        rows[i] = row
-                except Exception as e:
-                    for i in g:
-                        rows[i] = _failed(tasks[i], e)
+                _place(rows, tasks, g, partial(ray.get, ref))
                 done += len(g)
             if progress:
                 progress(done, len(tasks))
@@ -300,7 +306,7 @@ def format_table(rows: Sequence[SweepRow], objective: str) -> str:
         if r.metrics is None:
             table.append((name, cfg, "error: " + (r.error or ""), *[""] * (len(shown) - 1)))
             continue
-        table.append((name, cfg, *(_show(k, r.metrics[k]) for k in shown)))
+        table.append((name, cfg, *(format_metric(k, r.metrics[k]) for k in shown)))
     lines = _grid(table)
     lines.append("* the trace's recorded config")
     if any(r.untrusted for r in rows):
@@ -310,7 +316,7 @@ def format_table(rows: Sequence[SweepRow], objective: str) -> str:
         lines += ["", f"configs by mean {objective} over traces:"]
         lines += _grid(
             [("config", f"mean {objective}", "traces", "failed")]
-            + [(c, _show(objective, v), str(n), str(f)) for c, v, n, f in summary]
+            + [(c, format_metric(objective, v), str(n), str(f)) for c, v, n, f in summary]
         )
     return "\n".join(lines)
 
@@ -339,16 +345,6 @@ def to_csv(rows: Sequence[SweepRow], objective: str) -> str:
 
 def _cfg(config: dict[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in config.items())
-
-
-def _show(name: str, v: Any) -> str:
-    if v is None:
-        return "-"
-    if name == "throughput":
-        return f"{v:.1f} tok/s"
-    if isinstance(v, int):
-        return str(v)
-    return f"{v * 1e3:.1f} ms"
 
 
 def _grid(table: Sequence[Sequence[str]]) -> list[str]:

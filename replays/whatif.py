@@ -375,7 +375,7 @@ def format_result(r: WhatifResult) -> str:
     rows = [("metric", "recorded", "predicted", label)]
     for name in METRICS:
         a, b = getattr(r.recorded, name), getattr(r.predicted, name)
-        rows.append((name, _fmt(name, a), _fmt(name, b), _delta(a, b)))
+        rows.append((name, format_metric(name, a), format_metric(name, b), _delta(a, b)))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = []
     for i, row in enumerate(rows):
@@ -389,7 +389,8 @@ def format_result(r: WhatifResult) -> str:
     return "\n".join(lines)
 
 
-def _fmt(name: str, v: float | int | None) -> str:
+def format_metric(name: str, v: float | int | None) -> str:
+    """One of METRICS as the tables show it (times in ms)."""
     if v is None:
         return "-"
     if name == "throughput":

@@ -14,16 +14,21 @@ WEB = {"fastapi", "starlette", "uvicorn", "pydantic", "prometheus_client", "http
 OURS = {"engine", "recorder", "replays", "tui", "schedtop_server"}
 
 
-def imported(path: Path) -> set[str]:
-    """The top-level packages a module imports (at any depth in the file)."""
+def imported_modules(path: Path) -> set[str]:
+    """The modules a module imports (at any depth in the file)."""
     tree = ast.parse(path.read_text(), str(path))
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found.update(alias.name.split(".")[0] for alias in node.names)
+            found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module.split(".")[0])
+            found.add(node.module)
     return found
+
+
+def imported(path: Path) -> set[str]:
+    """The top-level packages a module imports."""
+    return {name.split(".")[0] for name in imported_modules(path)}
 
 
 def modules(package: str) -> list[Path]:
@@ -79,3 +84,18 @@ def test_the_tui_imports_the_engine_only_in_its_command_line() -> None:
         if "engine" in imported(p) and p.parent.name != "cli"
     ]
     assert not wrong, "tui modules importing engine outside tui/cli/: " + ", ".join(wrong)
+
+
+def test_the_recorder_reads_an_engine_through_its_protocol() -> None:
+    """recorder.recorder records any RecordedEngine (schedtop's EngineCore, or the tap
+    inside vLLM's or SGLang's scheduler), so the recorder never imports the step loop but
+    where a server's engine is recorded (recorder.serving), nor the model stack."""
+    wrong = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in modules("recorder")
+        for name in sorted(imported_modules(path))
+        if (name == "engine.core" and path.name != "serving.py")
+        or name.startswith("engine.model")
+        or name.startswith("engine.sim")
+    ]
+    assert not wrong, "recorder modules importing the engine's machinery:\n" + "\n".join(wrong)

@@ -18,7 +18,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from recorder.errors import RecordingError
-from recorder.paths import trace_dir
+from recorder.paths import make_trace_dir, trace_dir
 
 SUPPORTED_VERSIONS = ("0.33.",)  # vLLM releases whose scheduler this module has been checked on
 
@@ -191,12 +191,7 @@ def trace_path(dp_rank: int | None) -> Path:
     if exact:
         return Path(exact)
     directory = trace_dir()
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise RecordingError(
-            f"{directory}: cannot create the trace directory: {e.strerror}"
-        ) from None
+    make_trace_dir(directory)
     now = time.time_ns()
     seconds, rest = divmod(now, 1_000_000_000)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(seconds))

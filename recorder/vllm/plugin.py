@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 
 from recorder.errors import RecordingError
-from recorder.paths import trace_dir
+from recorder.paths import make_trace_dir, trace_dir
 from recorder.vllm.checks import check_version, env_number
 from recorder.vllm.live import settings as live_settings
 
@@ -66,9 +66,9 @@ def early_problems(version: str) -> list[str]:
         return problems
     directory = trace_dir()
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        problems.append(f"{directory}: cannot create the trace directory: {e.strerror}")
+        make_trace_dir(directory)
+    except RecordingError as e:
+        problems.append(str(e))
         return problems
     if not os.access(directory, os.W_OK | os.X_OK):
         problems.append(f"{directory}: the trace directory is not writable")

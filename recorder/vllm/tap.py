@@ -17,7 +17,6 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-from engine.events import NULL_SINK, EventSink
 from engine.records import (
     MID_STEP_ABORT,
     Admission,
@@ -48,7 +47,7 @@ from engine.rules import (
     running_kv_stop,
     waiting_limit,
 )
-from recorder.recorder import RecordedEngine, Recorder, RecorderOptions
+from recorder.recorder import RecordedEngine, Recorder, RecorderOptions, TapEngine
 from recorder.vllm.checks import (
     UnsupportedVllm,
     engine_config,
@@ -158,7 +157,7 @@ class _Step:
         self.decode_tokens: tuple[int, ...] | None = None  # one sampled by each, if read so
 
 
-class Tap(KVTaps):
+class Tap(KVTaps, TapEngine):
     """All the recording state, kept apart from vLLM's scheduler attributes."""
 
     def __init__(self, sched: Any, is_async: bool, block_size: int, num_blocks: int) -> None:
@@ -261,24 +260,6 @@ class Tap(KVTaps):
             # steps, and a hung engine core that is killed must keep its last steps.
             flush_interval_s=self.flush_interval,
         )
-
-    # -- what the Recorder reads of the engine (recorder.recorder.RecordedEngine) ----------
-
-    sink: EventSink = NULL_SINK  # the Recorder installs itself; nothing is downstream
-    # No arrival clock, so no Header.arrival_origin_ns: vLLM stamps arrival_time in its
-    # front end, before tokenizing and handing the request to the engine core, which sees
-    # it milliseconds later; placed exactly, whatif's self-prediction admits a request a
-    # step before vLLM could (measured: step 0 differed). The estimate from the steps
-    # (docs/metrics.md) puts each at or before its step.
-    arrival_clock = None
-    has_unreported = False  # recording starts with vLLM's scheduler, before any request
-
-    @property
-    def step_index(self) -> int:
-        return self.next_step
-
-    def describe(self) -> tuple[str, str]:
-        return self.description
 
     def close(self, stopped: str = "") -> None:
         if self.recorder is not None:
