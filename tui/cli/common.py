@@ -96,6 +96,11 @@ class Recording:
                 fail(f"recording stopped early: {rec.error}", 1)
 
 
+def set_option(help: str) -> Callable[[F], F]:
+    """`--set KEY=VALUE`, repeatable, into the command's `settings`."""
+    return click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help=help)
+
+
 def knob_options(*owners: str) -> Callable[[F], F]:
     """The flags of the knobs of `owners` ("engine", "runner") that `run` takes, with
     their vLLM spellings, derived from engine.config. Every flag defaults to None (not

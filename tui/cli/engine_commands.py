@@ -9,18 +9,22 @@ from typing import Any
 
 import click
 
-from tui.cli.common import FORCE, Recording, about, check_outputs, knob_options, user_errors
+from tui.cli.common import (
+    FORCE,
+    Recording,
+    about,
+    check_outputs,
+    knob_options,
+    set_option,
+    user_errors,
+)
 
 
 @click.command()
 @click.argument("workload", required=False, metavar="[WORKLOAD.json]")
-@click.option(
-    "--set",
-    "settings",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Override an engine config key (vLLM's names), e.g. "
-    "--set max_num_batched_tokens=1024. Repeatable.",
+@set_option(
+    "Override an engine config key (vLLM's names), e.g. "
+    "--set max_num_batched_tokens=1024. Repeatable."
 )
 @knob_options("engine")
 @click.option(

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from tui.cli.common import FORCE, check_outputs, user_errors
+from tui.cli.common import FORCE, check_outputs, set_option, user_errors
 
 MIN_R2 = click.option(
     "--min-r2",
@@ -48,13 +48,7 @@ def info(trace: str) -> None:
 
 @click.command()
 @click.argument("trace")
-@click.option(
-    "--set",
-    "settings",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="What if: override a config key for the re-simulation. Repeatable.",
-)
+@set_option("What if: override a config key for the re-simulation. Repeatable.")
 @click.option(
     "--trace",
     "out",
@@ -118,13 +112,9 @@ _MODEL_HELP = (
 
 @click.command()
 @click.argument("trace")
-@click.option(
-    "--set",
-    "settings",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="What if: override a config key. Repeatable. None: predict the recorded run "
-    "itself (the model's self-check).",
+@set_option(
+    "What if: override a config key. Repeatable. None: predict the recorded run "
+    "itself (the model's self-check)."
 )
 @click.option("--model", "model_spec", metavar="FILE|SPEC", help=_MODEL_HELP)
 @click.option(
