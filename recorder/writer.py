@@ -1,6 +1,6 @@
 """The trace file writer: buffered, written inline or by a flusher thread, fsynced at close.
 
-The engine's thread (or, with Recorder(background=True), the recorder's encoding thread:
+The engine's thread (or, with RecorderOptions(background=True), the recorder's encoding thread:
 "the engine's thread" below means whichever appends) encodes and appends to a buffer.
 A small flush (live mode: one step) is written inline while the disk is quick, which
 costs less than waking a thread; a large one, or any flush after a slow write, goes to

@@ -1,4 +1,4 @@
-"""Recording in the background (Recorder(background=True), as recorder.vllm records):
+"""Recording in the background (RecorderOptions(background=True), as recorder.vllm records):
 the engine's thread builds the records, a thread of the recorder's own encodes and
 appends them, in order. The file must be the one the engine's thread would have
 written. (A full disk: test_recorder.)"""

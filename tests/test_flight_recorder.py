@@ -1,6 +1,6 @@
 """The flight recorder survives a hang followed by SIGKILL (issue 25, item 1): the trace
 of an engine that stops stepping and is then killed reads up to its last busy step,
-because the recorder's own thread flushes on a timer (Recorder(flush_interval_s=...)),
+because the recorder's own thread flushes on a timer (RecorderOptions(flush_interval_s=...)),
 not only when the engine steps. Real processes, real files: our engine recorded as
 `schedtop run` and `schedtop serve` record it, the real `schedtop serve` (tiny model) hung
 by its test hook ($SCHEDTOP_TEST_HANG_AFTER_STEPS), and (marked vllm) vLLM's real engine
