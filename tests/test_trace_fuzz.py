@@ -31,6 +31,7 @@ from recorder.schema import (
     Finish,
     KVEvent,
     KVEvents,
+    KVKind,
     Preemption,
     RecordType,
     Scheduled,
@@ -261,7 +262,7 @@ def nonsense(draw: Any, step: Step) -> Step:
             )
         )
         value: Any = KVEvents.of(
-            [e if e.kind != 4 else dataclasses.replace(e, ref=None) for e in events]
+            [e if e.kind != KVKind.EVICTED else dataclasses.replace(e, ref=None) for e in events]
         )
     elif field in ("running", "waiting", "sample_counts"):
         value = tuple(draw(st.lists(SMALL, max_size=6)))

@@ -11,6 +11,7 @@ import pytest
 from textual.pilot import Pilot
 
 from recorder.reader import TraceReader
+from recorder.schema import Status
 from replays.breakpoints import find, parse
 from replays.state import State
 from replays.timeline import Timeline
@@ -219,7 +220,9 @@ async def test_filtering_requests(trace: Path, timeline: Timeline) -> None:
         await pilot.press("g", *"40", "enter")
         await at_step(pilot, 40)
         state = timeline.state(40)
-        waiting = sorted(r.request_id for r in state.requests.values() if r.status == 0)
+        waiting = sorted(
+            r.request_id for r in state.requests.values() if r.status == Status.WAITING
+        )
         assert waiting and len(waiting) < len(state.requests)
         await pilot.press("slash", *"waiting", "enter")
         table = app.query_one(RequestTable)
@@ -228,7 +231,7 @@ async def test_filtering_requests(trace: Path, timeline: Timeline) -> None:
         text = screen_text(app)
         assert f"requests {len(waiting)} of {len(app.frame.requests)}" in text
         assert "filter: waiting" in text
-        running = [r.request_id for r in state.requests.values() if r.status == 1]
+        running = [r.request_id for r in state.requests.values() if r.status == Status.RUNNING]
         shown = widget_text(table)
         assert all(f" {rid} " not in shown for rid in running)
         assert all(f" {rid} " in shown for rid in waiting[:5])

@@ -26,7 +26,7 @@ from engine.sim.driver import make_engine, run_steps
 from engine.sim.workload import load_workload
 from recorder.reader import TraceReader
 from recorder.recorder import open_recording
-from recorder.schema import Snapshot, Step
+from recorder.schema import Snapshot, Status, Step
 from replays.reducer import apply
 from replays.resim import resimulate
 from replays.state import State
@@ -231,7 +231,7 @@ def test_vllm_traces_resimulate_and_rebuild_vllms_state(
         )
         preemptions += sum(len(s.preemptions) for s in steps)
         hits += sum(len(s.kv_events.hit_tokens) for s in steps)
-        aborts += sum(1 for s in steps for f in s.finishes if f.status == 5)
+        aborts += sum(1 for s in steps for f in s.finishes if f.status == Status.FINISHED_ABORTED)
     # The workloads must exercise what the recorder has to get right, its short paths
     # (steps scheduled without the allocation tap, or with it for the waiting pass only,
     # and steady decode records) included.
@@ -326,7 +326,10 @@ def test_resim_with_vllm_aborts_one_steps_requests_in_the_recorded_order(
                 engine.abort(rid)
     engine.close()
     with TraceReader(trace) as reader:
-        aborted = [[f.ref for f in s.finishes if f.status == 5] for s in reader.steps()]
+        aborted = [
+            [f.ref for f in s.finishes if f.status == Status.FINISHED_ABORTED]
+            for s in reader.steps()
+        ]
     assert [5, 1, 7, 2, 6, 0] in aborted
     monkeypatch.setenv("SCHEDTOP_VLLM_PYTHON", vllm_python)
     monkeypatch.setenv("PYTHONHASHSEED", seed)
