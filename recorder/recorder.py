@@ -101,11 +101,11 @@ class TapEngine:
     description: tuple[str, str]  # (engine, model), as the header names them
     next_step: int
     sink: EventSink = NULL_SINK  # the Recorder installs itself; nothing is downstream
-    # No arrival clock, so no Header.arrival_origin_ns: vLLM stamps arrival_time in its
-    # front end, before tokenizing and handing the request to the engine core, which sees
-    # it milliseconds later; placed exactly, whatif's self-prediction admits a request a
-    # step before vLLM could (measured: step 0 differed). The estimate from the steps
-    # (docs/metrics.md) puts each at or before its step.
+    # No arrival clock, so no Header.arrival_origin_ns; the estimate from the steps
+    # (docs/metrics.md) puts each arrival at or before its step. vLLM stamps arrival_time
+    # in its front end, before tokenizing and handing the request to the engine core,
+    # which sees it milliseconds later; placed exactly, whatif's self-prediction admits a
+    # request a step before vLLM could (measured: step 0 differed).
     arrival_clock: Callable[[], float] | None = None
     has_unreported = False  # a tap starts recording with its scheduler, before any request
 
