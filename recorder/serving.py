@@ -46,6 +46,7 @@ from recorder.reader import TraceReader
 from recorder.recorder import (
     DEFAULT_SNAPSHOT_INTERVAL,
     FLUSH_INTERVAL_S,
+    RecordedEngine,
     Recorder,
     RecorderOptions,
 )
@@ -135,7 +136,7 @@ class ServerRecording:
 
     def __init__(
         self,
-        core: EngineCore,
+        core: RecordedEngine,
         directory: Path,
         *,
         max_bytes: int = DEFAULT_MAX_BYTES,
@@ -277,7 +278,7 @@ class ServerRecording:
         return sink if isinstance(sink, TraceWriter) else None
 
     def _between_steps(self) -> None:
-        if self._hub.pending and not self.core.scheduler.has_unreported:
+        if self._hub.pending and not self.core.has_unreported:
             # A recorder in the background may not have published the last steps yet:
             # they go out before the snapshot that follows them.
             self._recorder.drain()

@@ -24,7 +24,7 @@ from engine.events import NULL_SINK
 from engine.sim.driver import make_engine, run_steps
 from recorder.multi import open_trace
 from recorder.reader import TraceReader
-from recorder.recorder import Recorder
+from recorder.recorder import Recorder, RecorderOptions
 from recorder.vllm.live import LiveServer, Settings, VllmRecording, open_segmented
 from replays.reducer import state_at
 from replays.timeline import Timeline
@@ -47,6 +47,9 @@ class FakeTap:
     @property
     def next_step(self) -> int:
         return self.engine.step_index
+
+    def describe(self) -> tuple[str, str]:
+        return self.engine.describe()
 
     def snapshot(self) -> Any:
         return self.engine.snapshot()
@@ -87,10 +90,9 @@ def live(tmp_path: Path) -> Iterator[Live]:
         return Recorder(
             core,
             writer,
+            RecorderOptions(background=True, flush_interval_s=1.0),
             install=False,
             continue_from=previous,
-            background=True,
-            flush_interval_s=1.0,
         )
 
     settings = Settings(64 << 10, None, 16, 600.0, 0, KEY)
@@ -177,7 +179,13 @@ def test_open_segmented_keeps_runs_and_cuts_an_incident_on_sigusr1(
     engine = make_engine(w)
 
     def new_recorder(core: Any, writer: Any, previous: Recorder | None) -> Recorder:
-        return Recorder(core, writer, install=False, continue_from=previous, flush_interval_s=1.0)
+        return Recorder(
+            core,
+            writer,
+            RecorderOptions(flush_interval_s=1.0),
+            install=False,
+            continue_from=previous,
+        )
 
     # No live port, so no lock: the incident waits for a step that never comes (2 s),
     # then takes what the flush timer has written.

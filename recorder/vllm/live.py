@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import parse_size
-from engine.core import EngineCore
 from engine.events import NULL_SINK
 from recorder.errors import RecordingError
 from recorder.paths import new_run_dir, trace_dir
@@ -157,17 +156,15 @@ def settings(environ: Any = None) -> Settings:
 
 
 class _Core:
-    """What ServerRecording and Recorder read from an engine, answered from the tap.
-    `step_index` is the next step to record; a step in progress, or arrivals and aborts
-    taken and not yet in a step record, are "unreported": no snapshot then (it would
-    hold requests a later record adds again)."""
+    """The tap as a RecordedEngine (recorder.recorder) for ServerRecording and each
+    segment's Recorder, which can start mid-run: `step_index` is the next step to record;
+    a step in progress, or arrivals and aborts taken and not yet in a step record, are
+    "unreported": no snapshot then (it would hold requests a later record adds again)."""
 
     def __init__(self, tap: Any) -> None:
         self._tap = tap
         self.config = tap.config
-        self.runner = None
         self.sink: Any = NULL_SINK  # ServerRecording installs itself here; nothing reads it
-        self.scheduler = self  # for `scheduler.has_unreported`
 
     @property
     def step_index(self) -> int:
@@ -216,7 +213,7 @@ class VllmRecording(ServerRecording):
         self._tap = tap
         self._last_wake = 0.0
         super().__init__(
-            _as_core(core),
+            core,
             directory,
             max_bytes=s.max_bytes or DEFAULT_MAX_BYTES,
             incident_max_bytes=s.incident_max_bytes,
@@ -274,7 +271,7 @@ class VllmRecording(ServerRecording):
     def _rotation_due(self) -> bool:
         # Never with arrivals taken and not recorded: the next segment's snapshot would
         # hold them, and its first step add them again.
-        return not self.core.scheduler.has_unreported and super()._rotation_due()
+        return not self.core.has_unreported and super()._rotation_due()
 
     def flush(self) -> None:
         self._recorder.flush()
@@ -298,7 +295,7 @@ class VllmRecording(ServerRecording):
         if not self.locked or not self.lock.acquire(blocking=False):
             return  # the engine thread is in a scheduler call: it serves them itself
         try:
-            if not self._closed and not self.core.scheduler.has_unreported:
+            if not self._closed and not self.core.has_unreported:
                 self._between_steps()
         finally:
             self.lock.release()
@@ -313,7 +310,7 @@ class VllmRecording(ServerRecording):
         if not self.locked or not self.lock.acquire(blocking=False):
             return False
         try:
-            if self._closed or self.core.scheduler.has_unreported:
+            if self._closed or self.core.has_unreported:
                 return False
             # vLLM's thread is held out, so nothing is queued for the recorder's thread
             # once it has drained, and the writer is ours to flush.
@@ -334,11 +331,6 @@ class VllmRecording(ServerRecording):
             "last_step": cut.last_step,
             "bytes": cut.size,
         }
-
-
-def _as_core(core: _Core) -> EngineCore:
-    # ServerRecording is typed for schedtop's engine; _Core answers what it reads.
-    return core  # type: ignore[return-value]
 
 
 def open_segmented(
