@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from engine.sim.driver import make_engine, run_steps
-from recorder.recorder import Recorder
+from recorder.recorder import Recorder, RecorderOptions
 from recorder.writer import MemoryWriter
 from tests.helpers import req, workload
 from tests.tui_support import START_NS, FakeClock
@@ -40,15 +40,12 @@ def rank_trace(path: Path, rank: int | None, size: int = 2, **config: Any) -> Pa
     # agree, so the latencies are the steps' and the same every run.
     engine = make_engine(w)
     engine.clock = FakeClock(seconds=True)
-    recorder = Recorder(
-        engine,
-        MemoryWriter(),
-        strict=True,
-        engine_name=name,
-        model="m",
-        clock=FakeClock(seconds=False),
-        wall_clock=lambda: START_NS,
+    # The header names vLLM's rank, as the tap inside vLLM's scheduler describes itself.
+    engine.describe = lambda: (name, "m")  # type: ignore[method-assign]
+    options = RecorderOptions(
+        strict=True, clock=FakeClock(seconds=False), wall_clock=lambda: START_NS
     )
+    recorder = Recorder(engine, MemoryWriter(), options)
     for _ in run_steps(w, engine):
         pass
     engine.close()
