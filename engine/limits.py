@@ -16,6 +16,7 @@ MAX_NUM_BLOCKS = 1 << 22  # KV blocks: the block map of a reader must fit in mem
 MAX_TOKENS = 1 << 24  # any token count: lengths, budgets, max_tokens
 MAX_TOKEN_ID = (1 << 31) - 1  # token ids fit int32 (every vocabulary does)
 MAX_ID_CHARS = 1 << 10  # request ids
+MAX_LOGIT_BIAS = 1 << 16  # entries of one request's logit_bias
 MAX_ARRIVAL_S = 1e7  # seconds (about four months): later arrivals are typos
 MAX_TEMPLATE_CHARS = 1 << 25  # a chat template's rendered prompt, and any string it builds
 MAX_TEMPLATE_S = 2.0  # a chat template's rendering time (a normal one takes milliseconds)
@@ -42,6 +43,12 @@ RANGES: dict[str, tuple[float, float]] = {
     "top_k": (0, 1 << 20),  # 0: off; larger than the vocabulary means all of it
     "temperature": (0.0, 100.0),
     "top_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),  # OpenAI's and vLLM's range
+    "frequency_penalty": (-2.0, 2.0),
+    "repetition_penalty": (0.0, 100.0),  # vLLM: > 0 (0 itself is refused by the caller)
+    "min_p": (0.0, 1.0),
+    "logit_bias": (-100.0, 100.0),  # OpenAI's range (vLLM clamps to it)
+    "logprobs": (0, 20),  # vLLM's default --max-logprobs
     "priority": (INT64_MIN, INT64_MAX),
     "arrival_step": (0, 1 << 31),
     "arrival_time": (0.0, MAX_ARRIVAL_S),

@@ -7,6 +7,17 @@ from dataclasses import dataclass, field
 from engine.records import SamplingParams, Timing
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """One sampled token's log-probability, from the model's raw logits (vLLM's default
+    logprobs mode: before penalties, bias and temperature), and the most likely tokens."""
+
+    token_id: int  # the sampled token
+    logprob: float  # its log-probability
+    rank: int  # 1 + the number of tokens more likely than it
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob) of the k most likely
+
+
 @dataclass(slots=True)
 class NewRequestData:
     """A request the runner has no state for: new, or resumed after preemption (recompute)."""
@@ -54,3 +65,5 @@ class ModelRunnerOutput:
     sampled_token_ids: list[list[int]]  # per request: [] mid-prefill; accepted drafts + 1
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)  # drafts for next step
     timings: list[Timing] = field(default_factory=list)  # measurements resolved now
+    # per request that asked for logprobs: one entry per sampled token (in sampled order)
+    logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)

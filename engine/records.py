@@ -20,7 +20,7 @@ from itertools import repeat
 from operator import attrgetter, getitem
 from typing import Any
 
-from engine.limits import check_range
+from engine.limits import MAX_LOGIT_BIAS, check_range
 
 
 class Status(enum.IntEnum):
@@ -172,13 +172,43 @@ class SamplingParams:
     seed: int | None = None  # per-request generator: same tokens in any batch
     stop_token_ids: tuple[int, ...] = ()  # tokens that end the request (kept in the output)
     ignore_eos: bool = False  # keep going past the model's EOS token
+    # vLLM's logits processing (engine/model/sampler.py has the definitions); the defaults
+    # change nothing, and the sampler's fast path runs while every request has them.
+    presence_penalty: float = 0.0  # minus this for every token already in the output
+    frequency_penalty: float = 0.0  # minus this times the token's count in the output
+    repetition_penalty: float = 1.0  # divides (shrinks) logits of prompt and output tokens
+    min_p: float = 0.0  # drop tokens less likely than min_p times the most likely one
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    logprobs: int | None = None  # return each sampled token's logprob and this many top ones
 
     def __post_init__(self) -> None:
         # engine.limits has the ranges: NaN, 1e23 or a negative id fail here, not mid-run
-        for name in ("max_tokens", "temperature", "top_p", "top_k"):
+        for name in ("max_tokens", "temperature", "top_p", "top_k", "presence_penalty",
+                     "frequency_penalty", "repetition_penalty", "min_p"):  # fmt: skip
             check_range(name, getattr(self, name))
         if self.top_p == 0:
             raise ValueError("top_p=0.0: must be in (0, 1]")
+        if self.repetition_penalty == 0:
+            raise ValueError("repetition_penalty=0.0: must be > 0")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias: at most {MAX_LOGIT_BIAS} entries")
+        for t, b in self.logit_bias:
+            check_range("token_id", t, "logit_bias")
+            check_range("logit_bias", b)
+        if self.logprobs is not None:
+            check_range("logprobs", self.logprobs)
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether the sampler must change this request's logits before sampling: a
+        penalty, a bias or min_p (the default path skips all of that)."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.min_p
+            or self.logit_bias
+        )
         if self.seed is not None:
             check_range("seed", self.seed)
         for t in self.stop_token_ids:

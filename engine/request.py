@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from engine.outputs import TokenLogprobs
 from engine.records import FINISH_REASONS, SamplingParams, Status
 
 __all__ = ["Request", "SamplingParams", "Status"]
@@ -57,6 +58,8 @@ class Request:
     # while num_computed_tokens + new tokens <= kv_quiet, the KV manager's allocate_running
     # would do nothing (the manager keeps it)
     kv_quiet: int = field(default=-1, init=False, repr=False)
+    # per output token, when its sampling asks for logprobs (None otherwise: no list kept)
+    logprobs: list[TokenLogprobs] | None = None
     all_token_ids: list[int] = field(init=False)  # prompt + outputs
     num_prompt_tokens: int = field(init=False)  # len(prompt_token_ids)
 

@@ -15,7 +15,13 @@ from operator import attrgetter
 from engine.config import EngineConfig
 from engine.kv.block_pool import KVBlock
 from engine.kv.manager import NO_BLOCKS, KVCacheManager, cdiv
-from engine.outputs import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
+from engine.outputs import (
+    CachedRequestData,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+    TokenLogprobs,
+)
 from engine.queues import make_queue
 from engine.records import (
     Admission,
@@ -672,6 +678,15 @@ class Scheduler:
     def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> Outcome:
         """Apply what the runner sampled: append tokens, roll back rejected drafts, finish
         requests that stopped. With async scheduling `out` is an earlier step's batch."""
+        if result.logprobs:
+            # Taken before the update, which forgets the requests that finish in it.
+            owners = [(self.requests.get(rid), lps) for rid, lps in result.logprobs.items()]
+            outcome = self._update(out, result)
+            _attach_logprobs(owners)
+            return outcome
+        return self._update(out, result)
+
+    def _update(self, out: SchedulerOutput, result: ModelRunnerOutput) -> Outcome:
         if self.async_scheduling:
             return self._update_async(out, result)
         touched: list[Request] = []
@@ -893,3 +908,16 @@ class Scheduler:
         )
         self.step_index += 1
         return ending
+
+
+def _attach_logprobs(owners: list[tuple[Request | None, list[TokenLogprobs]]]) -> None:
+    """Each request's logprobs for the tokens the update kept (a stop may have cut some
+    of what the runner sampled): the list stays one entry per output token."""
+    for req, lps in owners:
+        if req is None:
+            continue
+        if req.logprobs is None:
+            req.logprobs = []
+        missing = req.num_output_tokens - len(req.logprobs)
+        if missing > 0:
+            req.logprobs.extend(lps[:missing])

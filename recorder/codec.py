@@ -21,6 +21,7 @@ from recorder.encoding import (
     UINT,
     Bad,
     Body,
+    Codec,
     Items,
     Opt,
     Struct,
@@ -72,6 +73,26 @@ __all__ = [
 
 # -- the format's tables --------------------------------------------------------------------------
 
+
+class _Bias(Codec[tuple[tuple[int, float], ...]]):
+    """logit_bias: an array of [token id, bias] pairs (SamplingParams checks the ranges)."""
+
+    __slots__ = ()
+
+    def enc(self, v: tuple[tuple[int, float], ...]) -> list[list[Any]]:
+        return [[t, b] for t, b in v]
+
+    def dec(self, v: Any) -> tuple[tuple[int, float], ...]:
+        if type(v) is not tuple:
+            raise Bad(f"expected an array of [token id, bias] pairs, got {kind_of(v)}")
+        out = []
+        for pair in v:
+            if type(pair) is not tuple or len(pair) != 2:
+                raise Bad("expected a [token id, bias] pair")
+            out.append((UINT.dec(pair[0]), FLOAT.dec(pair[1])))
+        return tuple(out)
+
+
 SAMPLING = Struct(
     SamplingParams,
     [
@@ -82,6 +103,14 @@ SAMPLING = Struct(
         ("seed", Opt(INT)),
         ("stop_token_ids", INTS),
         ("ignore_eos", BOOL),
+        # Logits processing: trailing, and at their defaults not written at all, so that a
+        # trace of plain sampling is what it was; older readers skip them.
+        ("presence_penalty", FLOAT),
+        ("frequency_penalty", FLOAT),
+        ("repetition_penalty", FLOAT),
+        ("min_p", FLOAT),
+        ("logit_bias", _Bias()),
+        ("logprobs", Opt(UINT)),
     ],
     required=1,  # max_tokens: SamplingParams defaults it, the format does not
 )

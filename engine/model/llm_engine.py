@@ -18,6 +18,7 @@ from engine.model.errors import RequestError
 from engine.model.loader import LoadedModel, load_model
 from engine.model.runner import ModelRunner, build_runner
 from engine.model.tokenizer import ModelTokenizer
+from engine.outputs import TokenLogprobs
 from engine.records import Client
 from engine.request import Request, SamplingParams
 from engine.stats import EngineStats
@@ -44,6 +45,8 @@ class RequestOutput:
     first_token_time: float | None = None  # engine clock at the first output token
     finish_time: float | None = None  # engine clock when it finished
     token_times: list[float] = field(default_factory=list, repr=False)  # per output token
+    # per output token, when the request asked for logprobs (SamplingParams.logprobs)
+    logprobs: list[TokenLogprobs] | None = field(default=None, repr=False)
 
     # No TTFT or TPOT here: those are the run's fold's (engine.metrics), on the step's
     # clock, the numbers `run`, `stats` and /metrics give; these times are when the caller
@@ -121,6 +124,12 @@ class LLMEngine:
         if rid in self._outputs:
             raise RequestError(f"duplicate request id {rid!r}")
         params = self._with_model_stops(params or SamplingParams())
+        vocab = self.model.spec.vocab_size
+        for t, _ in params.logit_bias:
+            if t >= vocab:
+                raise RequestError(
+                    f"logit_bias: {t} is not a token id of this model (0..{vocab - 1})"
+                )
         ids = self.tokenize(prompt)
         arrival = self.clock() if arrival_time is None else arrival_time
         request = Request(
@@ -200,6 +209,8 @@ class LLMEngine:
             out.token_times.extend([now] * new)
             out.output_token_ids = list(req.output_token_ids)
             out.text = self.tokenizer.decode(out.output_token_ids)
+            if req.logprobs is not None:
+                out.logprobs = list(req.logprobs)
         out.num_preemptions = req.num_preemptions
         out.num_cached_tokens = max(req.num_cached_tokens, 0)
         if req.is_finished and not out.finished:
@@ -275,5 +286,8 @@ class LLMEngine:
 
 def _snapshot(out: RequestOutput) -> RequestOutput:
     return replace(
-        out, output_token_ids=list(out.output_token_ids), token_times=list(out.token_times)
+        out,
+        output_token_ids=list(out.output_token_ids),
+        token_times=list(out.token_times),
+        logprobs=None if out.logprobs is None else list(out.logprobs),
     )

@@ -27,13 +27,19 @@ from engine.model.kv_cache import (
 )
 from engine.model.llama import AttentionBackend, LlamaModel
 from engine.model.loader import LoadedModel
-from engine.model.sampler import Sampler, SamplingBatch
+from engine.model.sampler import (
+    History,
+    Sampler,
+    SamplingBatch,
+    process_logits,
+    token_logprobs,
+)
 from engine.model.spec import ModelSpec
 from engine.model.threads import ThreadTuner
 from engine.model.timing import StepTimer, TimedAttention, kernel_stats
 from engine.model.verify import Verification, verify
 from engine.ngram import NgramProposer
-from engine.outputs import ModelRunnerOutput, SchedulerOutput
+from engine.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 from engine.records import Timing
 
 
@@ -105,16 +111,23 @@ class ModelRunner:
                 inputs.input_ids, inputs.positions, inputs.meta, self.kv.layers
             )
             verified: list[list[int]] | None = None
+            logprobs: list[TokenLogprobs | None] = []
             if len(inputs.sample_rows):
                 logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
                 timer.mark("forwarded")
                 if inputs.drafts is not None:
-                    verified = self._verify(logits, inputs)
+                    verified, logprobs = self._verify(logits, inputs)
                 else:
                     batch = SamplingBatch.from_params(
-                        inputs.sample_params, inputs.output_positions.tolist(), self.device
+                        inputs.sample_params,
+                        inputs.output_positions.tolist(),
+                        self.device,
+                        self._history(inputs.sample_rows),
+                        self.spec.vocab_size,
                     )
                     tokens = self.sampler(logits, batch).cpu().numpy()
+                    if batch.logprobs is not None:
+                        logprobs = token_logprobs(logits, tokens.tolist(), batch.logprobs)
             else:  # every request is mid-prefill: nothing to sample
                 timer.mark("forwarded")
                 tokens = np.zeros(0, dtype=np.int64)
@@ -132,12 +145,65 @@ class ModelRunner:
         drafts, propose_s = self._propose(inputs, sampling, sampled)
         kernels = kernel_stats(prof, self.device.type == "cuda") if prof is not None else ()
         timings = timer.end(out.step, kernels, propose_s)
-        return ModelRunnerOutput(inputs.req_ids, sampled, drafts, timings)
+        by_req = {inputs.req_ids[i]: [lp] for i, lp in zip(sampling, logprobs) if lp is not None}
+        return ModelRunnerOutput(inputs.req_ids, sampled, drafts, timings, by_req)
 
-    def _verify(self, logits: torch.Tensor, inputs: StepInputs) -> list[list[int]]:
+    def _history(self, rows: np.ndarray) -> History:
+        """Row i of the sampling batch -> (its prompt, its output so far): what the
+        penalties count. Read from the input batch only when some request has one."""
+        batch = self.batch
+
+        def tokens(i: int) -> tuple[np.ndarray, np.ndarray]:
+            row = int(rows[i])
+            n_prompt, n = int(batch.num_prompt[row]), int(batch.num_tokens[row])
+            return batch.token_ids[row, :n_prompt], batch.token_ids[row, n_prompt:n]
+
+        return tokens
+
+    def _verify(
+        self, logits: torch.Tensor, inputs: StepInputs
+    ) -> tuple[list[list[int]], list[TokenLogprobs | None]]:
+        """Drafts verified; requests with logits processing or logprobs verify none (see
+        _propose), so their one row is theirs exactly, as in a step without drafts."""
         assert inputs.drafts is not None
-        v = Verification(inputs.drafts, inputs.sample_params, inputs.output_positions.tolist())
-        return verify(logits, v, self.sampler)
+        params = inputs.sample_params
+        counts = [len(d) + 1 for d in inputs.drafts]
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+        single = [j for j, c in enumerate(counts) if c == 1]
+        special = [
+            j for j in single if params[j].processes_logits or params[j].logprobs is not None
+        ]
+        if special:
+            rows = starts[special]
+            batch = SamplingBatch.from_params(
+                [params[j] for j in special],
+                [int(inputs.output_positions[j]) for j in special],
+                self.device,
+                self._history(inputs.sample_rows[special]),
+                self.spec.vocab_size,
+            )
+            if batch.processing is not None:
+                index = torch.from_numpy(rows).to(logits.device)
+                processed = logits.clone()
+                processed[index] = process_logits(logits.index_select(0, index), batch)
+                v_logits = processed
+            else:
+                v_logits = logits
+        else:
+            v_logits = logits
+        v = Verification(inputs.drafts, params, inputs.output_positions.tolist())
+        verified = verify(v_logits, v, self.sampler)
+        logprobs: list[TokenLogprobs | None] = [None] * len(counts)
+        wanted = [j for j in special if params[j].logprobs is not None]
+        if wanted:
+            got = token_logprobs(
+                logits[starts[wanted]],
+                [verified[j][0] for j in wanted],
+                [params[j].logprobs for j in wanted],
+            )
+            for j, lp in zip(wanted, got):
+                logprobs[j] = lp
+        return verified, logprobs
 
     def _propose(
         self, inputs: StepInputs, sampling: list[int], sampled: list[list[int]]
@@ -158,6 +224,12 @@ class ModelRunner:
             for j, (row, i) in enumerate(zip(rows.tolist(), sampling)):
                 limiter.observe(row, verified[j] if verified is not None else (), sampled[i])
                 proposals[j] = limiter.limit(row, proposals[j])
+        params = inputs.sample_params
+        for j, p in enumerate(params):
+            # Logits processing and logprobs are per sampled position; a request with them
+            # gets no drafts, so that its one row is exact (see _verify).
+            if p.processes_logits or p.logprobs is not None:
+                proposals[j] = []
         drafts = {inputs.req_ids[i]: d for i, d in zip(sampling, proposals)}
         return drafts, time.perf_counter() - t0
 

@@ -1,4 +1,14 @@
-"""Turn logits into tokens: greedy, temperature, top-k, top-p, and per-request seeds.
+"""Turn logits into tokens: greedy, temperature, top-k, top-p, min-p, penalties, logit
+bias, per-request seeds, and the sampled tokens' log-probabilities.
+
+Logits processing follows vLLM's definitions and order: logit_bias is added, then the
+penalties (repetition: a logit of a token in the prompt or the output is divided by the
+penalty when positive, multiplied when negative; frequency: minus the penalty times the
+token's count in the output; presence: minus the penalty once it is in the output), and
+greedy requests take the argmax of that. Sampled ones then divide by the temperature, drop
+tokens under min_p times the most likely one's probability, then the top-k and top-p tails.
+Logprobs are of the raw logits (vLLM's default logprobs mode). A batch where no request
+asks for any of this takes the path it took before, with no extra tensor work.
 
 Sampling uses the exponential race: token = argmax(p / E) with E ~ Exp(1) drawn per vocab
 entry, which picks token i with probability p_i. Excluded tokens have p = 0 and can never
@@ -8,12 +18,17 @@ Stop tokens, EOS and max_tokens are the scheduler's business (update_from_output
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from engine.outputs import TokenLogprobs
 from engine.request import SamplingParams
+
+# For row i of a batch: (its prompt's token ids, its output's token ids so far).
+History = Callable[[int], tuple[np.ndarray, np.ndarray]]
 
 _MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, position) over 63 bits
 _TINY = torch.finfo(torch.float32).tiny
@@ -22,6 +37,21 @@ _TINY = torch.finfo(torch.float32).tiny
 def step_seed(seed: int, position: int) -> int:
     """The generator seed for a seeded request's `position`-th output token."""
     return (seed * _MIX + position) % (1 << 63)
+
+
+@dataclass
+class Processing:
+    """The logits processing of the rows that ask for it (penalties, bias), as tensors."""
+
+    bias_rows: torch.Tensor | None  # [B] row of each bias entry
+    bias_ids: torch.Tensor | None  # [B] its token
+    bias_values: torch.Tensor | None  # [B] what is added to that token's logit
+    pen_rows: torch.Tensor | None  # [P] rows with a penalty
+    repetition: torch.Tensor | None  # [P]
+    frequency: torch.Tensor | None  # [P]
+    presence: torch.Tensor | None  # [P]
+    prompt_mask: torch.Tensor | None  # [P, V] bool: the token is in the row's prompt
+    output_counts: torch.Tensor | None  # [P, V] fp32: times the token is in the output
 
 
 @dataclass
@@ -36,15 +66,27 @@ class SamplingBatch:
     all_greedy: bool  # every request is greedy: argmax only
     any_top_k: bool  # some request uses top-k
     any_top_p: bool  # some request uses top-p
+    min_p: torch.Tensor | None = None  # [N] fp32, when some request uses min-p
+    processing: Processing | None = None  # when some request has a penalty or a bias
+    logprobs: list[int | None] | None = None  # per request: top logprobs wanted (None: none)
 
     @classmethod
     def from_params(
-        cls, params: Sequence[SamplingParams], positions: Sequence[int], device: torch.device
+        cls,
+        params: Sequence[SamplingParams],
+        positions: Sequence[int],
+        device: torch.device,
+        history: History | None = None,
+        vocab_size: int = 0,
+        with_processing: bool = True,
     ) -> SamplingBatch:
+        """`history` and `vocab_size` are needed only when a request has a penalty;
+        `with_processing=False`: the caller has applied the bias and penalties already
+        (the verification of drafts), only min-p is left to the probabilities."""
         temps = [p.temperature for p in params]
         top_k = [p.top_k for p in params]
         top_p = [p.top_p for p in params]
-        return cls(
+        batch = cls(
             temperature=torch.tensor(temps, dtype=torch.float32, device=device),
             top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
             top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
@@ -54,6 +96,120 @@ class SamplingBatch:
             any_top_k=any(k > 0 for k in top_k),
             any_top_p=any(p < 1 for p in top_p),
         )
+        if any(p.logprobs is not None for p in params):
+            batch.logprobs = [p.logprobs for p in params]
+        if any(p.processes_logits for p in params):
+            if any(p.min_p for p in params):
+                mins = [p.min_p for p in params]
+                batch.min_p = torch.tensor(mins, dtype=torch.float32, device=device)
+            if with_processing:
+                batch.processing = _processing(params, device, history, vocab_size)
+        return batch
+
+
+def _processing(
+    params: Sequence[SamplingParams],
+    device: torch.device,
+    history: History | None,
+    vocab_size: int,
+) -> Processing | None:
+    rows, ids, values = [], [], []
+    for i, p in enumerate(params):
+        for t, b in p.logit_bias:
+            rows.append(i)
+            ids.append(t)
+            values.append(b)
+    pen = [
+        i
+        for i, p in enumerate(params)
+        if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
+    ]
+    if not rows and not pen:
+        return None  # min_p only: it works on probabilities, not here
+    proc = Processing(None, None, None, None, None, None, None, None, None)
+    if rows:
+        proc.bias_rows = torch.tensor(rows, dtype=torch.int64, device=device)
+        proc.bias_ids = torch.tensor(ids, dtype=torch.int64, device=device)
+        proc.bias_values = torch.tensor(values, dtype=torch.float32, device=device)
+    if pen:
+        if history is None or vocab_size <= 0:
+            raise ValueError("penalties need each request's tokens and the vocabulary size")
+
+        def f32(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32, device=device)
+
+        proc.pen_rows = torch.tensor(pen, dtype=torch.int64, device=device)
+        proc.repetition = f32([params[i].repetition_penalty for i in pen])
+        proc.frequency = f32([params[i].frequency_penalty for i in pen])
+        proc.presence = f32([params[i].presence_penalty for i in pen])
+        # One scatter per kind for all penalized rows: the token lists are padded with an
+        # id one past the vocabulary, whose column is cut off afterwards.
+        seen = [history(i) for i in pen]
+        proc.prompt_mask = _bincount([s[0] for s in seen], vocab_size, device).bool()
+        proc.output_counts = _bincount([s[1] for s in seen], vocab_size, device)
+    return proc
+
+
+def _bincount(lists: list[np.ndarray], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """[len(lists), vocab_size] fp32: how often each token occurs in each list."""
+    width = max((len(x) for x in lists), default=0)
+    padded = np.full((len(lists), max(width, 1)), vocab_size, dtype=np.int64)
+    for r, x in enumerate(lists):
+        padded[r, : len(x)] = np.clip(x, 0, vocab_size)
+    index = torch.from_numpy(padded).to(device)
+    counts = torch.zeros(len(lists), vocab_size + 1, dtype=torch.float32, device=device)
+    counts.scatter_add_(1, index, torch.ones_like(index, dtype=torch.float32))
+    return counts[:, :vocab_size]
+
+
+def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """The logits after logit_bias and the penalties (a new tensor: the raw logits stay
+    as they are, for logprobs). The identity when no request asks for either."""
+    proc = batch.processing
+    if proc is None:
+        return logits
+    x = logits.clone()
+    if proc.bias_rows is not None:
+        assert proc.bias_ids is not None and proc.bias_values is not None
+        x.index_put_((proc.bias_rows, proc.bias_ids), proc.bias_values, accumulate=True)
+    if proc.pen_rows is not None:
+        assert proc.repetition is not None and proc.frequency is not None
+        assert proc.presence is not None and proc.prompt_mask is not None
+        assert proc.output_counts is not None
+        sub = x[proc.pen_rows]
+        counts = proc.output_counts
+        seen = proc.prompt_mask | (counts > 0)
+        rep = proc.repetition[:, None]
+        sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+        sub = sub - proc.frequency[:, None] * counts
+        sub = sub - proc.presence[:, None] * (counts > 0).to(sub.dtype)
+        x[proc.pen_rows] = sub
+    return x
+
+
+def token_logprobs(
+    logits: torch.Tensor, tokens: Sequence[int], wanted: Sequence[int | None]
+) -> list[TokenLogprobs | None]:
+    """Per row: the logprob and rank of its token under log_softmax(logits), and the
+    `wanted[i]` most likely tokens (None where a row wants none). One device sync."""
+    rows = [i for i, k in enumerate(wanted) if k is not None]
+    out: list[TokenLogprobs | None] = [None] * len(wanted)
+    if not rows:
+        return out
+    index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+    chosen = torch.tensor([tokens[i] for i in rows], dtype=torch.int64, device=logits.device)
+    lp = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
+    at = lp.gather(1, chosen[:, None])
+    rank = (lp > at).sum(dim=-1) + 1
+    k = max(int(wanted[i] or 0) for i in rows)
+    top_lp, top_ids = lp.topk(k, dim=-1) if k else (lp[:, :0], chosen[:, None][:, :0])
+    at_l, rank_l = at[:, 0].tolist(), rank.tolist()
+    top_lp_l, top_ids_l = top_lp.tolist(), top_ids.tolist()
+    for j, i in enumerate(rows):
+        n = int(wanted[i] or 0)
+        top = tuple(zip(top_ids_l[j][:n], top_lp_l[j][:n]))
+        out[i] = TokenLogprobs(int(tokens[i]), at_l[j], int(rank_l[j]), top)
+    return out
 
 
 class Sampler:
@@ -66,6 +222,7 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """logits [N, V] fp32 -> tokens [N] int64."""
+        logits = process_logits(logits, batch)
         greedy = logits.argmax(dim=-1)
         if batch.all_greedy:
             return greedy
@@ -79,6 +236,11 @@ class Sampler:
         """Softmax of logits / temperature with the top-k and top-p tails set to 0."""
         temp = torch.where(batch.temperature > 0, batch.temperature, 1.0)
         x = logits / temp[:, None]
+        if batch.min_p is not None:
+            # vLLM's min-p: after the temperature, before top-k and top-p
+            probs = torch.softmax(x, dim=-1)
+            floor = probs.amax(dim=-1, keepdim=True) * batch.min_p[:, None]
+            x = x.masked_fill(probs < floor, float("-inf"))
         if batch.any_top_k or batch.any_top_p:
             x = _filter_top_k_top_p(x, batch)
         return torch.softmax(x, dim=-1)

@@ -65,7 +65,9 @@ def _rejection_sample(
     rows = [starts[i] + j for i in reqs for j in range(len(v.drafts[i]) + 1)]
     params = [v.params[i] for i in reqs for _ in range(len(v.drafts[i]) + 1)]
     positions = [v.output_positions[i] + j for i in reqs for j in range(len(v.drafts[i]) + 1)]
-    batch = SamplingBatch.from_params(params, positions, logits.device)
+    # The runner applied bias and penalties to the logits already (requests with them
+    # verify no drafts, so their one row is exact); min-p is part of the probabilities.
+    batch = SamplingBatch.from_params(params, positions, logits.device, with_processing=False)
     probs = Sampler.probabilities(logits[rows], batch)  # [R, V]
     uniform, noise = _draws(probs, batch, sampler)
     # p(x) of every draft at its row, in one gather (one device sync, not one per draft).
