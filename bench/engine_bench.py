@@ -57,10 +57,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.model.api import RunWorkload, build_engine, percentile, run_workload  # noqa: E402
+from engine.model.api import RunWorkload, build_engine, run_workload  # noqa: E402
 from engine.model.loader import default_model_path, load_model  # noqa: E402
 from engine.model.threads import ThreadTuner  # noqa: E402
 from engine.model.workload import WorkloadRequest  # noqa: E402
+from engine.records import percentile  # noqa: E402
 
 HF_BATCH = 8
 LLAMACPP_PEER = Path(__file__).with_name("_llamacpp_peer.py")

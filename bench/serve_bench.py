@@ -39,7 +39,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.model.api import percentile  # noqa: E402
+from engine.records import percentile  # noqa: E402
 
 
 @dataclass

@@ -34,10 +34,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.model.api import RunWorkload, build_engine, percentile, run_workload  # noqa: E402
+from engine.model.api import RunWorkload, build_engine, run_workload  # noqa: E402
 from engine.model.loader import load_model  # noqa: E402
 from engine.model.workload import WorkloadRequest  # noqa: E402
-from engine.records import Kind, Step  # noqa: E402
+from engine.records import (  # noqa: E402
+    Kind,
+    Step,
+    percentile,  # noqa: E402
+)
 
 DEFAULT_SPEC = (
     '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
