@@ -9,6 +9,7 @@ Client record, so that the trace holds what only the server sees."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
@@ -16,7 +17,7 @@ import math
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request, Response
@@ -24,6 +25,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from engine.model.errors import RequestError
+from engine.outputs import TokenLogprobs
 from engine.records import Client, ns
 from recorder.errors import RecordingError
 from recorder.serving import IncidentError, ServerRecording
@@ -35,6 +37,7 @@ from schedtop_server.protocol import (
     NEUTRAL_CHAT,
     NEUTRAL_COMPLETION,
     ChatCompletionRequest,
+    Choice,
     CompletionRequest,
     DetokenizeRequest,
     Shapes,
@@ -374,6 +377,15 @@ class _Ids:
         self.live.add(rid)
         return rid
 
+    def take_child(self, parent: str, index: int) -> str:
+        """Choice `index` of a request with n > 1: its own engine request, named after
+        the parent with the index as a suffix."""
+        rid = f"{parent}-{index}"
+        if rid in self.live:
+            rid = f"{rid}-{uuid.uuid4().hex[:8]}"
+        self.live.add(rid)
+        return rid
+
     def release(self, rid: str) -> None:
         self.live.discard(rid)
 
@@ -397,6 +409,7 @@ async def _generate(
     try:
         body = _parse(await request.body(), chat, settings)
         client_id = _client_id(request, body)
+        _check_bias(body, loop.engine.model.spec.vocab_size)
     except Refused as e:
         _report_refusal(loop, endpoint, received, e.status, e.message)
         return _error(e.status, e.message, e.param)
@@ -410,49 +423,99 @@ async def _generate(
         return _error(503, message)
     ex = _Exchange(loop, endpoint, body.streaming, received)
     ex.request_id = ids.take("chatcmpl" if chat else "cmpl", client_id)
-    ex.on_report = ids.release
+    n = body.num_choices
+    # n > 1: vLLM's parallel sampling, n engine requests of the same prompt, added in one
+    # go: the first one's prompt blocks are hashed when it is scheduled, and the others,
+    # admitted in the same step, take them as prefix-cache hits (the trace shows them).
+    children = [ex.request_id] if n == 1 else [ids.take_child(ex.request_id, i) for i in range(n)]
+    everyone = children if n == 1 else [ex.request_id, *children]
+
+    def release(_: str) -> None:
+        for rid in everyone:
+            ids.release(rid)
+
+    ex.on_report = release
     out: asyncio.Queue[Update] = asyncio.Queue()
     prompt: Any = body.chat() if isinstance(body, ChatCompletionRequest) else body.prompt
     try:
         prompt_ids = await loop.tokenize(prompt)
     except RequestError as e:
-        ids.release(ex.request_id)
+        release("")
         ex.request_id = ""  # it never reached the engine: the trace has no such request
         ex.report(400, str(e))
         return _error(400, str(e))
     max_tokens = body.output_limit()
-    loop.submit(
-        Submission(
-            request_id=ex.request_id,
-            prompt_ids=prompt_ids,
-            params=body.sampling_params(max_tokens or 1),
-            max_tokens=max_tokens,
-            stops=body.stop_strings(),
-            include_stop=bool(body.include_stop_str_in_output),
-            skip_special_tokens=body.skip_special_tokens is not False,
-            priority=body.priority or 0,
-            arrival_time=received,
-            out=out,
+    params = body.sampling_params(max_tokens or 1)
+    subs = []
+    for i, rid in enumerate(children):
+        child = params
+        if n > 1 and params.seed is not None:
+            child = replace(params, seed=(params.seed + i) % (1 << 63))  # as vLLM seeds them
+        subs.append(
+            Submission(
+                request_id=rid,
+                prompt_ids=prompt_ids,
+                params=child,
+                max_tokens=max_tokens,
+                stops=body.stop_strings(),
+                include_stop=bool(body.include_stop_str_in_output),
+                skip_special_tokens=body.skip_special_tokens is not False,
+                priority=body.priority or 0,
+                arrival_time=received,
+                out=out,
+                index=i,
+            )
         )
-    )
-    first = await out.get()
-    if first.error is not None:
+    loop.submit_all(subs)
+    firsts = [await out.get() for _ in children]  # each one's acceptance or refusal
+    failed = next((u for u in firsts if u.error is not None), None)
+    if failed is not None:
+        for u in firsts:
+            if u.error is None:
+                loop.abort(children[u.index])
         rid = ex.request_id
-        if not first.arrived:
+        if not failed.arrived or n > 1:
             ex.request_id = ""  # refused before the scheduler: the trace has no such request
-        ex.report(first.status, first.error)
-        ids.release(rid)
-        return _error(first.status, first.error, code="overloaded" if first.status == 503 else None)
-    ex.prompt_tokens = first.prompt_tokens
-    shapes = Shapes(chat, ex.request_id, settings.model_name)
+        ex.report(failed.status, failed.error or "")
+        release(rid)
+        code = "overloaded" if failed.status == 503 else None
+        return _error(failed.status, failed.error or "", code=code)
+    ex.prompt_tokens = firsts[0].prompt_tokens
+    tokenizer = loop.engine.tokenizer
+    shapes = Shapes(chat, ex.request_id, settings.model_name, _token_spelling(tokenizer))
+    echo = ""
+    if isinstance(body, CompletionRequest) and body.echo:
+        echo = body.prompt if isinstance(body.prompt, str) else tokenizer.decode(prompt_ids)
     if body.streaming:
         usage = body.usage_options()
         return StreamingResponse(
-            _sse(out, ex, shapes, usage),
+            _sse(out, ex, shapes, usage, n, echo, children),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Request-Id": ex.request_id},
         )
-    return await _whole(request, out, ex, shapes)
+    wants = params.logprobs is not None
+    return await _whole(request, out, ex, shapes, n, echo, children, wants)
+
+
+def _check_bias(body: CompletionRequest | ChatCompletionRequest, vocab_size: int) -> None:
+    for token, _ in body.bias():
+        if token >= vocab_size:
+            raise Refused(
+                400,
+                f"logit_bias: {token} is not a token id of this model (0..{vocab_size - 1})",
+                "logit_bias",
+            )
+
+
+def _token_spelling(tokenizer: Any) -> Callable[[int], str]:
+    """A token's text in logprobs, as vLLM spells it: the token decoded alone, special
+    tokens included (a piece of a multi-byte character decodes to U+FFFD)."""
+
+    @functools.lru_cache(maxsize=4096)
+    def spell(token_id: int) -> str:
+        return str(tokenizer.decode([token_id], skip_special_tokens=False))
+
+    return spell
 
 
 def _parse(
@@ -520,29 +583,55 @@ def _sse_line(obj: Any) -> bytes:
 
 
 async def _sse(
-    out: asyncio.Queue[Update], ex: _Exchange, shapes: Shapes, usage: tuple[bool, bool]
+    out: asyncio.Queue[Update],
+    ex: _Exchange,
+    shapes: Shapes,
+    usage: tuple[bool, bool],
+    n: int = 1,
+    echo: str = "",
+    children: list[str] | None = None,
 ) -> AsyncIterator[bytes]:
     """The event stream; when the client goes away, Starlette cancels this generator
     while it waits, and the request is aborted. `usage`: (a last chunk with the usage,
-    usage on every chunk too), vLLM's include_usage and continuous_usage_stats."""
+    usage on every chunk too), vLLM's include_usage and continuous_usage_stats. With
+    n > 1 the choices' chunks interleave, each with its index; `echo`: the prompt's text,
+    sent first (completions)."""
     include_usage, continuous = usage
+    ids = children or [ex.request_id]
+    tokens = [0] * n  # output tokens per choice
+    offsets = [len(echo)] * n  # completions' text_offset: characters so far per choice
+    finished = [False] * n
     done = False
     try:
-        if shapes.chat:
-            now = (ex.prompt_tokens, 0) if continuous else None
-            yield _sse_line(shapes.chunk("", None, first=True, usage_now=now))
+        for i in range(n):
+            if shapes.chat:
+                now = (ex.prompt_tokens, 0) if continuous else None
+                yield _sse_line(shapes.chunk("", None, first=True, usage_now=now, index=i))
+            elif echo:
+                yield _sse_line(shapes.chunk(echo, None, index=i))
         while not done:
             u = await out.get()
             ex.absorb(u)
-            done = u.finish_reason is not None
             if u.error is not None:  # failed or aborted after it started: say so, then [DONE]
+                for i, rid in enumerate(ids):
+                    if not finished[i] and i != u.index:
+                        ex.loop.abort(rid)
                 yield _sse_line(error_body(u.error, u.status))
                 ex.status, ex.message = u.status, u.error
                 break
-            if u.text or done:
+            i = u.index
+            tokens[i] = max(tokens[i], u.num_tokens)
+            ex.completion_tokens = sum(tokens)
+            finished[i] = finished[i] or u.finish_reason is not None
+            done = all(finished)
+            if u.text or u.logprobs or u.finish_reason is not None:
                 now = (ex.prompt_tokens, ex.completion_tokens) if continuous else None
                 text = u.text if u.text or not shapes.chat else None
-                yield _sse_line(shapes.chunk(text, u.finish_reason, usage_now=now))
+                lp = shapes.logprobs(u.logprobs, offsets[i]) if u.logprobs else None
+                offsets[i] += sum(len(shapes.token_str(x.token_id)) for x in u.logprobs)
+                yield _sse_line(
+                    shapes.chunk(text, u.finish_reason, usage_now=now, index=i, logprobs=lp)
+                )
                 if u.text:
                     ex.sent()
         if include_usage and done:
@@ -550,27 +639,49 @@ async def _sse(
         yield b"data: [DONE]\n\n"
     finally:
         if not done and ex.status == 200:
-            ex.loop.abort(ex.request_id)
+            for i, rid in enumerate(ids):
+                if not finished[i]:
+                    ex.loop.abort(rid)
             ex.finish_reason = "abort"
         ex.report(ex.status, ex.message)
 
 
 async def _whole(
-    request: Request, out: asyncio.Queue[Update], ex: _Exchange, shapes: Shapes
+    request: Request,
+    out: asyncio.Queue[Update],
+    ex: _Exchange,
+    shapes: Shapes,
+    n: int = 1,
+    echo: str = "",
+    children: list[str] | None = None,
+    logprobs: bool = False,
 ) -> Response:
-    """Collect the whole output; abort if the client disconnects meanwhile."""
+    """Collect the whole output (every choice); abort if the client disconnects.
+    `logprobs`: the request asked for them (each choice gets its list, maybe empty)."""
+    ids = children or [ex.request_id]
+    parts: list[list[str]] = [[] for _ in range(n)]
+    lps: list[list[TokenLogprobs]] = [[] for _ in range(n)]
+    reasons: list[str | None] = [None] * n
+    tokens = [0] * n
 
-    async def collect() -> str:
-        parts = []
-        while True:
+    async def collect() -> None:
+        left = n
+        while left:
             u = await out.get()
             ex.absorb(u)
             if u.error is not None:
                 ex.status, ex.message = u.status, u.error
-                return ""
-            parts.append(u.text)
-            if u.finish_reason is not None:
-                return "".join(parts)
+                for i, rid in enumerate(ids):
+                    if reasons[i] is None and i != u.index:
+                        ex.loop.abort(rid)
+                return
+            i = u.index
+            parts[i].append(u.text)
+            lps[i].extend(u.logprobs)
+            tokens[i] = max(tokens[i], u.num_tokens)
+            if u.finish_reason is not None and reasons[i] is None:
+                reasons[i] = u.finish_reason
+                left -= 1
 
     task = asyncio.ensure_future(collect())
     gone = asyncio.ensure_future(_disconnected(request))
@@ -578,18 +689,29 @@ async def _whole(
     gone.cancel()
     if not task.done():
         task.cancel()
-        ex.loop.abort(ex.request_id)
+        for i, rid in enumerate(ids):
+            if reasons[i] is None:
+                ex.loop.abort(rid)
         ex.finish_reason = "abort"
         ex.report(499, "the client closed the connection")
         return Response(status_code=499)
-    text = task.result()
+    ex.completion_tokens = sum(tokens)
     if ex.status != 200:  # failed in the engine after it was accepted
         ex.report(ex.status, ex.message)
         return _error(ex.status, ex.message)
     ex.sent()
     ex.report(200)
+    choices = [
+        Choice(
+            echo + "".join(parts[i]),
+            reasons[i],
+            tuple(lps[i]) if logprobs else None,
+            len(echo),
+        )
+        for i in range(n)
+    ]
     return JSONResponse(
-        shapes.full(text, ex.finish_reason, ex.prompt_tokens, ex.completion_tokens),
+        shapes.full(choices, ex.prompt_tokens, ex.completion_tokens),
         headers={"X-Request-Id": ex.request_id},
     )
 

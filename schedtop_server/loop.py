@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from engine.metrics import LiveMetrics
 from engine.model.errors import RequestError
+from engine.outputs import TokenLogprobs
 from engine.records import Client
 from engine.request import SamplingParams
 from schedtop_server.detok import IncrementalDetokenizer, StopStrings
@@ -57,7 +58,8 @@ class Submission:
     skip_special_tokens: bool  # special tokens left out of the text (vLLM's default)
     priority: int  # lower runs first under the priority policy
     arrival_time: float  # engine clock when the HTTP request arrived
-    out: asyncio.Queue[Update]  # where this request's updates go
+    out: asyncio.Queue[Update]  # where this request's updates go (shared by n choices)
+    index: int = 0  # which choice of its HTTP request it is (n > 1: parallel sampling)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,8 @@ class Update:
     status: int = 200  # refused: the HTTP status to answer with
     scheduled_at: float | None = None  # engine clock of its first scheduling, once known
     arrived: bool = False  # refused: it reached the scheduler (the trace has its arrival)
+    index: int = 0  # the choice it is about (Submission.index)
+    logprobs: tuple[TokenLogprobs, ...] = ()  # of the tokens new since the last update
 
 
 ACCEPTED = Update()
@@ -85,8 +89,17 @@ class _Live:
     detok: IncrementalDetokenizer
     stops: StopStrings
     num_tokens: int = 0
+    num_logprobs: int = 0
     scheduled_at: float | None = None
     sent_schedule: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """The n choices of one HTTP request: added in one go, so that they are scheduled in
+    the same step and the later ones hit the prompt blocks the first one hashed."""
+
+    subs: tuple[Submission, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +223,10 @@ class EngineLoop:
     def submit(self, sub: Submission) -> None:
         self._inbox.put(sub)
 
+    def submit_all(self, subs: list[Submission]) -> None:
+        """Several requests (the choices of one HTTP request), applied together."""
+        self._inbox.put(subs[0] if len(subs) == 1 else _Group(tuple(subs)))
+
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
 
@@ -291,11 +308,12 @@ class EngineLoop:
             self.stats.request_faults += 1
 
     def _apply(self, cmd: Any) -> None:
-        if isinstance(cmd, Submission):
-            try:
-                self._add(cmd)
-            except Exception as e:  # this request's fault, not the engine's
-                self._fail(cmd.request_id, cmd.out, e, "adding the request")
+        if isinstance(cmd, Submission | _Group):
+            for sub in cmd.subs if isinstance(cmd, _Group) else (cmd,):
+                try:
+                    self._add(sub)
+                except Exception as e:  # this request's fault, not the engine's
+                    self._fail(sub.request_id, sub.out, e, "adding the request", sub.index)
         elif isinstance(cmd, _Abort):
             self._abort(cmd.request_id)
         elif isinstance(cmd, _Client):
@@ -303,10 +321,22 @@ class EngineLoop:
         elif isinstance(cmd, _AbortAll):
             for rid, live in list(self._live.items()):
                 self._abort(rid)
-                update = Update(num_tokens=live.num_tokens, error=cmd.message, status=cmd.status)
+                update = Update(
+                    num_tokens=live.num_tokens,
+                    error=cmd.message,
+                    status=cmd.status,
+                    index=live.sub.index,
+                )
                 self._send(live.sub.out, update)
 
-    def _fail(self, request_id: str, out: asyncio.Queue[Update], e: Exception, stage: str) -> None:
+    def _fail(
+        self,
+        request_id: str,
+        out: asyncio.Queue[Update],
+        e: Exception,
+        stage: str,
+        index: int = 0,
+    ) -> None:
         """An exception while handling one request: that request ends with an error (400
         for input the engine refused, else 500) and is taken out of the engine; the loop
         and every other request go on. The engine's own state is not in doubt: every
@@ -327,15 +357,16 @@ class EngineLoop:
         what = "bad input" if status == 400 else "an internal error"
         message = f"the request failed while {stage} ({what}): {type(e).__name__}: {e}"
         num_tokens = live.num_tokens if live is not None else 0
-        self._send(
-            out, Update(error=message, status=status, num_tokens=num_tokens, arrived=arrived)
+        update = Update(
+            error=message, status=status, num_tokens=num_tokens, arrived=arrived, index=index
         )
+        self._send(out, update)
 
     def _add(self, sub: Submission) -> None:
         problem, status, ids = self._check(sub)
         if problem:
             self.stats.refused += 1
-            self._send(sub.out, Update(error=problem, status=status))
+            self._send(sub.out, Update(error=problem, status=status, index=sub.index))
             return
         params = sub.params
         if sub.max_tokens is None:
@@ -348,7 +379,8 @@ class EngineLoop:
         if out.finished:  # refused by the scheduler (KV pool too small, ...)
             engine.forget(sub.request_id)
             self.stats.refused += 1
-            self._send(sub.out, Update(error=out.finish_message, status=400, arrived=True))
+            update = Update(error=out.finish_message, status=400, arrived=True, index=sub.index)
+            self._send(sub.out, update)
             return
         self.stats.added += 1
         decode = engine.tokenizer.decode
@@ -357,7 +389,7 @@ class EngineLoop:
         self._live[sub.request_id] = _Live(
             sub, IncrementalDetokenizer(decode), StopStrings(sub.stops, sub.include_stop)
         )
-        self._send(sub.out, Update(prompt_tokens=len(ids)))
+        self._send(sub.out, Update(prompt_tokens=len(ids), index=sub.index))
 
     def _check(self, sub: Submission) -> tuple[str, int, list[int]]:
         """(problem, HTTP status, prompt ids): what makes the engine refuse a request."""
@@ -426,7 +458,9 @@ class EngineLoop:
                 try:
                     self._advance(live, out)
                 except Exception as e:  # detokenizing, stop strings: this request's fault
-                    self._fail(out.request_id, live.sub.out, e, "producing its text")
+                    self._fail(
+                        out.request_id, live.sub.out, e, "producing its text", live.sub.index
+                    )
         if self._hang_after and self.stats.steps >= self._hang_after:
             self._hang(last.report.step if last is not None else -1)
 
@@ -456,12 +490,18 @@ class EngineLoop:
                 self.engine.abort(out.request_id)
         elif out.finished:
             text += live.stops.feed(live.detok.finish(), final=True)
+        logprobs: tuple[TokenLogprobs, ...] = ()
+        if out.logprobs is not None and len(out.logprobs) > live.num_logprobs:
+            logprobs = tuple(out.logprobs[live.num_logprobs :])
+            live.num_logprobs = len(out.logprobs)
         update = Update(
             text=text,
             num_tokens=live.num_tokens,
             prompt_tokens=len(out.prompt_token_ids),
             finish_reason=reason,
             scheduled_at=None if live.sent_schedule else live.scheduled_at,
+            index=live.sub.index,
+            logprobs=logprobs,
         )
         live.sent_schedule = live.sent_schedule or live.scheduled_at is not None
         if reason is not None:
@@ -469,7 +509,7 @@ class EngineLoop:
             if self.metrics is not None:
                 self._guarded("metrics", self.metrics.observe_finish, reason)
             self.engine.forget(out.request_id)
-        if text or reason is not None or update.scheduled_at is not None:
+        if text or logprobs or reason is not None or update.scheduled_at is not None:
             self._send(live.sub.out, update)
 
     # -- delivery ----------------------------------------------------------------------------
@@ -495,16 +535,21 @@ class EngineLoop:
                 cmd = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(cmd, Submission):
-                self._send(cmd.out, Update(error="the server is shutting down", status=503))
+            for sub in cmd.subs if isinstance(cmd, _Group) else (cmd,):
+                if isinstance(sub, Submission):
+                    update = Update(
+                        error="the server is shutting down", status=503, index=sub.index
+                    )
+                    self._send(sub.out, update)
         for rid, live in list(self._live.items()):
             with contextlib.suppress(Exception):  # the engine may be what failed
                 self.engine.abort(rid)
+            index = live.sub.index
             if self.dead_reason is not None:  # vLLM answers EngineDeadError with a 500
                 message = f"the engine died: {self.dead_reason}"
-                update = Update(num_tokens=live.num_tokens, error=message, status=500)
+                update = Update(num_tokens=live.num_tokens, error=message, status=500, index=index)
             else:
-                update = Update(num_tokens=live.num_tokens, finish_reason="abort")
+                update = Update(num_tokens=live.num_tokens, finish_reason="abort", index=index)
             self._send(live.sub.out, update)
         self._live.clear()
         self._flush()

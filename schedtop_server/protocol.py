@@ -8,11 +8,15 @@ silently ignores what it asked for. A field vLLM does not define is a 400 as wel
 from __future__ import annotations
 
 import json
+import math
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from engine.outputs import TokenLogprobs
 from engine.request import SamplingParams
 
 
@@ -59,11 +63,6 @@ class ChatMessage(_Strict):
 # and bookkeeping hints, multimodal or reasoning knobs of a text-only, non-reasoning model).
 ANY: tuple[Any, ...] = ("<any>",)
 _NEUTRAL_BOTH: dict[str, tuple[Any, ...]] = {
-    "frequency_penalty": (0.0,),
-    "presence_penalty": (0.0,),
-    "repetition_penalty": (1.0,),
-    "min_p": (0.0,),
-    "logit_bias": ({},),
     "use_beam_search": (False,),
     "length_penalty": (1.0,),
     "watermarking": (),
@@ -92,19 +91,16 @@ _NEUTRAL_BOTH: dict[str, tuple[Any, ...]] = {
     "repetition_detection": (),
     "thinking_token_budget": (),
     "stream_interval": ANY,  # how often vLLM streams; the text is the same
-    "echo": (False,),
     "best_of": (1,),
 }
 NEUTRAL_COMPLETION: dict[str, tuple[Any, ...]] = {
     **_NEUTRAL_BOTH,
     "suffix": (),
-    "logprobs": (),  # an int in completions: 0 would still return logprobs
     "add_special_tokens": (True,),  # the tokenizer's special tokens: what encode() does
 }
 NEUTRAL_CHAT: dict[str, tuple[Any, ...]] = {
     **_NEUTRAL_BOTH,
-    "logprobs": (False,),
-    "top_logprobs": (0,),
+    "echo": (False,),  # chat's: prepend the last message of the same role
     "tools": ([],),
     "tool_choice": ("none", "auto"),  # with no tools, "auto" calls none either
     "parallel_tool_calls": ANY,  # no tools
@@ -178,6 +174,8 @@ def media_problem(data: dict[str, Any]) -> tuple[str, str] | None:
 
 
 MAX_CLIENT_ID = 256  # characters of a client's request id (it goes into the trace)
+MAX_N = 64  # choices of one request (n): each is a request of its own in the engine
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 # Integers that reach the trace are bounded here: the trace's integers are 64-bit, and a
 # value past that (priority 2**64) used to end the flight recorder while serving went on.
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -187,11 +185,17 @@ class _Sampling(_Strict):
     """The parameters both endpoints share (vLLM's extensions included)."""
 
     model: str | None = None  # must name the served model when given
-    n: Annotated[int, Field(ge=1)] = 1  # only 1 is supported
+    # parallel sampling: n requests that share the prompt's KV blocks (the prefix cache)
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] | None = 1
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None  # 0 = greedy; null: 1.0
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None  # nucleus mass kept; null: 1.0
     top_k: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = None  # -1, 0 or null = off
     seed: StrictInt | None = None  # per-request generator: the same tokens in any batch
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = 0.0  # vLLM's meaning
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = 0.0
+    repetition_penalty: Annotated[float, Field(gt=0, le=100)] | None = 1.0
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = 0.0
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> added to its logit
     stop: str | list[str] | None = None  # stop strings, cut from the text
     stop_token_ids: list[Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]] | None = None
     include_stop_str_in_output: StrictBool | None = False  # vLLM: keep the stop string
@@ -230,15 +234,42 @@ class _Sampling(_Strict):
             seed=self.seed,
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=bool(self.ignore_eos),
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            min_p=self.min_p or 0.0,
+            logit_bias=self.bias(),
+            logprobs=self.top_logprobs_wanted(),
         )
+
+    @property
+    def num_choices(self) -> int:
+        return self.n or 1
+
+    def bias(self) -> tuple[tuple[int, float], ...]:
+        """logit_bias as (token id, bias) pairs, each bias clamped to [-100, 100] as vLLM
+        does (problem() has checked the keys)."""
+        if not self.logit_bias:
+            return ()
+        return tuple(
+            (int(k), min(100.0, max(-100.0, v))) for k, v in sorted(self.logit_bias.items())
+        )
+
+    def top_logprobs_wanted(self) -> int | None:
+        """How many top logprobs each token comes with; None: no logprobs at all."""
+        raise NotImplementedError
 
     def output_limit(self) -> int | None:
         raise NotImplementedError
 
     def problem(self) -> tuple[str, str] | None:
         """(message, param) for what pydantic cannot say alone."""
-        if self.n != 1:
-            return "only n=1 is supported", "n"
+        if self.logit_bias:
+            for k, v in self.logit_bias.items():
+                if not (k.isascii() and k.isdigit() and len(k) <= 10):
+                    return f"logit_bias: {k[:40]!r} is not a token id", "logit_bias"
+                if not math.isfinite(v):
+                    return f"logit_bias: the bias of {k} is not a finite number", "logit_bias"
         if self.stream_options is not None and not self.stream:
             return "stream_options is only allowed with stream=true", "stream_options"
         if len(self.stop_strings()) > 4:
@@ -266,9 +297,22 @@ class CompletionRequest(_Sampling):
 
     prompt: str | Annotated[list[StrictInt], Field(min_length=1)]  # text or token ids
     max_tokens: Annotated[int, Field(ge=1)] | None = 16  # OpenAI's default; None: to the limit
+    # the sampled tokens' logprobs, each with this many most likely tokens
+    logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    echo: StrictBool | None = False  # the prompt's text before the output
 
     def output_limit(self) -> int | None:
         return self.max_tokens
+
+    def top_logprobs_wanted(self) -> int | None:
+        return self.logprobs
+
+    def problem(self) -> tuple[str, str] | None:
+        if self.echo and self.logprobs is not None:
+            # vLLM then returns the prompt's logprobs as well, which this server does not
+            # compute (its runner takes logits only where a request samples).
+            return "echo with logprobs is not supported (no prompt logprobs here)", "echo"
+        return super().problem()
 
 
 class ChatCompletionRequest(_Sampling):
@@ -277,9 +321,19 @@ class ChatCompletionRequest(_Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]  # the conversation
     max_tokens: Annotated[int, Field(ge=1)] | None = None  # None: up to max_model_len
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None  # OpenAI's newer name
+    logprobs: StrictBool | None = False  # each output token's logprob...
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = 0  # ...and these
 
     def output_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def top_logprobs_wanted(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def problem(self) -> tuple[str, str] | None:
+        if self.top_logprobs and not self.logprobs:
+            return "top_logprobs needs logprobs=true", "top_logprobs"
+        return super().problem()
 
     def chat(self) -> list[dict[str, str]]:
         out = []
@@ -344,27 +398,96 @@ def finish_reason(reason: str | None) -> str | None:
     return None if reason is None else ("abort" if reason == "error" else reason)
 
 
-class Shapes:
-    """Builds one endpoint's response objects: completions and chat differ only in shape."""
+LOGPROB_FLOOR = -9999.0  # what vLLM sends for -inf (JSON has no infinity)
 
-    def __init__(self, chat: bool, request_id: str, model: str) -> None:
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """One finished choice of a whole (non-streamed) response."""
+
+    text: str
+    finish_reason: str | None
+    logprobs: tuple[TokenLogprobs, ...] | None = None  # when the request asked for them
+    text_offset: int = 0  # completions: where the output starts in `text` (after an echo)
+
+
+class Shapes:
+    """Builds one endpoint's response objects: completions and chat differ only in shape.
+    `token_str` spells a token id for logprobs (the tokenizer's decoding of it alone)."""
+
+    def __init__(
+        self,
+        chat: bool,
+        request_id: str,
+        model: str,
+        token_str: Callable[[int], str] | None = None,
+    ) -> None:
         self.chat = chat
         self.id = request_id
         self.model = model
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
+        self.token_str = token_str or str
 
     def _base(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def full(self, text: str, reason: str | None, prompt: int, completion: int) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(reason)}
+    def logprobs(self, lps: Sequence[TokenLogprobs], offset: int = 0) -> dict[str, Any]:
+        """OpenAI's logprobs object for these tokens: chat's `content` list, or the
+        completions API's parallel lists (`offset`: the text's length before them)."""
+        spell = self.token_str
         if self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
-            choice["logprobs"] = None
-        return {**self._base(self.object), "choices": [choice], "usage": usage(prompt, completion)}
+            return {"content": [self._chat_entry(lp) for lp in lps]}
+        tokens = [spell(lp.token_id) for lp in lps]
+        offsets = []
+        for t in tokens:
+            offsets.append(offset)
+            offset += len(t)
+        tops = []
+        for lp in lps:
+            # vLLM's: the k most likely, and the sampled token among them (set last: two
+            # tokens may spell the same, as pieces of characters do, and the sampled one's
+            # value is the one token_logprobs has)
+            top = {spell(t): max(v, LOGPROB_FLOOR) for t, v in lp.top}
+            top[spell(lp.token_id)] = max(lp.logprob, LOGPROB_FLOOR)
+            tops.append(top)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [max(lp.logprob, LOGPROB_FLOOR) for lp in lps],
+            "top_logprobs": tops,
+            "text_offset": offsets,
+        }
+
+    def _chat_entry(self, lp: TokenLogprobs) -> dict[str, Any]:
+        spell = self.token_str
+
+        def one(token_id: int, value: float) -> dict[str, Any]:
+            text = spell(token_id)
+            return {
+                "token": text,
+                "logprob": max(value, LOGPROB_FLOOR),
+                "bytes": list(text.encode("utf-8", errors="replace")),
+            }
+
+        entry = one(lp.token_id, lp.logprob)
+        entry["top_logprobs"] = [one(t, v) for t, v in lp.top]
+        return entry
+
+    def full(self, choices: Sequence[Choice], prompt: int, completion: int) -> dict[str, Any]:
+        out = []
+        for index, c in enumerate(choices):
+            choice: dict[str, Any] = {"index": index}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": c.text}
+                choice["logprobs"] = None if c.logprobs is None else self.logprobs(c.logprobs)
+            else:
+                choice["text"] = c.text
+                choice["logprobs"] = (
+                    None if c.logprobs is None else self.logprobs(c.logprobs, c.text_offset)
+                )
+            choice["finish_reason"] = finish_reason(c.finish_reason)
+            out.append(choice)
+        return {**self._base(self.object), "choices": out, "usage": usage(prompt, completion)}
 
     def chunk(
         self,
@@ -372,10 +495,12 @@ class Shapes:
         reason: str | None,
         first: bool = False,
         usage_now: tuple[int, int] | None = None,
+        index: int = 0,
+        logprobs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """One streamed chunk; `usage_now` (prompt, completion tokens so far): vLLM's
-        continuous_usage_stats."""
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(reason)}
+        continuous_usage_stats; `logprobs`: an object from logprobs() for its tokens."""
+        choice: dict[str, Any] = {"index": index}
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
             if text is not None:
@@ -383,7 +508,8 @@ class Shapes:
             choice["delta"] = delta
         else:
             choice["text"] = text or ""
-            choice["logprobs"] = None
+        choice["logprobs"] = logprobs
+        choice["finish_reason"] = finish_reason(reason)
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         out = {**self._base(obj), "choices": [choice]}
         if usage_now is not None:

@@ -175,7 +175,7 @@ def test_stop_strings_cut_the_text_and_never_stream_part_of_one(tmp_path: Path) 
 
 BAD = [
     ({"prompt": "hi", "bogus": 1}, 400, "bogus", "unknown field"),
-    ({"prompt": "hi", "n": 2}, 400, "n", "n=1"),
+    ({"prompt": "hi", "n": 65}, 400, "n", "less than or equal to 64"),
     ({"prompt": "hi", "stream_options": {"include_usage": True}}, 400, "stream_options", ""),
     ({"prompt": "hi", "temperature": -1}, 400, "temperature", "temperature"),
     ({"prompt": "hi", "top_p": 0}, 400, "top_p", "top_p"),

@@ -118,10 +118,10 @@ def test_refusals_are_openai_errors_that_name_the_field(client: openai.OpenAI) -
             ],
         )
     assert "text-only" in str(image.value)
-    with pytest.raises(openai.BadRequestError) as penalty:
-        client.completions.create(model=model, prompt="hi", presence_penalty=1.5)
-    assert isinstance(penalty.value.body, dict)
-    assert penalty.value.body.get("param") == "presence_penalty"
+    with pytest.raises(openai.BadRequestError) as suffix:
+        client.completions.create(model=model, prompt="hi", suffix="there")
+    assert isinstance(suffix.value.body, dict)
+    assert suffix.value.body.get("param") == "suffix"
     # ...and the server goes on.
     ok = client.completions.create(model=model, prompt="hi", max_tokens=2)
     assert ok.choices[0].finish_reason in ("length", "stop")
@@ -156,3 +156,45 @@ def test_a_body_over_max_body_size_is_a_413(client: openai.OpenAI) -> None:
     with pytest.raises(openai.APIStatusError) as big:
         client.completions.create(model=model_of(client), prompt="a" * 100_000, max_tokens=2)
     assert big.value.status_code == 413 and "65536 bytes" in str(big.value)
+
+
+def test_logprobs_and_n_through_the_client(client: openai.OpenAI) -> None:
+    model = model_of(client)
+    chat = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "say something"}],
+        max_completion_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    content = chat.choices[0].logprobs.content if chat.choices[0].logprobs else None
+    assert content is not None and chat.usage is not None
+    assert len(content) == chat.usage.completion_tokens
+    assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+    comp = client.completions.create(
+        model=model, prompt="the quick brown fox", max_tokens=4, temperature=0, logprobs=1
+    )
+    lp = comp.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and len(lp.tokens) == 4
+    assert lp.token_logprobs is not None and all(v <= 0 for v in lp.token_logprobs)
+    many = client.completions.create(
+        model=model, prompt="the quick brown fox", max_tokens=4, n=3, seed=5
+    )
+    assert sorted(c.index for c in many.choices) == [0, 1, 2]
+    assert many.usage is not None and many.usage.completion_tokens == 12
+    chats = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "say something"}],
+        max_completion_tokens=3,
+        n=2,
+        seed=3,
+        stream=True,
+        logprobs=True,
+    )
+    seen: dict[int, int] = {}
+    for chunk in chats:
+        for c in chunk.choices:
+            if c.logprobs is not None and c.logprobs.content:
+                seen[c.index] = seen.get(c.index, 0) + len(c.logprobs.content)
+    assert seen == {0: 3, 1: 3}
