@@ -41,17 +41,19 @@ def step_seed(seed: int, position: int) -> int:
 
 @dataclass
 class Processing:
-    """The logits processing of the rows that ask for it (penalties, bias), as tensors."""
+    """The logits processing of the rows that ask for it, as flat (row, token) entries:
+    a bias entry per biased token, and a penalty entry per distinct token of a penalized
+    row's prompt and output (the only logits a penalty changes), so that the work is
+    proportional to those tokens, not to rows times the vocabulary."""
 
     bias_rows: torch.Tensor | None  # [B] row of each bias entry
     bias_ids: torch.Tensor | None  # [B] its token
     bias_values: torch.Tensor | None  # [B] what is added to that token's logit
-    pen_rows: torch.Tensor | None  # [P] rows with a penalty
-    repetition: torch.Tensor | None  # [P]
-    frequency: torch.Tensor | None  # [P]
-    presence: torch.Tensor | None  # [P]
-    prompt_mask: torch.Tensor | None  # [P, V] bool: the token is in the row's prompt
-    output_counts: torch.Tensor | None  # [P, V] fp32: times the token is in the output
+    pen_rows: torch.Tensor | None  # [E] row of each penalty entry
+    pen_ids: torch.Tensor | None  # [E] a token in that row's prompt or output
+    repetition: torch.Tensor | None  # [E] the row's repetition penalty
+    frequency: torch.Tensor | None  # [E] the row's frequency penalty times the output count
+    presence: torch.Tensor | None  # [E] the row's presence penalty if in the output, else 0
 
 
 @dataclass
@@ -126,7 +128,7 @@ def _processing(
     ]
     if not rows and not pen:
         return None  # min_p only: it works on probabilities, not here
-    proc = Processing(None, None, None, None, None, None, None, None, None)
+    proc = Processing(None, None, None, None, None, None, None, None)
     if rows:
         proc.bias_rows = torch.tensor(rows, dtype=torch.int64, device=device)
         proc.bias_ids = torch.tensor(ids, dtype=torch.int64, device=device)
@@ -134,32 +136,33 @@ def _processing(
     if pen:
         if history is None or vocab_size <= 0:
             raise ValueError("penalties need each request's tokens and the vocabulary size")
+        e_rows, e_ids, e_rep, e_freq, e_pres = [], [], [], [], []
+        for i in pen:
+            prompt, output = history(i)
+            seen = np.unique(np.concatenate((prompt, output)).astype(np.int64))
+            seen = seen[(seen >= 0) & (seen < vocab_size)]
+            counts = np.zeros(len(seen), dtype=np.float32)
+            if len(output) and len(seen):
+                out_ids, out_counts = np.unique(output, return_counts=True)
+                at = np.minimum(np.searchsorted(seen, out_ids), len(seen) - 1)
+                ok = seen[at] == out_ids
+                counts[at[ok]] = out_counts[ok]
+            p = params[i]
+            e_rows.append(np.full(len(seen), i, dtype=np.int64))
+            e_ids.append(seen)
+            e_rep.append(np.full(len(seen), p.repetition_penalty, dtype=np.float32))
+            e_freq.append(np.float32(p.frequency_penalty) * counts)
+            e_pres.append(np.float32(p.presence_penalty) * (counts > 0).astype(np.float32))
 
-        def f32(values: list[float]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.float32, device=device)
+        def flat(parts: list[np.ndarray], dtype: torch.dtype) -> torch.Tensor:
+            return torch.from_numpy(np.concatenate(parts)).to(device=device, dtype=dtype)
 
-        proc.pen_rows = torch.tensor(pen, dtype=torch.int64, device=device)
-        proc.repetition = f32([params[i].repetition_penalty for i in pen])
-        proc.frequency = f32([params[i].frequency_penalty for i in pen])
-        proc.presence = f32([params[i].presence_penalty for i in pen])
-        # One scatter per kind for all penalized rows: the token lists are padded with an
-        # id one past the vocabulary, whose column is cut off afterwards.
-        seen = [history(i) for i in pen]
-        proc.prompt_mask = _bincount([s[0] for s in seen], vocab_size, device).bool()
-        proc.output_counts = _bincount([s[1] for s in seen], vocab_size, device)
+        proc.pen_rows = flat(e_rows, torch.int64)
+        proc.pen_ids = flat(e_ids, torch.int64)
+        proc.repetition = flat(e_rep, torch.float32)
+        proc.frequency = flat(e_freq, torch.float32)
+        proc.presence = flat(e_pres, torch.float32)
     return proc
-
-
-def _bincount(lists: list[np.ndarray], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """[len(lists), vocab_size] fp32: how often each token occurs in each list."""
-    width = max((len(x) for x in lists), default=0)
-    padded = np.full((len(lists), max(width, 1)), vocab_size, dtype=np.int64)
-    for r, x in enumerate(lists):
-        padded[r, : len(x)] = np.clip(x, 0, vocab_size)
-    index = torch.from_numpy(padded).to(device)
-    counts = torch.zeros(len(lists), vocab_size + 1, dtype=torch.float32, device=device)
-    counts.scatter_add_(1, index, torch.ones_like(index, dtype=torch.float32))
-    return counts[:, :vocab_size]
 
 
 def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
@@ -173,17 +176,13 @@ def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         assert proc.bias_ids is not None and proc.bias_values is not None
         x.index_put_((proc.bias_rows, proc.bias_ids), proc.bias_values, accumulate=True)
     if proc.pen_rows is not None:
-        assert proc.repetition is not None and proc.frequency is not None
-        assert proc.presence is not None and proc.prompt_mask is not None
-        assert proc.output_counts is not None
-        sub = x[proc.pen_rows]
-        counts = proc.output_counts
-        seen = proc.prompt_mask | (counts > 0)
-        rep = proc.repetition[:, None]
-        sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
-        sub = sub - proc.frequency[:, None] * counts
-        sub = sub - proc.presence[:, None] * (counts > 0).to(sub.dtype)
-        x[proc.pen_rows] = sub
+        assert proc.pen_ids is not None and proc.repetition is not None
+        assert proc.frequency is not None and proc.presence is not None
+        index = (proc.pen_rows, proc.pen_ids)  # distinct pairs: the writes do not collide
+        v = x[index]
+        rep = proc.repetition
+        v = torch.where(v > 0, v / rep, v * rep) - proc.frequency - proc.presence
+        x.index_put_(index, v)
     return x
 
 

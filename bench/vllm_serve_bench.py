@@ -1,0 +1,193 @@
+"""`vllm bench serve` against `schedtop serve`, and the same prompts through offline
+`LLMEngine.generate()`, in one run, on the default model (issue 26's done-when: the
+server's output tok/s at least 90% of offline).
+
+The prompts: N (200) texts of random tokens of the default model's vocabulary, written
+as vLLM's custom dataset (JSON lines of {"prompt": ...}), so that vLLM's load generator
+and the offline engine get the very same text. `vllm bench serve --backend openai
+--dataset-name custom --skip-chat-template --ignore-eos --temperature 0` sends them with
+--max-concurrency C (16), each asking for M (64) tokens. Offline generate() gets the same
+texts and lengths, greedy, EOS ignored, twice: with max_num_seqs C, the load the server
+had (the like-for-like figure), and with the engine's default max_num_seqs (all N at
+once: the engine's best batch, which no client at concurrency C could give the server).
+The runs alternate, server first, so that a noisy neighbour hurts each side.
+
+    .venv/bin/python bench/vllm_serve_bench.py [--num-prompts 200] [--concurrency 16]
+        [--input-len 64] [--output-len 64] [--repeats 1] [--vllm-python PATH]
+
+vLLM's interpreter: --vllm-python, else $SCHEDTOP_VLLM_PYTHON, else .venv-vllm/bin/python.
+The Hugging Face tokenizer vLLM's client needs is built from the default model's GGUF
+file by transformers (the main venv's), in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from serve_bench import Server  # noqa: E402
+
+
+def vllm_python(given: str | None) -> Path:
+    for candidate in (
+        given,
+        os.environ.get("SCHEDTOP_VLLM_PYTHON"),
+        ROOT / ".venv-vllm/bin/python",
+    ):
+        if candidate and Path(candidate).exists():
+            return Path(candidate)
+    raise SystemExit("vllm_serve_bench: no vLLM interpreter (--vllm-python, $SCHEDTOP_VLLM_PYTHON)")
+
+
+def hf_tokenizer(out: Path) -> Path:
+    from transformers import AutoTokenizer
+
+    from engine.model.loader import default_model_path
+
+    gguf = default_model_path()
+    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(out)
+    return out
+
+
+def make_prompts(n: int, input_len: int, seed: int) -> list[str]:
+    """Texts of about `input_len` tokens: random token ids of the default model, decoded
+    (re-encoding a decoded text gives about as many tokens back)."""
+    from engine.model.loader import load_model
+
+    tok = load_model(None).tokenizer
+    rng = random.Random(seed)
+    vocab = tok.vocab_size
+    out = []
+    for _ in range(n):
+        ids = [rng.randrange(100, vocab - 100) for _ in range(input_len)]
+        out.append(tok.decode(ids))
+    return out
+
+
+def run_vllm_bench(
+    python: Path, url: str, model: str, tokenizer: Path, data: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    vllm = python.with_name("vllm")
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [
+            str(vllm), "bench", "serve", "--backend", "openai", "--base-url", url,
+            "--endpoint", "/v1/completions", "--model", model, "--tokenizer", str(tokenizer),
+            "--dataset-name", "custom", "--dataset-path", str(data), "--skip-chat-template",
+            "--custom-output-len", str(args.output_len), "--ignore-eos", "--temperature", "0",
+            "--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.concurrency),
+            "--save-result", "--result-dir", tmp, "--result-filename", "r.json",
+            "--disable-tqdm", "--seed", str(args.seed),
+        ]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": "", "VLLM_LOGGING_LEVEL": "WARNING"}
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp)
+        if out.returncode != 0:
+            raise SystemExit(f"vllm bench serve failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
+        result: dict[str, Any] = json.loads((Path(tmp) / "r.json").read_text())
+        return result
+
+
+def offline(prompts: list[str], output_len: int, max_num_seqs: int | None) -> dict[str, float]:
+    from engine.config import EngineConfig
+    from engine.model.llm_engine import LLMEngine
+    from engine.request import SamplingParams
+
+    config = EngineConfig() if max_num_seqs is None else EngineConfig(max_num_seqs=max_num_seqs)
+    engine = LLMEngine.from_model(None, config)
+    params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
+    t0 = time.perf_counter()
+    outs = engine.generate(prompts, params)
+    wall = time.perf_counter() - t0
+    tokens = sum(len(o.output_token_ids) for o in outs)
+    engine.close()
+    return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--num-prompts", type=int, default=200)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--input-len", type=int, default=64)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=1, help="server/offline rounds, alternated")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vllm-python")
+    args = ap.parse_args()
+    python = vllm_python(args.vllm_python)
+    server_runs: list[dict[str, Any]] = []
+    same: list[dict[str, float]] = []
+    best: list[dict[str, float]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        tokenizer = hf_tokenizer(base / "tokenizer")
+        prompts = make_prompts(args.num_prompts, args.input_len, args.seed)
+        data = base / "prompts.jsonl"
+        data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+        for _ in range(args.repeats):
+            (base / "traces").mkdir(exist_ok=True)
+            server = Server(base / "traces")
+            try:
+                import httpx
+
+                model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
+                server_runs.append(run_vllm_bench(python, server.url, model, tokenizer, data, args))
+            finally:
+                server.stop()
+            same.append(offline(prompts, args.output_len, args.concurrency))
+            best.append(offline(prompts, args.output_len, None))
+    report(server_runs, same, best, args)
+
+
+def report(
+    server: list[dict[str, Any]],
+    same: list[dict[str, float]],
+    best: list[dict[str, float]],
+    args: argparse.Namespace,
+) -> None:
+    completed = sum(r["completed"] for r in server)
+    failed = sum(r.get("failed", 0) for r in server)
+    s_tok = sum(r["output_throughput"] for r in server) / len(server)
+    c_tok = sum(r["tokens"] for r in same) / len(same)
+    o_tok = sum(r["tok_s"] for r in same) / len(same)
+    b_tok = sum(r["tok_s"] for r in best) / len(best)
+    s_tokens = sum(r["total_output_tokens"] for r in server) / len(server)
+    print(
+        f"{args.num_prompts} prompts of {args.input_len} random tokens, {args.output_len} "
+        f"output tokens each (EOS ignored, greedy), {len(server)} round(s)"
+    )
+    print(
+        f"vllm bench serve: {completed} completed, {failed} failed, concurrency {args.concurrency}"
+    )
+    rows = [
+        ("output tokens", f"{s_tokens:.0f}", f"{c_tok:.0f}", ""),
+        ("output tok/s", f"{s_tok:.1f}", f"{o_tok:.1f}", f"{s_tok / o_tok:.1%}"),
+        (f"vs offline, all {args.num_prompts} at once", "", f"{b_tok:.1f}", f"{s_tok / b_tok:.1%}"),
+    ]
+    for r in server:
+        rows.append(
+            ("server TTFT p50/p99", f"{r['median_ttft_ms']:.0f}/{r['p99_ttft_ms']:.0f} ms", "", "")
+        )
+        rows.append(
+            ("server ITL p50/p99", f"{r['median_itl_ms']:.0f}/{r['p99_itl_ms']:.0f} ms", "", "")
+        )
+    head = (
+        f"{'':<34} {'server':>16} {f'offline ({args.concurrency} seqs)':>18} {'server/offline':>15}"
+    )
+    print(head)
+    for name, a, b, ratio in rows:
+        print(f"{name:<34} {a:>16} {b:>18} {ratio:>15}")
+
+
+if __name__ == "__main__":
+    main()
