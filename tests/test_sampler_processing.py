@@ -157,3 +157,19 @@ def test_bad_values_are_refused() -> None:
             SamplingParams(**bad)  # type: ignore[arg-type]
     with pytest.raises(RequestError, match="logit_bias"):
         tiny_engine(tiny_model()).add_request("x", "hi", SamplingParams(logit_bias=((10**6, 1.0),)))
+
+
+def test_a_workload_file_carries_the_new_sampling_keys() -> None:
+    from engine.model.workload import parse_run_workload
+    from engine.workload_file import WorkloadError
+
+    sampling = {"max_tokens": 4, "frequency_penalty": 1, "presence_penalty": 0.5,
+                "repetition_penalty": 1.1, "min_p": 0.1, "logit_bias": [[5, 3]],
+                "logprobs": 2}  # fmt: skip
+    w = parse_run_workload({"requests": [{"id": "a", "prompt": "hi", "sampling": sampling}]})
+    params = SamplingParams(**w.requests[0].sampling)
+    assert params.logit_bias == ((5, 3.0),) and params.frequency_penalty == 1.0
+    assert params.logprobs == 2 and params.processes_logits
+    bad = {"requests": [{"id": "a", "prompt": "hi", "sampling": {"logit_bias": [[5]]}}]}
+    with pytest.raises(WorkloadError, match="logit_bias"):
+        parse_run_workload(bad)

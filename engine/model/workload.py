@@ -29,6 +29,12 @@ SAMPLING_KEYS = {
     "ignore_eos": bool,
     "stop_token_ids": list,
     "priority": int,
+    "presence_penalty": float,
+    "frequency_penalty": float,
+    "repetition_penalty": float,
+    "min_p": float,
+    "logit_bias": list,
+    "logprobs": int,
 }
 
 
@@ -180,7 +186,7 @@ def _sampling(value: Any, where: str) -> dict[str, Any]:
             )
         if want is float and isinstance(raw, int) and not isinstance(raw, bool):
             raw = float(raw)
-        if key == "seed" and raw is None:
+        if key in ("seed", "logprobs") and raw is None:
             out[key] = None
             continue
         ok = isinstance(raw, want) and not (want is not bool and isinstance(raw, bool))
@@ -190,5 +196,21 @@ def _sampling(value: Any, where: str) -> dict[str, Any]:
             if any(isinstance(t, bool) or not isinstance(t, int) for t in raw):
                 raise WorkloadError(f"{where}: sampling.stop_token_ids must be integers")
             raw = tuple(raw)
+        if key == "logit_bias":
+            raw = _bias(raw, where)
         out[key] = raw
     return out
+
+
+def _bias(raw: list[Any], where: str) -> tuple[tuple[int, float], ...]:
+    """logit_bias as [[token_id, bias], ...] (the trace's form; ranges: SamplingParams)."""
+    out = []
+    for pair in raw:
+        ok = isinstance(pair, list) and len(pair) == 2
+        token, bias = pair if ok else (None, None)
+        if not ok or isinstance(token, bool) or not isinstance(token, int):
+            raise WorkloadError(f"{where}: sampling.logit_bias must be [token_id, bias] pairs")
+        if isinstance(bias, bool) or not isinstance(bias, int | float):
+            raise WorkloadError(f"{where}: sampling.logit_bias: bias {bias!r} is not a number")
+        out.append((token, float(bias)))
+    return tuple(out)
