@@ -6,6 +6,7 @@ its definition says."""
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import pytest
@@ -173,3 +174,36 @@ def test_a_workload_file_carries_the_new_sampling_keys() -> None:
     bad = {"requests": [{"id": "a", "prompt": "hi", "sampling": {"logit_bias": [[5]]}}]}
     with pytest.raises(WorkloadError, match="logit_bias"):
         parse_run_workload(bad)
+
+
+def test_with_speculative_decoding_processed_requests_sample_as_without() -> None:
+    """Requests with logits processing or logprobs get no drafts, so their tokens are
+    what a run without drafts gives; their neighbours still verify drafts."""
+    from engine.config import SpeculativeConfig
+
+    ngram = SpeculativeConfig("ngram", num_speculative_tokens=3, prompt_lookup_min=1,
+                              prompt_lookup_max=3)  # fmt: skip
+    special = {
+        "pen": SamplingParams(
+            max_tokens=24, temperature=0, ignore_eos=True, frequency_penalty=1.0, logprobs=1
+        ),  # fmt: skip
+        "bias": SamplingParams(
+            max_tokens=8, temperature=0.7, seed=4, ignore_eos=True, logit_bias=((40, 100.0),)
+        ),  # fmt: skip
+        "plain": SamplingParams(max_tokens=24, temperature=0, ignore_eos=True),
+    }
+
+    def run(spec: SpeculativeConfig | None) -> dict[str, Any]:
+        e = tiny_engine(tiny_model(seed=5), speculative_config=spec)
+        for rid, p in special.items():
+            e.add_request(rid, "abc abc abc abc abc " + rid, p)
+        while e.has_unfinished():
+            e.step()
+        return {rid: e.output(rid) for rid in special}
+
+    plain, spec = run(None), run(ngram)
+    for rid in special:
+        assert spec[rid].output_token_ids == plain[rid].output_token_ids, rid
+    assert spec["bias"].output_token_ids == [40] * 8
+    lps = spec["pen"].logprobs
+    assert lps is not None and [x.token_id for x in lps] == spec["pen"].output_token_ids

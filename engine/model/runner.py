@@ -164,12 +164,14 @@ class ModelRunner:
         self, logits: torch.Tensor, inputs: StepInputs
     ) -> tuple[list[list[int]], list[TokenLogprobs | None]]:
         """Drafts verified; requests with logits processing or logprobs verify none (see
-        _propose), so their one row is theirs exactly, as in a step without drafts."""
+        _propose), so their first row is theirs exactly, as in a step without drafts."""
         assert inputs.drafts is not None
         params = inputs.sample_params
         counts = [len(d) + 1 for d in inputs.drafts]
         starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
-        single = [j for j, c in enumerate(counts) if c == 1]
+        # A request's first row is exact when it has no real drafts: none, or only the
+        # placeholders vLLM pads a one-token step with (always rejected).
+        single = [j for j, d in enumerate(inputs.drafts) if all(x < 0 for x in d)]
         special = [
             j for j in single if params[j].processes_logits or params[j].logprobs is not None
         ]
