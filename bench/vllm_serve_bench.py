@@ -2,15 +2,15 @@
 `LLMEngine.generate()`, in one run, on the default model (issue 26's done-when: the
 server's output tok/s at least 90% of offline).
 
-The prompts: N (200) texts of random tokens of the default model's vocabulary, written
-as vLLM's custom dataset (JSON lines of {"prompt": ...}), so that vLLM's load generator
-and the offline engine get the very same text. `vllm bench serve --backend openai
---dataset-name custom --skip-chat-template --ignore-eos --temperature 0` sends them with
---max-concurrency C (16), each asking for M (64) tokens. Offline generate() gets the same
-texts and lengths, greedy, EOS ignored, twice: with max_num_seqs C, the load the server
-had (the like-for-like figure), and with the engine's default max_num_seqs (all N at
-once: the engine's best batch, which no client at concurrency C could give the server).
-The runs alternate, server first, so that a noisy neighbour hurts each side.
+`vllm bench serve --backend openai --dataset-name random --ignore-eos --temperature 0`
+sends N (200) prompts of I (64) random tokens, M (64) output tokens each, at
+--max-concurrency C (16). The very prompts it sends are read back from vLLM itself: its
+own get_samples() on the same arguments (the random dataset has its own seeded
+generator), run in vLLM's interpreter. Offline generate() then gets those texts and
+lengths, greedy, EOS ignored, twice: with max_num_seqs C, the load the server had (the
+like-for-like figure), and with the engine's default max_num_seqs (all N at once: the
+engine's best batch, which no client at concurrency C could give the server). The runs
+alternate, server first, so that a noisy neighbour hurts each side.
 
     .venv/bin/python bench/vllm_serve_bench.py [--num-prompts 200] [--concurrency 16]
         [--input-len 64] [--output-len 64] [--repeats 1] [--vllm-python PATH]
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -61,53 +60,68 @@ def hf_tokenizer(out: Path) -> Path:
     return out
 
 
-def make_prompts(n: int, input_len: int, seed: int) -> list[str]:
-    """Texts of about `input_len` tokens: random token ids of the default model, decoded
-    (re-encoding a decoded text gives about as many tokens back)."""
-    from engine.model.loader import load_model
+# Run in vLLM's interpreter: the requests `vllm bench serve` would send for these
+# arguments, from its own dataset code.
+DUMP = """
+import json, sys
+from vllm.benchmarks.datasets.datasets import get_samples
+from vllm.benchmarks.serve import add_cli_args
+from vllm.tokenizers import get_tokenizer
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser()
+add_cli_args(parser)
+args = parser.parse_args(sys.argv[1:])
+tok = get_tokenizer(args.tokenizer, tokenizer_mode=args.tokenizer_mode)
+reqs = get_samples(args, tok)
+print(json.dumps([[r.prompt, r.expected_output_len] for r in reqs]))
+"""
 
-    tok = load_model(None).tokenizer
-    rng = random.Random(seed)
-    vocab = tok.vocab_size
-    out = []
-    for _ in range(n):
-        ids = [rng.randrange(100, vocab - 100) for _ in range(input_len)]
-        out.append(tok.decode(ids))
-    return out
+
+def bench_args(model: str, tokenizer: Path, args: argparse.Namespace) -> list[str]:
+    return [
+        "--backend", "openai", "--endpoint", "/v1/completions", "--model", model,
+        "--tokenizer", str(tokenizer), "--dataset-name", "random",
+        "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+        "--ignore-eos", "--temperature", "0", "--num-prompts", str(args.num_prompts),
+        "--max-concurrency", str(args.concurrency), "--seed", str(args.seed),
+    ]  # fmt: skip
 
 
-def run_vllm_bench(
-    python: Path, url: str, model: str, tokenizer: Path, data: Path, args: argparse.Namespace
-) -> dict[str, Any]:
+def vllm_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": "", "VLLM_LOGGING_LEVEL": "WARNING"}
+
+
+def sent_prompts(python: Path, common: list[str]) -> list[tuple[str, int]]:
+    out = subprocess.run(
+        [str(python), "-c", DUMP, *common], capture_output=True, text=True, env=vllm_env()
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"reading vLLM's prompts failed:\n{out.stderr[-3000:]}")
+    return [(p, n) for p, n in json.loads(out.stdout.strip().splitlines()[-1])]
+
+
+def run_vllm_bench(python: Path, url: str, common: list[str]) -> dict[str, Any]:
     vllm = python.with_name("vllm")
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [
-            str(vllm), "bench", "serve", "--backend", "openai", "--base-url", url,
-            "--endpoint", "/v1/completions", "--model", model, "--tokenizer", str(tokenizer),
-            "--dataset-name", "custom", "--dataset-path", str(data), "--skip-chat-template",
-            "--custom-output-len", str(args.output_len), "--ignore-eos", "--temperature", "0",
-            "--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.concurrency),
-            "--save-result", "--result-dir", tmp, "--result-filename", "r.json",
-            "--disable-tqdm", "--seed", str(args.seed),
-        ]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": "", "VLLM_LOGGING_LEVEL": "WARNING"}
-        out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp)
+        cmd = [str(vllm), "bench", "serve", "--base-url", url, *common, "--save-result",
+               "--result-dir", tmp, "--result-filename", "r.json", "--disable-tqdm"]  # fmt: skip
+        out = subprocess.run(cmd, capture_output=True, text=True, env=vllm_env(), cwd=tmp)
         if out.returncode != 0:
             raise SystemExit(f"vllm bench serve failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
         result: dict[str, Any] = json.loads((Path(tmp) / "r.json").read_text())
         return result
 
 
-def offline(prompts: list[str], output_len: int, max_num_seqs: int | None) -> dict[str, float]:
+def offline(prompts: list[tuple[str, int]], max_num_seqs: int | None) -> dict[str, float]:
     from engine.config import EngineConfig
     from engine.model.llm_engine import LLMEngine
     from engine.request import SamplingParams
 
     config = EngineConfig() if max_num_seqs is None else EngineConfig(max_num_seqs=max_num_seqs)
     engine = LLMEngine.from_model(None, config)
-    params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for _, n in prompts]
     t0 = time.perf_counter()
-    outs = engine.generate(prompts, params)
+    outs = engine.generate([p for p, _ in prompts], params)
     wall = time.perf_counter() - t0
     tokens = sum(len(o.output_token_ids) for o in outs)
     engine.close()
@@ -131,9 +145,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         tokenizer = hf_tokenizer(base / "tokenizer")
-        prompts = make_prompts(args.num_prompts, args.input_len, args.seed)
-        data = base / "prompts.jsonl"
-        data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+        prompts: list[tuple[str, int]] = []
         for _ in range(args.repeats):
             (base / "traces").mkdir(exist_ok=True)
             server = Server(base / "traces")
@@ -141,11 +153,13 @@ def main() -> None:
                 import httpx
 
                 model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
-                server_runs.append(run_vllm_bench(python, server.url, model, tokenizer, data, args))
+                common = bench_args(model, tokenizer, args)
+                prompts = prompts or sent_prompts(python, common)
+                server_runs.append(run_vllm_bench(python, server.url, common))
             finally:
                 server.stop()
-            same.append(offline(prompts, args.output_len, args.concurrency))
-            best.append(offline(prompts, args.output_len, None))
+            same.append(offline(prompts, args.concurrency))
+            best.append(offline(prompts, None))
     report(server_runs, same, best, args)
 
 
