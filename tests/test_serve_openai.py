@@ -197,4 +197,5 @@ def test_logprobs_and_n_through_the_client(client: openai.OpenAI) -> None:
         for c in chunk.choices:
             if c.logprobs is not None and c.logprobs.content:
                 seen[c.index] = seen.get(c.index, 0) + len(c.logprobs.content)
-    assert seen == {0: 3, 1: 3}
+    # one logprob per token of each choice (a choice may stop on EOS before 3 tokens)
+    assert set(seen) == {0, 1} and all(1 <= k <= 3 for k in seen.values())
