@@ -126,7 +126,7 @@ async def with_httpx(
 
 BAD = [
     ({"prompt": "hi", "max_tokens": 4, "bogus": True}, 400),
-    ({"prompt": "hi", "n": 3}, 400),
+    ({"prompt": "hi", "n": 65}, 400),  # at most 64 choices
     ({"prompt": "word " * 9000}, 400),
     ({"messages": [{"role": "nobody", "content": "x"}]}, 400),
 ]
