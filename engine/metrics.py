@@ -43,6 +43,11 @@ class Lifecycle:
     preemptions: int = 0  # times preempted
     hit_tokens: list[int] = field(default_factory=list)  # prefix hits at each admission
     queried_tokens: list[int] = field(default_factory=list)  # tokens held at each admission
+    priority: int = 0  # its scheduling priority (lower runs first)
+    # preemptions and recompute inside the observed steps: a group's share of the run's
+    # totals (`preemptions` also counts those before the recording)
+    preempted_here: int = 0
+    recompute_tokens: int = 0
 
     @property
     def finished_ok(self) -> bool:
@@ -63,6 +68,7 @@ class Lifecycles:
     def adopt(self, r: RequestState) -> None:
         """A request already there when the recording (or its readable part) began."""
         life = Lifecycle(r.ref, r.request_id, r.arrival_step, r.arrival_time, r.num_prompt_tokens)
+        life.priority = r.priority
         life.first_scheduled_step = r.first_scheduled_step
         life.num_samples = r.num_output_tokens
         if r.num_output_tokens:
@@ -113,6 +119,8 @@ class Lifecycles:
             life = reqs.get(p.victim)
             if life is not None:
                 life.preemptions += 1
+                life.preempted_here += 1
+                life.recompute_tokens += p.tokens_lost
         for f in rec.finishes:
             life = reqs.get(f.ref)
             if life is not None:
@@ -122,6 +130,7 @@ class Lifecycles:
 
     def _arrive(self, a: Arrival, step: int) -> None:
         life = Lifecycle(a.ref, a.request_id, step, a.arrival_time, a.num_prompt_tokens)
+        life.priority = a.priority
         self.reqs[a.ref] = life
         self._unscheduled[a.ref] = life
 
@@ -416,6 +425,57 @@ def client_metrics(reqs: Iterable[ClientRequest]) -> ClientMetrics:
         percentile(e2e, 50),
         percentile(e2e, 99),
     )
+
+
+@dataclass
+class GroupMetrics:
+    """One group's share of a run (`--group-by`): run_metrics over its requests alone, on
+    the run's clock and span, so that its counts and tokens sum over the groups to the
+    run's, and so do its throughput and its summed queue time."""
+
+    key: str  # the group's name (a priority, a tenant, a regex's match)
+    metrics: RunMetrics
+    queue_total: float  # every request's queue time, summed (the wait it cost)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"group": self.key, **self.metrics.to_json(), "queue_total": self.queue_total}
+
+
+def group_metrics(
+    fold: Lifecycles,
+    clock: Clock,
+    key: Callable[[Lifecycle], str],
+    last_end: float | None = None,
+) -> list[GroupMetrics]:
+    """run_metrics per group of requests (`key` names each request's group), in the
+    order the groups first arrive. Each group is a fold of its own lives over the same
+    steps: the definitions stay run_metrics' own."""
+    subs: dict[str, Lifecycles] = {}
+    for ref in sorted(fold.reqs):
+        life = fold.reqs[ref]
+        k = key(life)
+        sub = subs.get(k)
+        if sub is None:
+            sub = subs[k] = Lifecycles()
+            sub.steps = fold.steps
+        sub.reqs[ref] = life
+        sub.preemptions += life.preempted_here
+        sub.recompute_tokens += life.recompute_tokens
+    end = last_end if last_end is not None else (clock.ends[-1] if clock.ends else 0.0)
+    return [
+        GroupMetrics(k, run_metrics(sub, clock, end), queue_total(sub, clock))
+        for k, sub in subs.items()
+    ]
+
+
+def queue_total(fold: Lifecycles, clock: Clock) -> float:
+    """The queue times of the fold's requests, summed (those never scheduled add none)."""
+    total = 0.0
+    for life in fold.reqs.values():
+        q = request_times(life, clock).queue
+        if q is not None:
+            total += q
+    return total
 
 
 # -- the engine's side: a sink that folds a run as it happens ----------------------------------

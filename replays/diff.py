@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from itertools import zip_longest
 from pathlib import Path
+from typing import Any
 
 from recorder.ids import client_id
 from recorder.multi import open_trace
@@ -19,6 +20,7 @@ from recorder.schema import (
     label,
     printable,
 )
+from replays.groups import GroupBy, format_group_change
 from replays.reducer import StepView
 from replays.stats import TraceStats, trace_stats
 from replays.timeline import Timeline
@@ -94,15 +96,41 @@ class TraceDiff:
     requests_affected: list[str]  # requests whose outcome differs (timing, tokens, ...)
     stats_a: TraceStats  # A's metrics
     stats_b: TraceStats  # B's
+    group_by: GroupBy | None = None  # the metrics were grouped too (their `groups`)
 
     @property
     def identical(self) -> bool:
         return self.first_step is None
 
+    def to_json(self) -> dict[str, Any]:
+        """`schedtop diff --json`: the first difference and both sides' metrics (with
+        --group-by, their groups inside them); the requests per side are left out."""
+        sides = {}
+        for name, s in (("a", self.stats_a), ("b", self.stats_b)):
+            stats = s.to_json()
+            stats.pop("requests", None)
+            sides[name] = stats
+        return {
+            "a": str(self.a),
+            "b": str(self.b),
+            "identical": self.identical,
+            "first_step": self.first_step,
+            "fields": list(self.fields),
+            "steps_differing": self.steps_differing,
+            "requests_affected": self.requests_affected,
+            **{f"stats_{k}": v for k, v in sides.items()},
+        }
 
-def diff_traces(a: str | Path, b: str | Path, decisions_only: bool = False) -> TraceDiff:
-    """Compare the decisions of two traces step by step, then their metrics.
-    `decisions_only`: two engines' traces, their BOOKKEEPING_FIELDS not compared."""
+
+def diff_traces(
+    a: str | Path,
+    b: str | Path,
+    decisions_only: bool = False,
+    group_by: GroupBy | None = None,
+) -> TraceDiff:
+    """Compare the decisions of two traces step by step, then their metrics (with
+    `group_by`, each group's too). `decisions_only`: two engines' traces, their
+    BOOKKEEPING_FIELDS not compared."""
     a, b = Path(a), Path(b)
     first: int | None = None
     what: tuple[str, ...] = ()
@@ -123,12 +151,22 @@ def diff_traces(a: str | Path, b: str | Path, decisions_only: bool = False) -> T
                     assert present is not None
                     first = present.step
                     what = fields_
-    stats_a, stats_b = trace_stats(a), trace_stats(b)
+    stats_a, stats_b = trace_stats(a, group_by), trace_stats(b, group_by)
     side_a = side_b = None
     if first is not None:
         side_a, side_b = _side(a, first), _side(b, first)
     return TraceDiff(
-        a, b, first, what, side_a, side_b, differing, _affected(stats_a, stats_b), stats_a, stats_b
+        a,
+        b,
+        first,
+        what,
+        side_a,
+        side_b,
+        differing,
+        _affected(stats_a, stats_b),
+        stats_a,
+        stats_b,
+        group_by,
     )
 
 
@@ -240,6 +278,9 @@ def format_diff(d: TraceDiff, max_entries: int = 12) -> str:
             f"{name:<16} {_fmt(va, attr, unit):>12} {_fmt(vb, attr, unit):>12} "
             f"{_delta(va, vb, attr, unit):>12}"
         )
+    ga, gb = d.stats_a.groups, d.stats_b.groups
+    if d.group_by is not None and ga is not None and gb is not None:
+        lines += ["", format_group_change(d.group_by, ga, gb, unit)]
     return printable("\n".join(lines))
 
 

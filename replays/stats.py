@@ -14,9 +14,13 @@ from typing import Any
 from engine.metrics import (
     SECONDS,
     Clock,
+    GroupMetrics,
     Lifecycle,
     Lifecycles,
+    RunMetrics,
+    group_metrics,
     place_arrivals,
+    queue_total,
     request_times,
     run_metrics,
     step_clock,
@@ -33,6 +37,7 @@ from recorder.schema import (
     printable,
 )
 from replays.clients import ServerStats, format_server, server_stats
+from replays.groups import GroupBy, format_groups
 from replays.reducer import apply_with_view
 from replays.state import State
 
@@ -100,6 +105,11 @@ class TraceStats:
     # "tokens" (SGLang): peak_blocks and usable_blocks count the token pool's slots, from
     # the steps' free_slots (the trace's block map is not tracked; format 1.5)
     kv_pool: str = "blocks"
+    # --group-by: each group's figures (None: not grouped), and the totals they sum to
+    groups: list[GroupMetrics] | None = None
+    group_by: GroupBy | None = field(default=None, repr=False)
+    queue_total: float = 0.0  # every request's queue time, summed
+    totals: RunMetrics | None = field(default=None, repr=False)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -115,21 +125,33 @@ class TraceStats:
         return 1 + self.spec_accepted / self.spec_verifications
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
+        groups, by, totals = self.groups, self.group_by, self.totals
+        self.groups = self.group_by = self.totals = None  # asdict would spell them out
+        try:
+            out = asdict(self)
+        finally:
+            self.groups, self.group_by, self.totals = groups, by, totals
+        for k in ("groups", "group_by", "totals"):
+            out.pop(k)
+        if groups is not None and by is not None:
+            out["group_by"] = by.spec
+            out["groups"] = [g.to_json() for g in groups]
         out["acceptance_rate"] = self.acceptance_rate
         out["mean_acceptance_length"] = self.mean_acceptance_length
         return out
 
 
-def trace_stats(path: str | Path) -> TraceStats:
-    """Compute the metrics of the trace at `path` (its readable part, if it was cut)."""
+def trace_stats(path: str | Path, group_by: GroupBy | None = None) -> TraceStats:
+    """Compute the metrics of the trace at `path` (its readable part, if it was cut);
+    with `group_by`, each group's too."""
     with open_trace(path) as reader:
-        return _Collector(reader).run()
+        return _Collector(reader, group_by).run()
 
 
 class _Collector:
-    def __init__(self, reader: TraceReader) -> None:
+    def __init__(self, reader: TraceReader, group_by: GroupBy | None = None) -> None:
         self.reader = reader
+        self.group_by = group_by
         header = reader.header
         self.timed = False  # whether any step carries runner timings (or model-step work)
         # A vLLM trace's work_ns is the model's step (format 1.4, recorder.vllm), so it
@@ -219,6 +241,12 @@ class _Collector:
             sum(r.hit_tokens[1:]),
         )
 
+    def _groups(self, clock: Clock) -> list[GroupMetrics]:
+        by = self.group_by
+        assert by is not None
+        found = {g.key: g for g in group_metrics(self.fold, clock, by.key)}
+        return [found[k] for k in by.order(list(found))]
+
     def _summarise(self) -> TraceStats:
         clock = self._clock()
         m = run_metrics(self.fold, clock)
@@ -264,6 +292,10 @@ class _Collector:
             work_s=work,
             idle_s=idle,
             kv_pool=self.reader.header.kv_pool,
+            groups=None if self.group_by is None else self._groups(clock),
+            group_by=self.group_by,
+            queue_total=queue_total(self.fold, clock),
+            totals=m,
         )
 
 
@@ -311,6 +343,13 @@ def format_stats(s: TraceStats) -> str:
         rows += format_server(s.server)
     width = max(len(k) for k, _ in rows)
     return printable("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
+
+
+def format_stat_groups(s: TraceStats) -> str | None:
+    """The --group-by table (None: not grouped)."""
+    if s.groups is None or s.group_by is None or s.totals is None:
+        return None
+    return format_groups(s.group_by, s.groups, s.totals, s.queue_total)
 
 
 def _readmits(s: TraceStats) -> str:

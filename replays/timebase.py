@@ -282,16 +282,24 @@ class TimedMetrics:
         return asdict(self)
 
 
-def timed_metrics(
+def timed_clock(
     obs: Observer, end_ns: list[int], arrival_ns: list[int], start_ns: list[int] | None = None
-) -> TimedMetrics:
-    """The metrics of the observed steps with step `i` ending at `end_ns[i]` (and its work
+) -> Clock:
+    """The clock of the observed steps with step `i` ending at `end_ns[i]` (and its work
     starting at `start_ns[i]`; default: Observer.starts_ns) and request ref order `k`
-    arriving at `arrival_ns[k]`: engine.metrics.run_metrics, the one definition."""
+    arriving at `arrival_ns[k]`."""
     first = obs.steps[0] if obs.steps else 0
     starts = start_ns if start_ns is not None else obs.starts_ns(end_ns)
     arrivals = {ref: arrival_ns[k] / 1e9 for k, ref in enumerate(sorted(obs.reqs))}
-    clock = Clock(SECONDS, first, [e / 1e9 for e in end_ns], [t / 1e9 for t in starts], arrivals)
+    return Clock(SECONDS, first, [e / 1e9 for e in end_ns], [t / 1e9 for t in starts], arrivals)
+
+
+def timed_metrics(
+    obs: Observer, end_ns: list[int], arrival_ns: list[int], start_ns: list[int] | None = None
+) -> TimedMetrics:
+    """The metrics of the observed steps on timed_clock's clock:
+    engine.metrics.run_metrics, the one definition."""
+    clock = timed_clock(obs, end_ns, arrival_ns, start_ns)
     m = run_metrics(obs, clock)
     return TimedMetrics(
         num_steps=len(end_ns),

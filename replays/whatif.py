@@ -26,11 +26,13 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.driver import RequestScript, ScriptedInputs, StepDriver, step_limit
+from engine.metrics import GroupMetrics, group_metrics
 from engine.outputs import ModelRunnerOutput, SchedulerOutput
 from engine.records import Timing
 from recorder.reader import TraceReader
 from recorder.schema import Header
 from replays.costmodel import CostModel, format_model, step_work
+from replays.groups import GroupBy, format_group_change
 from replays.resim_base import Checker, ResimError, config_for, inputs_checked, recorder_for
 from replays.scripts import ScriptCollector, ScriptedRunner, scripted_engine
 from replays.timebase import (
@@ -39,6 +41,7 @@ from replays.timebase import (
     TimedMetrics,
     observe_trace,
     recorded_timebase,
+    timed_clock,
     timed_metrics,
     why_untimed,
 )
@@ -75,10 +78,13 @@ class WhatifResult:
     predicted: TimedMetrics  # the predicted run
     first_difference: int | None  # first step whose decisions differ (None: none, or unchecked)
     out: Path | None  # where the predicted trace went
+    group_by: GroupBy | None = None  # --group-by: each side's groups below
+    recorded_groups: list[GroupMetrics] | None = None
+    predicted_groups: list[GroupMetrics] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """`schedtop whatif --json`."""
-        return {
+        out: dict[str, Any] = {
             "trace": self.trace,
             "changed": self.changed,
             "model": self.model.to_json(),
@@ -86,6 +92,14 @@ class WhatifResult:
             "predicted": self.predicted.to_json(),
             "first_difference": self.first_difference,
         }
+        if self.group_by is not None:
+            out["group_by"] = self.group_by.spec
+            for side, groups in (
+                ("recorded_groups", self.recorded_groups),
+                ("predicted_groups", self.predicted_groups),
+            ):
+                out[side] = [g.to_json() for g in groups or ()]
+        return out
 
     def format(self) -> str:
         """What `schedtop whatif` prints: the model, recorded vs predicted, decisions."""
@@ -103,7 +117,20 @@ class WhatifResult:
                 if first is None
                 else f"decisions: first differ at step {first}",
             ]
+            + self._groups()
         )
+
+    def _groups(self) -> list[str]:
+        if self.group_by is None or self.recorded_groups is None:
+            return []
+        table = format_group_change(
+            self.group_by,
+            self.recorded_groups,
+            self.predicted_groups or [],
+            "s",
+            ("rec", "pred"),
+        )
+        return ["", table]
 
 
 def whatif(
@@ -113,12 +140,13 @@ def whatif(
     out: str | Path | None = None,
     check: bool = True,
     min_r2: float | None = None,
+    group_by: GroupBy | None = None,
 ) -> WhatifResult:
     """Predict the trace at `path` under its config with `overrides`, with `model`
     (default: fitted on the trace's own timings); write the predicted trace to `out`.
     `check` compares each predicted step's decisions with the recording's (sweeps, which
     only want the metrics, skip it). `min_r2`: refuse a fitted model whose held-out R² is
-    below it (WhatifError)."""
+    below it (WhatifError). `group_by`: each group's figures too, on both sides."""
     with inputs_checked(path):
         inputs = _inputs(path)
     obs = inputs.obs
@@ -141,9 +169,10 @@ def whatif(
         )
     base, recorded = inputs.recorded(model)
     config = config_for(inputs.header.config, overrides or {})
+    run = _TimedRun(inputs, config, model, base)
     with inputs_checked(path):
-        predicted, differs = _TimedRun(inputs, config, model, base).run(out, check)
-    return WhatifResult(
+        predicted, differs = run.run(out, check)
+    result = WhatifResult(
         str(path),
         config,
         dict(overrides or {}),
@@ -153,6 +182,20 @@ def whatif(
         differs,
         Path(out) if out is not None else None,
     )
+    if group_by is not None:
+        result.group_by = group_by
+        rec_clock = timed_clock(obs, base.end_ns, base.arrival_ns, base.start_ns)
+        result.recorded_groups = _ordered(group_by, group_metrics(obs, rec_clock, group_by.key))
+        pred_clock = timed_clock(run.obs, run.obs.end_ns, base.arrival_ns)
+        result.predicted_groups = _ordered(
+            group_by, group_metrics(run.obs, pred_clock, group_by.key)
+        )
+    return result
+
+
+def _ordered(by: GroupBy, groups: list[GroupMetrics]) -> list[GroupMetrics]:
+    found = {g.key: g for g in groups}
+    return [found[k] for k in by.order(list(found))]
 
 
 class _Clock:

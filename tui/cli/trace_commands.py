@@ -18,6 +18,13 @@ MIN_R2 = click.option(
     metavar="R2",
     help="Refuse to predict with a fitted step-time model whose R² on held-out steps is below R2.",
 )
+GROUP_BY = click.option(
+    "--group-by",
+    "group_by",
+    metavar="prio|REGEX",
+    help="Also each group's figures: by priority (prio), or by a regular expression's "
+    "match in the request id (its first group, else the whole match).",
+)
 STRICT = click.option(
     "--strict",
     is_flag=True,
@@ -66,23 +73,33 @@ def info(trace: str) -> None:
     "SGLang: $SCHEDTOP_SGLANG_PYTHON). schedtop's on an SGLang trace is a cross-engine "
     "what-if.",
 )
+@GROUP_BY
 @FORCE
 @user_errors
-def resim(trace: str, settings: tuple[str, ...], out: str | None, engine: str, force: bool) -> None:
+def resim(
+    trace: str,
+    settings: tuple[str, ...],
+    out: str | None,
+    engine: str,
+    group_by: str | None,
+    force: bool,
+) -> None:
     """Re-drive today's scheduler with a trace's inputs.
 
     With the recorded config every decision must come out the same: exit status 0 when
     it does, 1 at the first step that differs. With --set, compare the new run with the
-    recorded one."""
+    recorded one; --group-by compares each group's figures too."""
     from engine.sim.api import parse_settings
     from recorder.paths import new_trace_path
     from replays.diff import diff_traces, format_diff
+    from replays.groups import parse_group_by
     from replays.resim import resimulate
 
     check_outputs({"--trace": out}, [trace], force, out)
     overrides = parse_settings(settings)
+    by = parse_group_by(group_by) if group_by is not None else None
     if engine != "schedtop":
-        _resim_engine(engine, trace, overrides, out, force)
+        _resim_engine(engine, trace, overrides, out, force, by)
         return
     if _kv_pool(trace) != "blocks":
         _cross_engine(trace, overrides, out)
@@ -95,9 +112,14 @@ def resim(trace: str, settings: tuple[str, ...], out: str | None, engine: str, f
     click.echo(result.format())
     if out is not None:
         click.echo(f"trace: {out}")
-    if overrides and out is not None:
+    if (overrides or by is not None) and out is not None:
         click.echo("")
-        click.echo(format_diff(diff_traces(trace, out)))
+        click.echo(format_diff(diff_traces(trace, out, group_by=by)))
+    elif by is not None:  # nothing to compare with: the recording's groups
+        from replays.stats import format_stat_groups, trace_stats
+
+        click.echo("")
+        click.echo(format_stat_groups(trace_stats(trace, by)))
     if result.divergence is not None and not overrides:
         sys.exit(1)
 
@@ -124,6 +146,7 @@ _MODEL_HELP = (
     help="Write the predicted trace here (replay, diff, stats, export it).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print recorded and predicted as JSON.")
+@GROUP_BY
 @MIN_R2
 @STRICT
 @FORCE
@@ -134,6 +157,7 @@ def whatif(
     model_spec: str | None,
     out: str | None,
     as_json: bool,
+    group_by: str | None,
     min_r2: float | None,
     strict: bool,
     force: bool,
@@ -144,6 +168,7 @@ def whatif(
 
     from engine.sim.api import parse_settings
     from replays.costmodel import TRUST_R2, parse_model, trust_warning
+    from replays.groups import parse_group_by
     from replays.whatif import whatif as predict
 
     inputs: list[str | None] = [
@@ -153,7 +178,8 @@ def whatif(
     check_outputs({"--trace": out}, inputs, force, out)
     overrides = parse_settings(settings)
     model = parse_model(model_spec) if model_spec else None
-    r = predict(trace, overrides, model, out, min_r2=TRUST_R2 if strict else min_r2)
+    by = parse_group_by(group_by) if group_by is not None else None
+    r = predict(trace, overrides, model, out, min_r2=TRUST_R2 if strict else min_r2, group_by=by)
     warning = trust_warning(r.model)
     if warning is not None:
         click.echo(f"schedtop: warning: {warning}", err=True)
@@ -279,7 +305,7 @@ def _cross_engine(trace: str, overrides: dict[str, Any], out: str | None) -> Non
 
 
 def _resim_engine(
-    engine: str, trace: str, overrides: dict[str, Any], out: str | None, force: bool
+    engine: str, trace: str, overrides: dict[str, Any], out: str | None, force: bool, by: Any = None
 ) -> None:
     from replays.diff import diff_traces, format_diff
 
@@ -301,7 +327,7 @@ def _resim_engine(
         return
     click.echo(f"first difference at step {result.divergence_step}: {', '.join(result.fields)}")
     click.echo("")
-    click.echo(format_diff(diff_traces(trace, result.trace)))
+    click.echo(format_diff(diff_traces(trace, result.trace, group_by=by)))
     if not overrides:
         sys.exit(1)
 
@@ -309,15 +335,21 @@ def _resim_engine(
 @click.command()
 @click.argument("a")
 @click.argument("b")
+@GROUP_BY
+@click.option("--json", "as_json", is_flag=True, help="Print the metrics (and groups) as JSON.")
 @user_errors
-def diff(a: str, b: str) -> None:
-    """Compare two traces: the first step whose decisions differ, then metric deltas.
+def diff(a: str, b: str, group_by: str | None, as_json: bool) -> None:
+    """Compare two traces: the first step whose decisions differ, then metric deltas
+    (--group-by: per group too).
 
     Exit status 0 when the decisions are identical, 1 when they differ, 2 on bad input."""
-    from replays.diff import diff_traces, format_diff
+    import json
 
-    d = diff_traces(a, b)
-    click.echo(format_diff(d))
+    from replays.diff import diff_traces, format_diff
+    from replays.groups import parse_group_by
+
+    d = diff_traces(a, b, group_by=parse_group_by(group_by) if group_by is not None else None)
+    click.echo(json.dumps(d.to_json(), indent=1) if as_json else format_diff(d))
     sys.exit(0 if d.identical else 1)
 
 
@@ -330,8 +362,9 @@ def diff(a: str, b: str) -> None:
     help="Instead: fit the step-time model on the trace's recorded step timings and print "
     "it with its fit quality (with --json, the file `whatif --model` reads).",
 )
+@GROUP_BY
 @user_errors
-def stats(trace: str, as_json: bool, cost_model: bool) -> None:
+def stats(trace: str, as_json: bool, cost_model: bool, group_by: str | None) -> None:
     """Throughput, TTFT/TPOT percentiles, preemptions, prefix hits and KV use of a trace,
     and its preemption storm: preemptions per 1k steps, recompute lost, top victims. A
     directory of one recording's data-parallel rank traces: the ranks side by side."""
@@ -350,15 +383,19 @@ def stats(trace: str, as_json: bool, cost_model: bool) -> None:
         m = fit_trace(trace)
         click.echo(json.dumps(m.to_json(), indent=1) if as_json else format_model(m))
         return
-    from replays.stats import format_stats, trace_stats
+    from replays.groups import parse_group_by
+    from replays.stats import format_stat_groups, format_stats, trace_stats
     from replays.storms import format_summary, scan
 
-    s = trace_stats(trace)
+    s = trace_stats(trace, parse_group_by(group_by) if group_by is not None else None)
     storm = scan(trace).summary()
     if as_json:
         click.echo(json.dumps({**s.to_json(), "storm": storm.to_json()}, indent=1))
     else:
         click.echo(f"{format_stats(s)}\n{format_summary(storm)}")
+        groups = format_stat_groups(s)
+        if groups is not None:
+            click.echo(f"\n{groups}")
 
 
 def _rank_stats(ranks: Any, as_json: bool, cost_model: bool) -> None:
