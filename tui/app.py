@@ -52,6 +52,7 @@ from tui.widgets.batch import BatchBar
 from tui.widgets.blockmap import ZOOMS, BlockMap
 from tui.widgets.detail import BlockDetail
 from tui.widgets.events import EventLog
+from tui.widgets.fix import FixState
 from tui.widgets.header import StepHeader
 from tui.widgets.lines import StepClicked
 from tui.widgets.requests import RequestTable
@@ -131,6 +132,13 @@ class SchedtopApp(App[None]):
         self._trace = Path(session.name).name
         self._gc_threshold = gc.get_threshold()
         self._reveal: int | None = None  # at this step, scroll the selected request into view
+        # A fix (`x` in the incidents view) re-runs the trace's file in a worker thread; a
+        # stream has no file. The recorded config offers the first value to try.
+        path = getattr(session.tl.reader, "path", None)
+        self._fix_path: Path | None = path if isinstance(path, Path) else None
+        self._config: dict[str, object] = dict(session.tl.header.config)
+        self._fix: FixState | None = None  # the fix tried last, shown whenever `i` opens
+        self._fix_seq = 0  # the newest fix asked for: an older one's result is dropped
 
     # -- layout -----------------------------------------------------------------------------
 
@@ -494,7 +502,45 @@ class SchedtopApp(App[None]):
 
         self.send(WatchIncidents(True))
         vm = self.frame.incidents if self.frame is not None else None
-        self.push_screen(IncidentsScreen(vm), chosen)
+        self.push_screen(IncidentsScreen(vm, self._config, self._fix), chosen)
+
+    def on_incidents_screen_try_fix(self, message: IncidentsScreen.TryFix) -> None:
+        """Run the trace again with the setting in a worker thread (a re-simulation takes
+        seconds); the incidents view shows it running, then what it changed."""
+        setting, about = message.setting, message.about
+        self._fix_seq += 1
+        seq = self._fix_seq
+        path = self._fix_path
+        if path is None:
+            self._show_fix(
+                FixState(
+                    setting,
+                    error="no trace file behind this view (a stream): "
+                    "try it on the server's run directory",
+                ),
+                seq,
+            )
+            return
+        self._show_fix(FixState(setting), seq)
+
+        def work() -> None:
+            from replays.fix import try_fix
+
+            try:
+                state = FixState(setting, try_fix(path, setting, about))
+            except Exception as e:  # a bad knob or value, a trace it cannot run: said, not raised
+                state = FixState(setting, error=str(e).splitlines()[0] if str(e) else repr(e))
+            self.call_from_thread(self._show_fix, state, seq)
+
+        self.run_worker(work, thread=True, name="fix", group="fix", exit_on_error=False)
+
+    def _show_fix(self, state: FixState, seq: int) -> None:
+        if seq != self._fix_seq:
+            return  # a newer fix was asked for meanwhile
+        self._fix = state
+        for screen in self.screen_stack:
+            if isinstance(screen, IncidentsScreen):
+                screen.fix = state
 
     def action_maximize(self) -> None:
         """The focused pane over the whole screen (between the header and the status

@@ -33,6 +33,7 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         (
             ("i", "longest waits, preemptions"),
             ("enter", "go to its step, select victim"),
+            ("x", "try a fix: KNOB=VALUE, re-run"),
             ("e", "aborts and errors instead"),
             ("t", "thrash only"),
             ("s / S", "sort (numbers: largest first)"),

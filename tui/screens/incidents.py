@@ -7,19 +7,35 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Input
 
+from replays.fix import suggest
 from replays.storms import SORTS, THRASH_STEPS, Incident, IncidentKind, select
 from tui.format import short_id
 from tui.incidents import IncidentsVM
+from tui.screens.prompt import PromptScreen
+from tui.widgets.fix import FixSection, FixState
 from tui.widgets.incidents import IncidentTable
 from tui.widgets.lines import TextLines
-from tui.widgets.waits import WaitsSection
+from tui.widgets.waits import WaitsSection, rows_for
 
 NUMERIC = frozenset(("lost", "free", "count"))  # sorted largest first on the first press
-HINT = "enter go to step  e aborts/errors  t thrash  s/S sort  / filter  esc back"
+HINT = "enter go to step  x try a fix  e aborts/errors  t thrash  s/S sort  / filter  esc back"
+FIX_HINT = (
+    "KNOB=VALUE, as resim --set takes it: re-simulated (a timed trace: predicted with whatif)\n"
+    "in the background, then compared per priority and for the longest waits"
+)
+
+
+def parse_setting(text: str) -> str:
+    """`KNOB=VALUE`, checked for its shape here; the run checks the knob and the value."""
+    key, eq, value = text.strip().partition("=")
+    if not eq or not key.strip() or not value.strip():
+        raise ValueError("KNOB=VALUE, e.g. watermark=0.1")
+    return f"{key.strip()}={value.strip()}"
 
 
 class IncidentSummary(TextLines):
@@ -71,6 +87,7 @@ class IncidentsScreen(Screen[Incident | None]):
         Binding("s", "sort", "sort"),
         Binding("S", "sort_reverse", "reverse"),
         Binding("slash", "filter", "filter"),
+        Binding("x", "fix", "try a fix"),
         Binding("question_mark", "app.help", "help"),
         Binding("q", "app.quit", "quit"),
     ]
@@ -81,14 +98,31 @@ class IncidentsScreen(Screen[Incident | None]):
     words: reactive[str] = reactive("")  # the filter
     sort_key: reactive[str] = reactive("step")
     sort_reverse: reactive[bool] = reactive(False)
+    fix: reactive[FixState | None] = reactive(None)  # the fix tried last (the app sets it)
 
-    def __init__(self, vm: IncidentsVM | None) -> None:
+    class TryFix(Message):
+        """The user asked for a run with `setting`; `about`: the requests to compare."""
+
+        def __init__(self, setting: str, about: tuple[str, ...]) -> None:
+            super().__init__()
+            self.setting = setting
+            self.about = about
+
+    def __init__(
+        self,
+        vm: IncidentsVM | None,
+        config: dict[str, object] | None = None,
+        fix: FixState | None = None,
+    ) -> None:
         super().__init__()
         self._initial = vm
+        self._config = config or {}  # the recorded config: the first value a fix tries
+        self._fix = fix
 
     def compose(self) -> ComposeResult:
         yield IncidentSummary(id="incident-summary")
         yield WaitsSection(id="incident-waits")
+        yield FixSection(id="incident-fix")
         yield Input(placeholder="filter: words in the request, the cause or the flag", id="ifilter")
         yield IncidentTable(id="incident-table")
         yield Hint(id="incident-hint")
@@ -97,6 +131,10 @@ class IncidentsScreen(Screen[Incident | None]):
         self.query_one("#ifilter", Input).display = False
         self.query_one(IncidentTable).focus()
         self.vm = self._initial
+        self.fix = self._fix
+
+    def watch_fix(self) -> None:
+        self.query_one(FixSection).state = self.fix
 
     def _refresh_rows(self) -> None:
         vm = self.vm
@@ -174,6 +212,27 @@ class IncidentsScreen(Screen[Incident | None]):
 
     def action_sort_reverse(self) -> None:
         self.sort_reverse = not self.sort_reverse
+
+    def action_fix(self) -> None:
+        """Ask for KNOB=VALUE (the knob of the longest wait's reason offered), then let the
+        app run it in the background."""
+        vm = self.vm
+        knob = ""
+        about: list[str] = []
+        if vm is not None:
+            shown = vm.waits[: rows_for(self.app.size.height)]
+            about = [w.request_id for w in shown]
+            found = [w.knob for w in shown if w.knob] + [h.knob for h in vm.head_of_line if h.knob]
+            knob = found[0].split("/")[0] if found else ""
+            if vm.head_of_line and vm.head_of_line[0].request_id not in about:
+                about.append(vm.head_of_line[0].request_id)
+        value = suggest(knob, self._config)
+
+        def chosen(setting: str | None) -> None:
+            if setting:
+                self.post_message(self.TryFix(setting, tuple(about)))
+
+        self.app.push_screen(PromptScreen("try a fix", FIX_HINT, parse_setting, value), chosen)
 
     def action_filter(self) -> None:
         box = self.query_one("#ifilter", Input)
