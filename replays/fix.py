@@ -89,7 +89,9 @@ def try_fix(
     overrides = parse_settings([setting])
     by = group_by if group_by is not None else parse_group_by("prio")
     with open_trace(path) as reader:
-        timed = reader.header.model != ""
+        # A simulation's clock says nothing about a model: straight to steps. Anything
+        # else is tried in time first; whatif says when its steps carry no timings.
+        timed = not reader.header.engine.endswith("(SimRunner)")
     fd, tmp = tempfile.mkstemp(suffix=".trace", prefix="schedtop-fix-")
     os.close(fd)
     os.unlink(tmp)  # the runs refuse to overwrite: they make it

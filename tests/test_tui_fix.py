@@ -53,6 +53,16 @@ def test_try_fix_compares_groups_and_requests(hol_trace: Path) -> None:
     assert not list(hol_trace.parent.glob("schedtop-fix-*"))  # its trace went
 
 
+def test_a_timed_trace_is_predicted_in_time(tmp_path: Path) -> None:
+    from tests.test_whatif import timed_trace
+
+    trace = timed_trace(tmp_path / "timed.trace", num_blocks=40)
+    o = try_fix(trace, "num_blocks=200", ("r5",))
+    assert o.how == "whatif" and o.unit == "s"
+    assert [g.key for g in o.groups] == ["0"] and o.groups[0].requests == 30
+    assert [r.request_id for r in o.requests] == ["r5"]
+
+
 @app_test
 async def test_x_runs_the_knob_in_the_background_and_shows_the_change(hol_trace: Path) -> None:
     app = make_app(hol_trace)
