@@ -7,7 +7,9 @@ preempts to admit), a token budget or `max_num_seqs` caps admission. `QueueScan`
 trace a slice at a time (like `replays.storms.IncidentScan`) and keeps, per request, the
 steps from its arrival to its first admission with the reasons the step records give;
 head-of-line episodes (who was at the head, for how long, whom it held up); and the steps
-a request waited while one of worse priority ran (a priority inversion).
+a request waited while one of worse priority ran (a priority inversion); and the shared
+prompt prefixes the prefix cache lost (`CacheLoss`): a request that shares full blocks
+with an earlier one's prompt but found fewer of them cached at its admission.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from recorder.schema import (
     NOT_REACHED,
     REASON_KNOBS,
     WAIT_LABELS,
+    Arrival,
     Reason,
     RecordType,
     Snapshot,
@@ -36,6 +39,9 @@ from replays.state import State
 TOP = 64  # the longest waits (and head-of-line blockings) kept
 INVERSION_STEPS = 2  # steps waited while worse priority ran, for a flagged inversion
 T = TypeVar("T")
+MAX_PREFIXES = 1024  # distinct shared prefixes followed at most (memory stays bounded)
+PREFIX_TOKENS = 4096  # tokens of a prefix's first prompt kept to compare later ones with
+CACHE_KNOBS = "num_blocks/kv_cache_memory"  # what keeps more of a prefix cached
 _BLOCKING = (Reason.KV_BLOCKS, Reason.WATERMARK, Reason.FULL_PROMPT, Reason.MAX_NUM_SEQS)
 
 
@@ -105,6 +111,59 @@ class HeadOfLine:
     reason: str  # why the head could not get in (most steps)
     knob: str
     held: tuple[str, ...]  # every request it held up, in the order first met
+
+
+@dataclass(frozen=True, slots=True)
+class CacheLoss:
+    """A shared prompt prefix the prefix cache lost: requests after the first that share
+    full blocks of its prompt, and how many of those blocks they found cached."""
+
+    first: str  # the request whose prompt the prefix was first seen in
+    sharers: int  # requests that shared it after the first (admitted)
+    losses: int  # of them, those that found less of it cached than they shared
+    hit_tokens: int  # tokens they found cached, of the shared prefix
+    shared_tokens: int  # tokens they shared with the first (in full blocks)
+    first_loss_step: int  # the step of the first admission that found less
+    first_loss: str  # its request
+    knob: str = CACHE_KNOBS
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.shared_tokens if self.shared_tokens else 0.0
+
+
+@dataclass(slots=True)
+class _Prefix:
+    """A prompt's first block, and what later prompts sharing it found cached."""
+
+    first: str
+    head: tuple[int, ...] | tuple[bytes, ...]  # its first prompt (tokens, or block hashes)
+    hashed: bool  # head is block hashes (a redacted trace)
+    sharers: int = 0
+    losses: int = 0
+    hit_tokens: int = 0
+    shared_tokens: int = 0
+    first_loss_step: int = -1
+    first_loss: str = ""
+
+
+def _shared_blocks(p: _Prefix, a: Arrival, block_size: int) -> int:
+    """Full blocks request `a`'s prompt shares with the prefix's first prompt."""
+    if p.hashed:
+        mine: tuple[int, ...] | tuple[bytes, ...] = a.prompt_block_hashes or ()
+        n = 0
+        for x, y in zip(p.head, mine):
+            if x != y:
+                break
+            n += 1
+        return n
+    tokens = a.prompt_token_ids or ()
+    n = 0
+    for x, y in zip(p.head, tokens):
+        if x != y:
+            break
+        n += 1
+    return n // block_size
 
 
 @dataclass(slots=True)
@@ -192,6 +251,13 @@ class QueueScan:
         # advance() asks this for a copy of the state after its last step.
         self._resume: Callable[[int], State] | None = None
 
+        header = reader.header
+        self._block_size = header.block_size
+        self._caching = header.config.get("enable_prefix_caching", True) is not False
+        self._prefixes: dict[object, _Prefix] = {}  # by the first block (tokens or hash)
+        # ref -> its prefix, the blocks it shares, its id: until its first admission
+        self._sharing: dict[int, tuple[_Prefix, int, str]] = {}
+
     def advance(self, max_steps: int | None = None) -> int:
         """Scan up to `max_steps` more step records (None: to the end); how many.
         Raises TraceError for a record that cannot be read or applied."""
@@ -261,12 +327,18 @@ class QueueScan:
         for a in rec.arrivals:
             self._prio[a.ref] = a.priority
             self._waiting[a.ref] = _Waiter(a.ref, a.request_id, a.priority, rec.step)
+            if self._caching:
+                self._prefix_arrival(a)
         for ad in rec.admissions:
+            shared = self._sharing.pop(ad.ref, None) if not ad.resumed else None
+            if shared is not None:
+                self._prefix_admission(*shared, ad.cached_tokens, rec.step)
             w = self._waiting.pop(ad.ref, None)
             if w is not None and w.counts and rec.step > w.arrival:
                 self._keep(self._done, rec.step - w.arrival, _wait(w, rec.step, False))
         for f in rec.finishes:  # aborted while waiting: its wait ends unadmitted
             self._waiting.pop(f.ref, None)
+            self._sharing.pop(f.ref, None)
             self._prio.pop(f.ref, None)
         left = dict(left_pairs)
         worst_running: int | None = None  # worked out when a waiting request needs it:
@@ -313,6 +385,60 @@ class QueueScan:
         for ref, c in left.items():
             if c == Reason.HEAD_OF_LINE and ref != head:
                 e.held[state.request_id(ref)] = None
+
+    def _prefix_arrival(self, a: Arrival) -> None:
+        bs = self._block_size
+        key: object
+        head: tuple[int, ...] | tuple[bytes, ...]
+        if a.prompt_token_ids is not None and len(a.prompt_token_ids) >= bs:
+            tokens = tuple(a.prompt_token_ids[:PREFIX_TOKENS])
+            key, head, hashed = tokens[:bs], tokens, False
+        elif a.prompt_block_hashes:
+            hashes = tuple(a.prompt_block_hashes[:PREFIX_TOKENS])
+            key, head, hashed = hashes[0], hashes, True
+        else:
+            return  # shorter than a block: nothing to cache
+        p = self._prefixes.get(key)
+        if p is None:
+            if len(self._prefixes) < MAX_PREFIXES:
+                self._prefixes[key] = _Prefix(a.request_id, head, hashed)
+            return
+        shared = _shared_blocks(p, a, bs)
+        if shared:
+            self._sharing[a.ref] = (p, shared, a.request_id)
+
+    def _prefix_admission(
+        self, p: _Prefix, blocks: int, request_id: str, cached: int, step: int
+    ) -> None:
+        # K7: at least the prompt's last token is computed, so a prompt that is all
+        # shared prefix ending on a block boundary cannot hit its last block.
+        shared = blocks * self._block_size
+        hit = min(cached, shared)
+        p.sharers += 1
+        p.hit_tokens += hit
+        p.shared_tokens += shared
+        if hit < shared - self._block_size:
+            p.losses += 1
+            if p.first_loss_step < 0:
+                p.first_loss_step, p.first_loss = step, request_id
+
+    def cache_losses(self) -> tuple[CacheLoss, ...]:
+        """The shared prefixes the cache lost at least once, most losses first."""
+        out = [
+            CacheLoss(
+                p.first,
+                p.sharers,
+                p.losses,
+                p.hit_tokens,
+                p.shared_tokens,
+                p.first_loss_step,
+                p.first_loss,
+            )
+            for p in self._prefixes.values()
+            if p.losses
+        ]
+        out.sort(key=lambda c: (-c.losses, c.hit_rate, c.first_loss_step))
+        return tuple(out[:TOP])
 
     def waits(self) -> tuple[QueueWait, ...]:
         """The TOP longest waits before first admission (those still waiting counted to

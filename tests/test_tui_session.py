@@ -303,6 +303,7 @@ def test_live_frames_are_coalesced_to_the_newest_step(trace: Path, tmp_path: Pat
     assert len(s.history) <= 64
     fresh = History(capacity=64)
     fresh.engine_time = s.history.engine_time  # a simulated trace: the engine's own step time
+    fresh.prefix_caching = s.history.prefix_caching  # admissions say hit or miss
     fresh.fill(Timeline(open_reader(trace)), 149 - 63, 149)
     assert fresh.window(0, 149) == s.history.window(0, 149)  # following misses no step
     assert frame.events[-1].step <= 149 and frame.events[0].step >= 149 - 64

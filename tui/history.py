@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from recorder.schema import STATUS_LABELS, Status, Step
+from recorder.schema import STATUS_LABELS, KVKind, Status, Step
 from replays.state import State
 from replays.timeline import Timeline
 from tui.waits import decoders, unscheduled
@@ -28,7 +28,7 @@ class Event:
     """One line of the event log."""
 
     step: int  # the step it happened in
-    kind: str  # arrive, admit, preempt, finish, abort (aborted or error), break or note
+    kind: str  # arrive, admit, evict, preempt, finish, abort (aborted or error), break, note
     text: str  # what happened, in words
     requests: tuple[str, ...] = ()  # the ids of the requests it is about
 
@@ -47,6 +47,11 @@ class Digest:
     scheduled_tokens: int  # tokens scheduled in it
     events: tuple[Event, ...]  # what happened in it
     unscheduled: tuple[tuple[int, int], ...] = ()  # (ref, Reason) of requests it left out
+    # the prefix cache at first admissions (vLLM's hit rate counts those): tokens found
+    # cached, and tokens looked up; and cached blocks evicted to make room
+    hit_tokens: int = 0
+    query_tokens: int = 0
+    evicted: int = 0
 
 
 def digest(
@@ -56,12 +61,16 @@ def digest(
     prev_time_ns: int | None,
     engine_time: bool = False,
     leading: tuple[int, ...] | None = None,
+    prefix_caching: bool = False,
+    cached_by: Mapping[int, str] | None = None,
 ) -> Digest:
     """The digest of step `rec`: `names` gives the ids of the requests it mentions that
     were there before it (arrivals name themselves), `after` is the state after it.
     `engine_time`: the step's time is the engine's own (schedule + update), not the
     time since the step before (a simulated run's clock includes its pacing sleep).
-    `leading`: the step's leading decodes (tui.waits.decoders), for wait accounting."""
+    `leading`: the step's leading decodes (tui.waits.decoders), for wait accounting.
+    `prefix_caching`: the run caches prefixes, so an admission with no hit is a miss.
+    `cached_by`: block id -> the request that filled it last (History keeps it)."""
     arrived = {a.ref: a.request_id for a in rec.arrivals}
 
     def name(ref: int) -> str:
@@ -71,6 +80,12 @@ def digest(
     step_ns = rec.work_ns if prev_time_ns is None else rec.duration_ns(prev_time_ns)
     if engine_time:
         step_ns = rec.schedule_ns + rec.update_ns
+    lookups = _lookups(rec, after)
+    hits = queries = 0
+    for a in rec.admissions:
+        if not a.resumed:
+            hits += a.cached_tokens
+            queries += lookups.get(a.ref, a.cached_tokens)
     return Digest(
         rec.step,
         rec.time_ns,
@@ -80,13 +95,79 @@ def digest(
         rec.free_blocks,
         len(rec.preemptions),
         rec.num_scheduled_tokens,
-        tuple(step_events(rec, name)),
+        tuple(step_events(rec, name, lookups if prefix_caching else None, cached_by)),
         () if leading is None else unscheduled(rec, leading, after),
+        hits,
+        queries,
+        sum(len(blocks) for blocks, _ in _evictions(rec)),
     )
 
 
-def step_events(rec: Step, name: Callable[[int], str]) -> Iterable[Event]:
-    """The event lines of one step: arrivals, admissions, preemptions, finishes."""
+def _lookups(rec: Step, after: State) -> dict[int, int]:
+    """The tokens each first admission of the step looked up in the prefix cache: its
+    prompt (from its arrival, or the state after the step; a request that finished in
+    the step and arrived before it is not known)."""
+    prompts = {a.ref: a.num_prompt_tokens for a in rec.arrivals}
+    reqs = after.requests
+    out: dict[int, int] = {}
+    for a in rec.admissions:
+        if a.resumed:
+            continue
+        n = prompts.get(a.ref)
+        if n is None and a.ref in reqs:
+            n = reqs[a.ref].num_prompt_tokens
+        if n is not None:
+            out[a.ref] = n
+    return out
+
+
+def _evictions(rec: Step) -> list[tuple[tuple[int, ...], int | None]]:
+    """(blocks, ref) per run of evictions: the cached blocks the step handed out again,
+    and the request whose allocation took them (the next KV event's)."""
+    kv = rec.kv_events
+    if KVKind.EVICTED not in kv.kinds:
+        return []
+    out: list[tuple[tuple[int, ...], int | None]] = []
+    pending: list[int] = []
+    for kind, ref, blocks, _, _ in kv.rows():
+        if kind == KVKind.EVICTED:
+            pending += blocks
+        elif pending:
+            out.append((tuple(pending), ref))
+            pending = []
+    if pending:
+        out.append((tuple(pending), None))
+    return out
+
+
+def _whose(
+    blocks: tuple[int, ...], cached_by: Mapping[int, str] | None
+) -> tuple[str, tuple[str, ...]]:
+    """(" (12 of t00, 3 of t01)", their ids): whose cached blocks they were, where known."""
+    if not cached_by:
+        return "", ()
+    counts: dict[str, int] = {}
+    for b in blocks:
+        who = cached_by.get(b)
+        if who is not None:
+            counts[who] = counts.get(who, 0) + 1
+    if not counts:
+        return "", ()
+    most = sorted(counts.items(), key=lambda kv: -kv[1])[:3]
+    parts = [f"{n} of {who}" for who, n in most]
+    more = ", ..." if len(counts) > 3 else ""
+    return " (" + ", ".join(parts) + more + ")", tuple(who for who, _ in most)
+
+
+def step_events(
+    rec: Step,
+    name: Callable[[int], str],
+    lookups: dict[int, int] | None = None,
+    cached_by: Mapping[int, str] | None = None,
+) -> Iterable[Event]:
+    """The event lines of one step: arrivals, admissions (with their prefix-cache hit or
+    miss when `lookups` gives the tokens looked up), evictions of cached blocks (whose
+    they were, by block, where `cached_by` knows), preemptions, finishes."""
     s = rec.step
     arrivals = [
         (
@@ -101,13 +182,26 @@ def step_events(rec: Step, name: Callable[[int], str]) -> Iterable[Event]:
     for a in rec.admissions:
         rid = name(a.ref)
         verb = "resumed" if a.resumed else "admitted"
-        admits.append(
-            (
-                rid,
-                f"{rid} {verb}" + (f", {a.cached_tokens} tokens cached" if a.cached_tokens else ""),
-            )
-        )
+        looked = None if lookups is None or a.resumed else lookups.get(a.ref)
+        if looked is not None and a.cached_tokens:
+            cache = f": prefix hit, {a.cached_tokens} of {looked} tokens cached"
+        elif looked is not None:
+            cache = f": prefix miss, {looked} tokens to compute"
+        else:
+            cache = f", {a.cached_tokens} tokens cached" if a.cached_tokens else ""
+        admits.append((rid, f"{rid} {verb}{cache}"))
     yield from _listed(s, "admit", admits, "admitted")
+    for blocks, ref in _evictions(rec):
+        who = name(ref) if ref is not None else ""
+        n = len(blocks)
+        whose, owners = _whose(blocks, cached_by)
+        yield Event(
+            s,
+            "evict",
+            f"{n} cached {'block' if n == 1 else 'blocks'} evicted{whose}"
+            + (f" for {who}" if who else ""),
+            (*((who,) if who else ()), *owners),
+        )
     for p in rec.preemptions:
         victim, cause = name(p.victim), name(p.for_request)
         why = (
@@ -163,6 +257,11 @@ class History:
         self.capacity = capacity
         self.engine_time = False  # step times are the engine's own (simulated runs)
         self.made = 0  # digests made so far, all told (benchmarks count the work with it)
+        self.prefix_caching = False  # the run caches prefixes: a first admission may miss
+        # block id -> the request that filled it last, over consecutive digested steps
+        # up to _cached_step (a gap or a step back starts it again: it would lie)
+        self._cached_by: dict[int, str] = {}
+        self._cached_step: int | None = None
         self._digests: OrderedDict[int, Digest] = OrderedDict()
 
     def __len__(self) -> int:
@@ -250,7 +349,7 @@ class History:
             names = names_before(rec, before)  # now: state(s) moves this object on to s
             leading = decoders(rec, before)
             after = timeline.state(s, keyframes_from is None or s >= keyframes_from)
-            d = digest(rec, names, after, prev_time, self.engine_time, leading)
+            d = self._digest(rec, names, after, prev_time, leading)
             self._put(d)
             if seen is not None:
                 seen(rec, d, after)
@@ -282,10 +381,46 @@ class History:
         )
         rec = timeline.record(step)
         after = timeline.state(step)
-        d = digest(rec, names, after, prev_time, self.engine_time, leading)
+        d = self._digest(rec, names, after, prev_time, leading)
         self._put(d)
         if seen is not None:
             seen(rec, d, after)
+
+    def _digest(
+        self,
+        rec: Step,
+        names: Mapping[int, str],
+        after: State,
+        prev_time: int | None,
+        leading: tuple[int, ...] | None,
+    ) -> Digest:
+        """digest(), with whose blocks evictions take, as far as the steps digested one
+        after another tell."""
+        known = self._cached_by
+        if self._cached_step != rec.step - 1:
+            known.clear()
+        d = digest(
+            rec,
+            names,
+            after,
+            prev_time,
+            self.engine_time,
+            leading,
+            self.prefix_caching,
+            known,
+        )
+        kv = rec.kv_events
+        if KVKind.CACHED in kv.kinds:
+            for kind, ref, blocks, _, _ in kv.rows():
+                if kind == KVKind.CACHED and ref is not None:
+                    who = names.get(ref) or next(
+                        (a.request_id for a in rec.arrivals if a.ref == ref), None
+                    )
+                    if who is not None:
+                        for b in blocks:
+                            known[b] = who
+        self._cached_step = rec.step
+        return d
 
     def _put(self, d: Digest) -> None:
         self.made += 1
@@ -305,6 +440,14 @@ def names_before(rec: Step, before: State) -> dict[int, str]:
 def _mentioned(rec: Step) -> Iterable[int]:
     for a in rec.admissions:
         yield a.ref
+    for _, ref in _evictions(rec):  # whose allocation evicted cached blocks
+        if ref is not None:
+            yield ref
+    kv = rec.kv_events
+    if KVKind.CACHED in kv.kinds:  # who filled the blocks (whose an eviction takes)
+        for kind, ref, _, _, _ in kv.rows():
+            if kind == KVKind.CACHED and ref is not None:
+                yield ref
     for p in rec.preemptions:
         yield p.victim
         yield p.for_request

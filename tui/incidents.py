@@ -11,7 +11,7 @@ from recorder.errors import TraceError
 from recorder.ids import client_id
 from recorder.reader import TraceReader
 from recorder.schema import Step
-from replays.queueing import HeadOfLine, QueueScan, QueueWait
+from replays.queueing import CacheLoss, HeadOfLine, QueueScan, QueueWait
 from replays.state import State
 from replays.storms import Incident, IncidentScan, StormSummary
 
@@ -32,6 +32,7 @@ class IncidentsVM:
     window: str = ""  # what the counts cover when not the whole run ("since attach")
     waits: tuple[QueueWait, ...] = ()  # the longest waits before admission, longest first
     head_of_line: tuple[HeadOfLine, ...] = ()  # head-of-line blockings, longest first
+    cache_losses: tuple[CacheLoss, ...] = ()  # shared prefixes the cache lost, most first
 
 
 class IncidentFeed:
@@ -123,5 +124,6 @@ class IncidentFeed:
                 self.window,
                 self._queues.waits(),
                 self._queues.head_of_line(),
+                self._queues.cache_losses(),
             )
         return self._vm

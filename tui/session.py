@@ -149,6 +149,7 @@ class Session:
         # and no tokens per second are shown.
         self.simulated = timeline.header.model == ""
         self.history.engine_time = self.simulated
+        self.history.prefix_caching = caches_prefixes(timeline)
         self.watch_incidents = False  # the incidents view is open: show the scan's progress
         self._scan_shown = 0.0  # when a frame last showed it
         self._say_cut()
@@ -275,6 +276,7 @@ class Session:
         self.clients = _client_log(timeline)  # a resync starts a new spool file
         self.history = History()
         self.history.engine_time = self.simulated
+        self.history.prefix_caching = caches_prefixes(timeline)
         self.waits = WaitBook()  # waits before the skip are not in the new timeline
         self.incidents = IncidentFeed(timeline.reader, True)
         self.incidents.window = self.count_window
@@ -667,6 +669,12 @@ class Session:
         tokens = sum(tl.record(s).num_scheduled_tokens for s in range(lo + 1, i + 1))
         elapsed = end - tl.record(lo).time_ns
         return max(0, step_ns), (tokens / (elapsed / 1e9) if elapsed > 0 and tokens else None)
+
+
+def caches_prefixes(timeline: Timeline) -> bool:
+    """Whether the run caches prefixes (vLLM's default: on), so an admission without a
+    hit is a miss worth saying."""
+    return timeline.header.config.get("enable_prefix_caching", True) is not False
 
 
 def link_text(link: Link, idle_s: int) -> str:

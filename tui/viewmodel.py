@@ -148,7 +148,7 @@ class Series:
 
     name: str  # its label
     values: tuple[float, ...]  # per step, oldest first
-    unit: str  # how to print a value: "" (count) or "ms"
+    unit: str  # how to print a value: "" (count), "ms" or "%"
 
 
 @dataclass(frozen=True, slots=True)
@@ -486,7 +486,26 @@ SERIES = (
     ("free blocks", ""),
     ("step time", "ms"),
     ("preempted", ""),
+    ("prefix hit", "%"),
 )
+HIT_WINDOW = 32  # steps the prefix-hit rate is taken over (one step rarely admits anyone)
+
+
+def hit_rates(history: Sequence[Digest], window: int = HIT_WINDOW) -> tuple[float, ...]:
+    """Per step, the prefix-cache hit rate (%) of the first admissions over the `window`
+    steps ending there (vLLM's rate: tokens found cached over tokens looked up); 0 where
+    none was admitted in that window."""
+    out: list[float] = []
+    hits = queries = 0
+    for i, d in enumerate(history):
+        hits += d.hit_tokens
+        queries += d.query_tokens
+        if i >= window:
+            old = history[i - window]
+            hits -= old.hit_tokens
+            queries -= old.query_tokens
+        out.append(100.0 * hits / queries if queries else 0.0)
+    return tuple(out)
 
 
 def _sparks(step: int, history: Sequence[Digest]) -> SparksVM:
@@ -500,6 +519,7 @@ def _sparks(step: int, history: Sequence[Digest]) -> SparksVM:
         tuple(float(d.free_blocks) for d in history),
         tuple(d.step_ns / 1e6 for d in history),
         tuple(float(d.preemptions) for d in history),
+        hit_rates(history),
     )
     return SparksVM(
         first,

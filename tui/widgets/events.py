@@ -1,4 +1,5 @@
-"""The event log: arrivals, admissions, preemptions, finishes and aborts up to the step.
+"""The event log: arrivals, admissions (prefix hit or miss), evictions of cached blocks,
+preemptions, finishes and aborts up to the step.
 
 It can take the focus (tab): then ↑/↓, page up/down, home/end scroll it, and `c` cycles a
 filter through the kinds. Unfocused and unscrolled, it stays on the newest lines."""
@@ -23,13 +24,14 @@ from tui.widgets.lines import StepClicked
 _TAGS = {
     "arrive": "arrive",
     "admit": "admit",
+    "evict": "evict",
     "preempt": "PREEMPT",
     "finish": "finish",
     "abort": "ABORT",
     "break": "BREAK",
     "note": "note",
 }
-FILTERS = ("", "preempt", "admit", "finish", "abort", "arrive")  # "": every kind
+FILTERS = ("", "preempt", "admit", "evict", "finish", "abort", "arrive")  # "": every kind
 
 
 class EventLog(ScrollView, can_focus=True, inherit_bindings=False):

@@ -42,6 +42,7 @@ STATES = {
 EVENTS = {
     "arrive": "#7f848e",
     "admit": "#98c379",
+    "evict": "#56b6c2",
     "preempt": "#e06c75",
     "finish": "#61afef",
     "abort": "#d19a66",

@@ -12,14 +12,14 @@ from tui.widgets.lines import StepClicked, TextLines
 _BARS = " ▁▂▃▄▅▆▇█"
 _LABEL = 12
 _VALUE = 9
-_COLOURS = ("#98c379", "#e5c07b", "#61afef", "#d19a66", "#e06c75")
+_COLOURS = ("#98c379", "#e5c07b", "#61afef", "#d19a66", "#e06c75", "#56b6c2")
 
 
 class Sparklines(TextLines):
     """One line per series: its name, its recent values, and the value at the cursor."""
 
     DEFAULT_CSS = """
-    Sparklines { height: auto; min-height: 5; }
+    Sparklines { height: auto; min-height: 6; }
     """
 
     vm: reactive[SparksVM | None] = reactive(None)
@@ -89,4 +89,6 @@ def _value(v: float | None, unit: str) -> str:
         return "—"
     if unit == "ms":
         return f"{v:.2f} ms" if v < 100 else f"{v:.0f} ms"
+    if unit == "%":
+        return f"{v:.0f}%"
     return f"{v:.0f}"

@@ -1,6 +1,7 @@
 """The incidents view's waits section: the longest waits before admission, with the
-reason of most of their steps and the knob behind it, the waits per priority, and the
-head-of-line blockings named as such. Text lines from the view model only."""
+reason of most of their steps and the knob behind it, the waits per priority, the
+head-of-line blockings named as such, and the shared prefix the prefix cache lost most
+often. Text lines from the view model only."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ class WaitsSection(TextLines):
                     if done
                     else "waits before admission: none so far (scanning)",
                     style=_DIM,
-                )
+                ),
+                *_cache_lines(vm),
             ]
         out = [_groups(vm)]
         wide = width >= NARROW
@@ -70,7 +72,28 @@ class WaitsSection(TextLines):
             if h.knob:
                 why.append(f" → {h.knob}", style="#61afef")
             out.append(why)
+        out.extend(_cache_lines(vm))
         return out
+
+
+def _cache_lines(vm: IncidentsVM | None) -> list[Text]:
+    """The shared prefix the cache lost most often (and how many more it lost), then on
+    a line of its own how little of it was found and the knob that keeps more cached."""
+    if vm is None or not vm.cache_losses:
+        return []
+    c = vm.cache_losses[0]
+    t = Text()
+    t.append("prefix cache lost ", style="bold #e06c75")
+    t.append(f"{short_id(c.first)}'s prefix", style="bold")
+    t.append(f" {c.losses} of {c.sharers} times from step {c.first_loss_step} ")
+    t.append(f"({short_id(c.first_loss)})")
+    more = len(vm.cache_losses) - 1
+    if more:
+        t.append(f", {more} more {'prefix' if more == 1 else 'prefixes'} lost", style=_DIM)
+    why = Text("  └ ")
+    why.append(f"{c.hit_rate:.0%} of {si(c.shared_tokens)} shared tokens hit", style="#d19a66")
+    why.append(f" → {c.knob}", style="#61afef")
+    return [t, why]
 
 
 def _groups(vm: IncidentsVM) -> Text:
