@@ -11,10 +11,10 @@ long a trace is or however fast a live engine writes it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from recorder.schema import STATUS_LABELS, KVKind, Status, Step
+from recorder.schema import STATUS_LABELS, KVEvents, KVKind, Status, Step
 from replays.state import State
 from replays.timeline import Timeline
 from tui.waits import decoders, unscheduled
@@ -80,12 +80,13 @@ def digest(
     step_ns = rec.work_ns if prev_time_ns is None else rec.duration_ns(prev_time_ns)
     if engine_time:
         step_ns = rec.schedule_ns + rec.update_ns
-    lookups = _lookups(rec, after)
+    lookups = _lookups(rec, after) if rec.admissions else {}
     hits = queries = 0
     for a in rec.admissions:
         if not a.resumed:
             hits += a.cached_tokens
             queries += lookups.get(a.ref, a.cached_tokens)
+    evictions = _evictions(rec)
     return Digest(
         rec.step,
         rec.time_ns,
@@ -95,11 +96,11 @@ def digest(
         rec.free_blocks,
         len(rec.preemptions),
         rec.num_scheduled_tokens,
-        tuple(step_events(rec, name, lookups if prefix_caching else None, cached_by)),
+        tuple(step_events(rec, name, lookups if prefix_caching else None, cached_by, evictions)),
         () if leading is None else unscheduled(rec, leading, after),
         hits,
         queries,
-        sum(len(blocks) for blocks, _ in _evictions(rec)),
+        sum(len(blocks) for blocks, _ in evictions),
     )
 
 
@@ -121,11 +122,28 @@ def _lookups(rec: Step, after: State) -> dict[int, int]:
     return out
 
 
+_CACHED, _EVICTED = KVKind.CACHED, KVKind.EVICTED
+
+
+def _cached(kv: KVEvents) -> Iterator[tuple[int, tuple[int, ...]]]:
+    """(ref, blocks) of each CACHED event, read off the columns (rows() spells out every
+    event; a decode step's are mostly allocations)."""
+    refs = iter(kv.refs)
+    at = 0
+    ids = kv.block_ids
+    for kind, size in zip(kv.kinds, kv.sizes):
+        if kind != _EVICTED:
+            ref = next(refs)
+            if kind == _CACHED:
+                yield ref, ids[at : at + size]
+        at += size
+
+
 def _evictions(rec: Step) -> list[tuple[tuple[int, ...], int | None]]:
     """(blocks, ref) per run of evictions: the cached blocks the step handed out again,
     and the request whose allocation took them (the next KV event's)."""
     kv = rec.kv_events
-    if KVKind.EVICTED not in kv.kinds:
+    if _EVICTED not in kv.kinds:
         return []
     out: list[tuple[tuple[int, ...], int | None]] = []
     pending: list[int] = []
@@ -164,6 +182,7 @@ def step_events(
     name: Callable[[int], str],
     lookups: dict[int, int] | None = None,
     cached_by: Mapping[int, str] | None = None,
+    evictions: list[tuple[tuple[int, ...], int | None]] | None = None,
 ) -> Iterable[Event]:
     """The event lines of one step: arrivals, admissions (with their prefix-cache hit or
     miss when `lookups` gives the tokens looked up), evictions of cached blocks (whose
@@ -191,7 +210,7 @@ def step_events(
             cache = f", {a.cached_tokens} tokens cached" if a.cached_tokens else ""
         admits.append((rid, f"{rid} {verb}{cache}"))
     yield from _listed(s, "admit", admits, "admitted")
-    for blocks, ref in _evictions(rec):
+    for blocks, ref in _evictions(rec) if evictions is None else evictions:
         who = name(ref) if ref is not None else ""
         n = len(blocks)
         whose, owners = _whose(blocks, cached_by)
@@ -410,15 +429,16 @@ class History:
             known,
         )
         kv = rec.kv_events
-        if KVKind.CACHED in kv.kinds:
-            for kind, ref, blocks, _, _ in kv.rows():
-                if kind == KVKind.CACHED and ref is not None:
-                    who = names.get(ref) or next(
-                        (a.request_id for a in rec.arrivals if a.ref == ref), None
-                    )
-                    if who is not None:
-                        for b in blocks:
-                            known[b] = who
+        if _CACHED in kv.kinds:
+            reqs = after.requests
+            for ref, blocks in _cached(kv):
+                # a request that filled a block is running, so still there after the
+                # step, unless it finished in it (then the step names it)
+                r = reqs.get(ref)
+                who = r.request_id if r is not None else names.get(ref)
+                if who is not None:
+                    for b in blocks:
+                        known[b] = who
         self._cached_step = rec.step
         return d
 
@@ -443,11 +463,6 @@ def _mentioned(rec: Step) -> Iterable[int]:
     for _, ref in _evictions(rec):  # whose allocation evicted cached blocks
         if ref is not None:
             yield ref
-    kv = rec.kv_events
-    if KVKind.CACHED in kv.kinds:  # who filled the blocks (whose an eviction takes)
-        for kind, ref, _, _, _ in kv.rows():
-            if kind == KVKind.CACHED and ref is not None:
-                yield ref
     for p in rec.preemptions:
         yield p.victim
         yield p.for_request
