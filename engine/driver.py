@@ -207,6 +207,7 @@ class CoreEngine:
                 priority=a.priority,
                 eos_token_id=a.eos_token_id,
                 block_hasher=self.hasher(script),
+                tenant=a.tenant,
             )
         )
 

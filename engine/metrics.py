@@ -44,6 +44,7 @@ class Lifecycle:
     hit_tokens: list[int] = field(default_factory=list)  # prefix hits at each admission
     queried_tokens: list[int] = field(default_factory=list)  # tokens held at each admission
     priority: int = 0  # its scheduling priority (lower runs first)
+    tenant: str | None = None  # whose it is, where its arrival says (None: not recorded)
     # preemptions and recompute inside the observed steps: a group's share of the run's
     # totals (`preemptions` also counts those before the recording)
     preempted_here: int = 0
@@ -131,6 +132,7 @@ class Lifecycles:
     def _arrive(self, a: Arrival, step: int) -> None:
         life = Lifecycle(a.ref, a.request_id, step, a.arrival_time, a.num_prompt_tokens)
         life.priority = a.priority
+        life.tenant = a.tenant
         self.reqs[a.ref] = life
         self._unscheduled[a.ref] = life
 

@@ -228,6 +228,7 @@ class Arrival:
     sampling: SamplingParams  # max_tokens, stop ids, ...
     prompt_token_ids: tuple[int, ...] | None = None  # the prompt (a trace: None when redacted)
     prompt_block_hashes: tuple[bytes, ...] | None = None  # full blocks' (a trace: if redacted)
+    tenant: str | None = None  # whose it is: a workload's `tenant`, a client's `user` (--group-by)
 
 
 @dataclass(slots=True)  # not frozen: the engine builds one per request per step (4x cheaper)

@@ -48,6 +48,7 @@ class Request:
     first_scheduled_step: int = -1  # the step it was first admitted in (-1: not yet)
     first_token_step: int = -1  # the step of its first sampled token (-1: none yet)
     prefill_chunk: bool = False  # its last scheduled step stopped short of its known tokens
+    tenant: str | None = None  # whose it is (recorded with its arrival; --group-by tenant)
     # Fast-path thresholds, so that a steady decode step skips the calls that would do
     # nothing for this request. Each is conservative: its default makes the call every
     # time. Not init fields: a copy (dataclasses.replace) starts from the defaults.

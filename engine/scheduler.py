@@ -204,6 +204,7 @@ class Scheduler:
                 request.sampling_params,
                 tuple(request.prompt_token_ids),
                 tuple(request.block_hashes),
+                request.tenant,
             )
         )
         problem = self._never_fits(request)

@@ -126,6 +126,7 @@ ARRIVAL = Struct(
         ("sampling", SAMPLING),
         ("prompt_token_ids", Opt(INTS)),
         ("prompt_block_hashes", Opt(HASHES)),
+        ("tenant", Opt(STR)),
     ],
 )
 SCHEDULED = Struct(

@@ -58,14 +58,23 @@ def differing_fields(
     times: arrivals are compared by client id (recorder.ids), without arrival_time."""
     compared = _DECISIONS if decisions_only else _COMPARED
     out = tuple(name for name in compared if getattr(a, name) != getattr(b, name))
-    if across_runs and "arrivals" in out and _same_arrivals(a.arrivals, b.arrivals):
+    if "arrivals" in out and (
+        _untenanted(a.arrivals) == _untenanted(b.arrivals)
+        or (across_runs and _same_arrivals(a.arrivals, b.arrivals))
+    ):
         out = tuple(name for name in out if name != "arrivals")
     return out
 
 
+def _untenanted(arrivals: tuple[Arrival, ...]) -> list[Arrival]:
+    """A request's tenant is a label, not a decision: a scheduler that does not record
+    one (vLLM's, under resim --engine vllm) decides the same."""
+    return [replace(x, tenant=None) if x.tenant is not None else x for x in arrivals]
+
+
 def _same_arrivals(a: tuple[Arrival, ...], b: tuple[Arrival, ...]) -> bool:
     def key(x: Arrival) -> Arrival:
-        return replace(x, request_id=client_id(x.request_id), arrival_time=0.0)
+        return replace(x, request_id=client_id(x.request_id), arrival_time=0.0, tenant=None)
 
     return len(a) == len(b) and all(key(x) == key(y) for x, y in zip(a, b))
 

@@ -5,9 +5,11 @@ the chats'. The figures per group are engine.metrics' own (`group_metrics`: run_
 over each group's requests, on the run's clock), so that a group's TTFT means what the
 totals' TTFT means, and the counts, tokens and summed queue time add up to the totals.
 
-A group is a request's priority (`prio`), or a regular expression's match in its id
-(the client's id: vLLM's random suffix aside): the first group when the pattern has one,
-else the whole match; ids it does not match form the group `(other)`.
+A group is a request's priority (`prio`), its tenant (`tenant`: the workload's `tenant`
+field or the client's `user`, as its arrival recorded it; `(none)` without one), or a
+regular expression's match in its id (the client's id: vLLM's random suffix aside): the
+first group when the pattern has one, else the whole match; ids it does not match form
+the group `(other)`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from recorder.ids import client_id
 from recorder.schema import printable
 
 OTHER = "(other)"  # the group of ids a pattern does not match
+NO_TENANT = "(none)"  # the group of requests that arrived without a tenant
+TENANT = "tenant"
 
 
 class GroupByError(UserError, ValueError):
@@ -30,21 +34,26 @@ class GroupByError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class GroupBy:
-    """How requests are grouped: by priority, or by a pattern's match in their id."""
+    """How requests are grouped: by priority, by tenant, or by a pattern's match in
+    their id."""
 
-    spec: str  # as given: "prio" or a regular expression
-    pattern: re.Pattern[str] | None  # None: by priority
+    spec: str  # as given: "prio", "tenant" or a regular expression
+    pattern: re.Pattern[str] | None  # None: by priority or tenant
 
     @property
     def by_priority(self) -> bool:
-        return self.pattern is None
+        return self.pattern is None and self.spec != TENANT
 
     @property
     def title(self) -> str:
-        return "prio" if self.pattern is None else "group"
+        if self.pattern is None:
+            return "prio" if self.by_priority else "tenant"
+        return "group"
 
     def key(self, life: Lifecycle) -> str:
         if self.pattern is None:
+            if self.spec == TENANT:
+                return life.tenant or NO_TENANT
             return str(life.priority)
         m = self.pattern.search(client_id(life.request_id))
         if m is None:
@@ -53,20 +62,15 @@ class GroupBy:
 
     def order(self, keys: Sequence[str]) -> list[str]:
         """Groups in the order to print: priorities best first, else by name."""
-        if self.pattern is None:
+        if self.by_priority:
             return sorted(keys, key=int)
-        return sorted(keys, key=lambda k: (k == OTHER, k))
+        return sorted(keys, key=lambda k: (k in (OTHER, NO_TENANT), k))
 
 
 def parse_group_by(spec: str) -> GroupBy:
-    """`prio` (or `priority`), or a regular expression over request ids."""
-    if spec in ("prio", "priority"):
+    """`prio` (or `priority`), `tenant`, or a regular expression over request ids."""
+    if spec in ("prio", "priority", TENANT):
         return GroupBy(spec, None)
-    if spec == "tenant":
-        raise GroupByError(
-            "--group-by tenant: no trace records a tenant yet; group by a pattern in the "
-            "request id instead (e.g. --group-by '^([a-z]+)-')"
-        )
     if not spec:
         raise GroupByError("--group-by: empty; give prio or a regular expression")
     try:
@@ -187,7 +191,13 @@ def format_group_change(
 
 
 def _title(group_by: GroupBy, unit: str) -> str:
-    what = "priority" if group_by.by_priority else repr(group_by.spec)
+    what = (
+        "priority"
+        if group_by.by_priority
+        else TENANT
+        if group_by.spec == TENANT
+        else repr(group_by.spec)
+    )
     return f"by {what}" + (" (latencies in steps)" if unit != "s" else "")
 
 

@@ -60,6 +60,7 @@ DEFAULT_MAX_BODY_BYTES = 8 << 20
 # trickles them (slowloris) otherwise holds a connection and its buffers for as long as it
 # likes. uvicorn's keep-alive timeout only covers the idle time between two requests.
 DEFAULT_READ_TIMEOUT_S = 30.0
+TENANT_CHARS = 256  # of a client's `user`, recorded as its request's tenant
 RETRY_AFTER_S = 1  # a 503's Retry-After: the queue or a restart is seconds away, not minutes
 UNAUTHENTICATED_RECORD_S = 10.0  # 401s are counted, and recorded at most this often
 
@@ -464,6 +465,8 @@ async def _generate(
                 arrival_time=received,
                 out=out,
                 index=i,
+                # the trace keeps a bounded name: the field is the client's to fill
+                tenant=body.user[:TENANT_CHARS] if body.user else None,
             )
         )
     loop.submit_all(subs)

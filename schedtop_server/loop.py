@@ -60,6 +60,7 @@ class Submission:
     arrival_time: float  # engine clock when the HTTP request arrived
     out: asyncio.Queue[Update]  # where this request's updates go (shared by n choices)
     index: int = 0  # which choice of its HTTP request it is (n > 1: parallel sampling)
+    tenant: str | None = None  # the client's `user` (recorded: `--group-by tenant`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,7 +374,12 @@ class EngineLoop:
             params = replace(params, max_tokens=self.engine.config.max_model_len - len(ids))
         engine = self.engine
         engine.add_request(
-            sub.request_id, ids, params, arrival_time=sub.arrival_time, priority=sub.priority
+            sub.request_id,
+            ids,
+            params,
+            arrival_time=sub.arrival_time,
+            priority=sub.priority,
+            tenant=sub.tenant,
         )
         out = engine.output(sub.request_id)
         if out.finished:  # refused by the scheduler (KV pool too small, ...)

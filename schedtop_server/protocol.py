@@ -206,7 +206,7 @@ class _Sampling(_Strict):
     priority: Annotated[StrictInt, Field(ge=INT32_MIN, le=INT32_MAX)] | None = 0
     stream: StrictBool | None = False  # server-sent events
     stream_options: StreamOptions | None = None  # only with stream
-    user: str | None = None  # accepted and ignored, as OpenAI and vLLM do
+    user: str | None = None  # recorded as the request's tenant (its first 256 characters)
     request_id: str | None = None  # vLLM: the client's id (X-Request-Id wins)
 
     @property

@@ -398,3 +398,18 @@ def test_a_prompt_the_kv_pool_can_never_hold_is_a_400_that_the_trace_shows(
     finishes = [f for s in entries if isinstance(s, Step) for f in s.finishes]
     assert client.request_id and client.status == 400
     assert [f.status for f in finishes] == [Status.FINISHED_ERROR]
+
+
+def test_a_clients_user_is_recorded_as_its_requests_tenant(tmp_path: Path) -> None:
+    """`--group-by tenant` on a server's trace: the OpenAI `user` field, bounded."""
+
+    async def go() -> None:
+        async with served(tmp_path / "t.trace") as (client, _):
+            await completion(client, {"prompt": "ab", "max_tokens": 2, "user": "team-a"})
+            await completion(client, {"prompt": "ab", "max_tokens": 2, "user": "x" * 1000})
+            await completion(client, {"prompt": "ab", "max_tokens": 2})
+
+    run(go())
+    with TraceReader(tmp_path / "t.trace") as reader:
+        tenants = [a.tenant for s in reader.steps() for a in s.arrivals]
+    assert tenants == ["team-a", "x" * 256, None]

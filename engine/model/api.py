@@ -232,7 +232,9 @@ def _add(engine: LLMEngine, r: WorkloadRequest, t0: float) -> RequestOutput:
     arrival = t0 + r.arrival_time
     try:
         params = SamplingParams(**r.sampling)
-        engine.add_request(r.id, r.prompt_input, params, arrival_time=arrival, priority=r.priority)
+        engine.add_request(
+            r.id, r.prompt_input, params, arrival_time=arrival, priority=r.priority, tenant=r.tenant
+        )
     except (RequestError, ValueError, TypeError) as e:
         return RequestOutput(
             r.id,

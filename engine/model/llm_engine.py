@@ -116,6 +116,7 @@ class LLMEngine:
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        tenant: str | None = None,
     ) -> str:
         """Queue a request. A prompt that can never run (empty, too long for max_model_len
         or for the KV pool) finishes at once with finish_reason "error" (see `output()`);
@@ -140,6 +141,7 @@ class LLMEngine:
             priority=priority,
             eos_token_id=self.tokenizer.eos_token_id,
             block_hasher=self._hasher,
+            tenant=tenant,
         )
         self._outputs[rid] = RequestOutput(rid, ids, [], "", False, None, arrival_time=arrival)
         self.core.add_request(request)

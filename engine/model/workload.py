@@ -49,6 +49,7 @@ class WorkloadRequest:
     arrival_time: float = 0.0  # seconds after the start of the run
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams fields
     priority: int = 0  # lower runs first under the priority policy
+    tenant: str | None = None  # whose it is (recorded; `--group-by tenant`)
 
     @property
     def prompt_input(self) -> Any:
@@ -108,7 +109,15 @@ def run_options(*layers: dict[str, Any], where: str = "option") -> Options:
 
 def _request(r: Any, index: int, source: str) -> WorkloadRequest:
     rid, where = request_id(r, index, source)
-    unknown = set(r) - {"id", "prompt", "messages", "prompt_token_ids", "arrival_time", "sampling"}
+    unknown = set(r) - {
+        "id",
+        "prompt",
+        "messages",
+        "prompt_token_ids",
+        "arrival_time",
+        "sampling",
+        "tenant",
+    }
     if unknown:
         raise WorkloadError(f"{where}: unknown field {sorted(unknown)[0]!r}")
     given = [k for k in ("prompt", "messages", "prompt_token_ids") if k in r]
@@ -131,7 +140,17 @@ def _request(r: Any, index: int, source: str) -> WorkloadRequest:
         arrival_time=float(arrival),
         sampling=sampling,
         priority=priority,
+        tenant=_tenant(r.get("tenant"), where),
     )
+
+
+def _tenant(value: Any, where: str) -> str | None:
+    """A request's `tenant`: a non-empty string of at most 256 characters, or absent."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > 256:
+        raise WorkloadError(f"{where}: tenant: expected a string of 1 to 256 characters")
+    return value
 
 
 def _prompt(r: dict[str, Any], where: str) -> str | None:

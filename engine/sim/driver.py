@@ -102,6 +102,7 @@ def workload_scripts(workload: SimWorkload) -> list[RequestScript]:
                 None,
                 SamplingParams(max_tokens=r.max_tokens),
                 tuple(r.prompt_token_ids),
+                tenant=r.tenant,
             ),
             r.arrival_step,
             list(r.output_token_ids),

@@ -104,6 +104,7 @@ def _request(r: WorkloadRequest, tok: ModelTokenizer) -> SimRequest:
         [0] * max_tokens,
         max_tokens,
         r.priority,
+        r.tenant,
     )
 
 

@@ -28,6 +28,7 @@ class SimRequest:
     output_token_ids: list[int]  # the script of sampled tokens (padded with 0)
     max_tokens: int  # output tokens, at most
     priority: int  # lower runs first under the priority policy
+    tenant: str | None = None  # whose it is (recorded; `--group-by tenant`)
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,15 @@ def parse_workload(
 
 
 REQUEST_KEYS = frozenset(
-    ("id", "arrival_step", "prompt_token_ids", "output_token_ids", "max_tokens", "priority")
+    (
+        "id",
+        "arrival_step",
+        "prompt_token_ids",
+        "output_token_ids",
+        "max_tokens",
+        "priority",
+        "tenant",
+    )
 )
 
 
@@ -91,7 +100,17 @@ def _request(r: Any, index: int, source: str) -> SimRequest:
         outputs + [0] * (max_tokens - len(outputs)),
         max_tokens,
         _int(r.get("priority", 0), f"{where}: priority", "priority"),
+        tenant(r.get("tenant"), where),
     )
+
+
+def tenant(value: Any, where: str) -> str | None:
+    """A request's `tenant`: a non-empty string of at most 256 characters, or absent."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > 256:
+        raise WorkloadError(f"{where}: tenant: expected a string of 1 to 256 characters")
+    return value
 
 
 def _int(value: Any, what: str, limit: str) -> int:

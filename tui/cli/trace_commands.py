@@ -21,9 +21,10 @@ MIN_R2 = click.option(
 GROUP_BY = click.option(
     "--group-by",
     "group_by",
-    metavar="prio|REGEX",
-    help="Also each group's figures: by priority (prio), or by a regular expression's "
-    "match in the request id (its first group, else the whole match).",
+    metavar="prio|tenant|REGEX",
+    help="Also each group's figures: by priority (prio), by tenant (a workload's tenant, "
+    "a client's user), or by a regular expression's match in the request id (its first "
+    "group, else the whole match).",
 )
 STRICT = click.option(
     "--strict",
