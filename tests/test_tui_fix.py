@@ -92,3 +92,38 @@ async def test_x_runs_the_knob_in_the_background_and_shows_the_change(hol_trace:
         await submit(pilot, "num_blocks=-3")
         await wait_until(pilot, lambda: section.state is not None and bool(section.state.error))
         assert "fix num_blocks=-3:" in screen_text(app)
+
+
+@app_test
+async def test_quitting_does_not_wait_for_a_fix_still_running(
+    hol_trace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A re-simulation cannot be stopped half way: it runs in a daemon thread, and the
+    worker that waits for it gives up when the app goes."""
+    import threading
+
+    import replays.fix
+
+    release = threading.Event()
+    started = threading.Event()
+
+    def slow(*args: object, **kwargs: object) -> object:
+        started.set()
+        release.wait()
+        raise RuntimeError("released")
+
+    monkeypatch.setattr(replays.fix, "try_fix", slow)
+    app = make_app(hol_trace)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("i")
+            await wait_until(pilot, lambda: isinstance(app.screen, IncidentsScreen))
+            await pilot.press("x")
+            await wait_until(pilot, lambda: isinstance(app.screen, PromptScreen))
+            await pilot.press("enter")
+            await wait_until(pilot, started.is_set)
+            assert "running in the background" in screen_text(app)
+            await pilot.press("q")
+        assert not release.is_set()  # the app is gone while the run still blocks
+    finally:
+        release.set()

@@ -10,6 +10,7 @@ to the reader thread. Nothing here reads the trace or the clock.
 from __future__ import annotations
 
 import gc
+import threading
 from contextlib import suppress
 from pathlib import Path
 from typing import TypeVar
@@ -23,6 +24,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Input
+from textual.worker import get_current_worker
 
 from replays.breakpoints import Predicate, parse
 from replays.storms import Incident
@@ -523,14 +525,32 @@ class SchedtopApp(App[None]):
             return
         self._show_fix(FixState(setting), seq)
 
-        def work() -> None:
+        def run() -> FixState:
             from replays.fix import try_fix
 
             try:
-                state = FixState(setting, try_fix(path, setting, about))
+                return FixState(setting, try_fix(path, setting, about))
             except Exception as e:  # a bad knob or value, a trace it cannot run: said, not raised
-                state = FixState(setting, error=str(e).splitlines()[0] if str(e) else repr(e))
-            self.call_from_thread(self._show_fix, state, seq)
+                return FixState(setting, error=str(e).splitlines()[0] if str(e) else repr(e))
+
+        def work() -> None:
+            # The run itself goes in a daemon thread: a re-simulation cannot be stopped
+            # half way, and quitting must not wait for it (Textual's thread workers are
+            # joined at exit). The worker waits for it or for its own cancellation.
+            done: list[FixState] = []
+            finished = threading.Event()
+
+            def job() -> None:
+                done.append(run())
+                finished.set()
+
+            threading.Thread(target=job, name="fix", daemon=True).start()
+            worker = get_current_worker()
+            while not finished.wait(0.25):
+                if worker.is_cancelled:
+                    return
+            if not worker.is_cancelled:
+                self.call_from_thread(self._show_fix, done[0], seq)
 
         self.run_worker(work, thread=True, name="fix", group="fix", exit_on_error=False)
 
