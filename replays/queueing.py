@@ -92,6 +92,7 @@ class QueueWait:
     knob: str  # the knobs behind it ("" when the reason names none)
     held_by: str  # behind the queue head most of the time: the head's id
     inversion: int  # steps it waited while a request of worse priority ran
+    tenant: str | None = None  # whose it is, where its arrival says
 
     @property
     def inverted(self) -> bool:
@@ -174,6 +175,7 @@ class _Waiter:
     request_id: str
     priority: int
     arrival: int
+    tenant: str | None = None
     counts: dict[int, int] = field(default_factory=dict)  # reason -> steps
     heads: dict[str, int] = field(default_factory=dict)  # head id -> steps behind it
     inversion: int = 0
@@ -211,6 +213,7 @@ def _wait(w: _Waiter, end: int, still: bool) -> QueueWait:
         knobs(code),
         held_by,
         w.inversion,
+        w.tenant,
     )
 
 
@@ -326,7 +329,7 @@ class QueueScan:
         """What step `rec` adds to the waits and blockings; `state`: the state after it."""
         for a in rec.arrivals:
             self._prio[a.ref] = a.priority
-            self._waiting[a.ref] = _Waiter(a.ref, a.request_id, a.priority, rec.step)
+            self._waiting[a.ref] = _Waiter(a.ref, a.request_id, a.priority, rec.step, a.tenant)
             if self._caching:
                 self._prefix_arrival(a)
         for ad in rec.admissions:

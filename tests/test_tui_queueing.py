@@ -133,3 +133,34 @@ def test_sim_lists_every_request_with_all_and_whole_ids(tmp_path: Path) -> None:
     assert short.exit_code == every.exit_code == 0
     assert "... 10 more (--all lists every request)" in short.output
     assert all(r["id"] in every.output for r in w["requests"])  # whole, not cut at 12
+
+
+def test_waits_are_grouped_by_tenant_where_arrivals_recorded_one(tmp_path: Path) -> None:
+    from replays.queueing import QueueScan
+    from tests.tui_support import queueing_workload as workload
+
+    w = workload()
+    for i, r in enumerate(w["requests"]):
+        r["tenant"] = "batch" if i < 4 else "chat"
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(w))
+    trace = tmp_path / "t.trace"
+    subprocess.run(
+        [sys.executable, "-m", "tui.cli", "sim", str(path), "--trace", str(trace)],
+        check=True,
+        capture_output=True,
+    )
+    scan = QueueScan(open_reader(trace))
+    scan.advance()
+    waits = scan.waits()
+    assert waits[0].tenant == "batch"  # the big prompt at the head
+    assert {q.tenant for q in waits[1:]} == {"chat"}
+
+    from tui.incidents import IncidentsVM
+    from tui.widgets.waits import _tenants
+
+    vm = IncidentsVM((), None, 0, 0, True, "", waits=waits)  # type: ignore[arg-type]
+    (line,) = _tenants(vm)
+    longest = max(q.steps for q in waits[1:])
+    chats = f"chat: {len(waits) - 1}, longest {longest}"
+    assert line.plain == f"by tenant · {chats} · batch: 1, longest {waits[0].steps}"

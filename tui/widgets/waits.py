@@ -10,6 +10,7 @@ from collections import defaultdict
 from rich.text import Text
 from textual.reactive import reactive
 
+from recorder.schema import printable
 from replays.queueing import QueueWait
 from tui.format import middle, short_id, si
 from tui.incidents import IncidentsVM
@@ -56,7 +57,7 @@ class WaitsSection(TextLines):
                 ),
                 *_cache_lines(vm),
             ]
-        out = [_groups(vm)]
+        out = [_groups(vm), *_tenants(vm)]
         wide = width >= NARROW
         out.extend(_row(w, wide) for w in vm.waits[: rows_for(self.app.size.height)])
         for h in vm.head_of_line[:1]:
@@ -108,6 +109,22 @@ def _groups(vm: IncidentsVM) -> Text:
         steps = by[prio]
         t.append(f" · prio {prio}: {len(steps)}, longest {max(steps)}")
     return t
+
+
+def _tenants(vm: IncidentsVM) -> list[Text]:
+    """`by tenant · batch: 3, longest 36 · chat: 5, longest 31`, when arrivals recorded
+    tenants (a workload's `tenant`, a client's `user`); most waits first."""
+    by: dict[str, list[int]] = defaultdict(list)
+    for w in vm.waits:
+        if w.tenant is not None:
+            by[w.tenant].append(w.steps)
+    if not by:
+        return []
+    t = Text("by tenant", style=_DIM)
+    for tenant in sorted(by, key=lambda k: (-len(by[k]), k)):
+        steps = by[tenant]
+        t.append(f" · {printable(tenant)}: {len(steps)}, longest {max(steps)}")
+    return [t]
 
 
 def _row(w: QueueWait, wide: bool) -> Text:
