@@ -98,13 +98,17 @@ def try_fix(
     try:
         how, first = "resim", None
         if timed:
+            from recorder.errors import TraceError
             from replays.whatif import WhatifError, whatif
 
             try:
                 r = whatif(path, overrides, out=tmp)
                 how, first = "whatif", r.first_difference
-            except WhatifError:
-                timed = False  # no usable step timings: in steps, then
+            except (WhatifError, TraceError):
+                # no usable step timings, or a form whatif does not read (a server's run
+                # directory): in steps, then; a bad setting is no WhatifError and goes up
+                timed = False
+                Path(tmp).unlink(missing_ok=True)
         if not timed:
             from replays.resim import resimulate
 
