@@ -157,33 +157,44 @@ def format_group_change(
     unit: str,
     names: tuple[str, str] = ("A", "B"),
 ) -> str:
-    """Two runs' groups side by side: per group, requests and each p99 in A and B."""
+    """Two runs' groups side by side: per group, its requests, then a line per figure
+    (each p99, the summed queue time) in A and B with the change; narrow enough for 80
+    columns whatever the groups."""
     ga, gb = {g.key: g for g in a}, {g.key: g for g in b}
-    head = [group_by.title, "reqs"]
-    for label, _ in _COMPARED:
-        head += [f"{label} {names[0]}", names[1], "change"]
-    head += [f"queue sum {names[0]}", names[1]]
+    head = [group_by.title, "reqs", "figure", names[0], names[1], "change"]
     rows = [head]
+    firsts = set()  # rows that begin a group (a rule goes above them)
     for key in group_by.order(list(dict.fromkeys([*ga, *gb]))):
         x, y = ga.get(key), gb.get(key)
-        n = (x or y).metrics.num_requests if (x or y) is not None else 0  # type: ignore[union-attr]
-        row = [printable(key), str(n)]
-        for _, attr in _COMPARED:
+        either = x if x is not None else y
+        assert either is not None
+        firsts.add(len(rows))
+        lead = [printable(key), str(either.metrics.num_requests)]
+        for label, attr in _COMPARED:
             va = getattr(x.metrics, attr) if x is not None else None
             vb = getattr(y.metrics, attr) if y is not None else None
-            row += [_v(va, unit), _v(vb, unit), _change(va, vb)]
-        row += [
-            _total(x.queue_total, unit) if x is not None else "-",
-            _total(y.queue_total, unit) if y is not None else "-",
-        ]
-        rows.append(row)
+            rows.append([*lead, label, _v(va, unit), _v(vb, unit), _change(va, vb)])
+            lead = ["", ""]
+        qa = x.queue_total if x is not None else None
+        qb = y.queue_total if y is not None else None
+        rows.append(
+            [
+                *lead,
+                "queue sum",
+                _total(qa, unit) if qa is not None else "-",
+                _total(qb, unit) if qb is not None else "-",
+                _change(qa, qb),
+            ]
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     out = []
     for i, r in enumerate(rows):
+        if i in firsts and i > 1:
+            out.append("")
         out.append(
             "  ".join(
-                c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(r, widths))
-            )
+                c.ljust(w) if j in (0, 2) else c.rjust(w) for j, (c, w) in enumerate(zip(r, widths))
+            ).rstrip()
         )
         if i == 0:
             out.append("  ".join("-" * w for w in widths))

@@ -150,8 +150,10 @@ def test_resim_diff_and_whatif_compare_each_group(prio_trace: Path, tmp_path: Pa
     )
     assert res.exit_code == 0, res.output
     table = res.output[res.output.index("by priority") :].splitlines()
-    assert table[1].split()[:4] == ["prio", "reqs", "TTFT", "p99"]
-    assert [line.split()[0] for line in table[3:6]] == ["0", "1", "5"]
+    assert table[1].split() == ["prio", "reqs", "figure", "A", "B", "change"]
+    firsts = [line.split()[:4] for line in table[3:] if line[:1].isdigit()]
+    assert firsts == [[p, n, "TTFT", "p99"] for p, n in (("0", "6"), ("1", "3"), ("5", "1"))]
+    assert max(len(line) for line in table) <= 80
 
     d = CliRunner().invoke(
         main, ["diff", str(prio_trace), str(out), "--group-by", "prio", "--json"]
