@@ -89,29 +89,32 @@ _LATENCY = (("TTFT", "ttft"), ("TPOT", "tpot"), ("queue", "queue"))
 
 
 def _v(x: float | None, unit: str) -> str:
+    """A latency: ms on a timed run, steps on a simulated one (the title says which)."""
     if x is None:
         return "-"
-    return f"{x * 1e3:.1f}ms" if unit == "s" else f"{x:.2f}"
+    return f"{x * 1e3:.1f}" if unit == "s" else f"{x:.2f}"
 
 
 def _total(x: float, unit: str) -> str:
-    return f"{x:.2f}s" if unit == "s" else f"{x:.0f}"
+    """A summed queue time: seconds on a timed run, steps on a simulated one."""
+    return f"{x:.2f}" if unit == "s" else f"{x:.0f}"
 
 
 def format_groups(
     group_by: GroupBy, groups: Sequence[GroupMetrics], total: RunMetrics, total_queue: float
 ) -> str:
     """One row per group, then the totals' row: requests, finished, output tokens,
-    preemptions, TTFT / TPOT / queue p50 and p99, and the queue time summed."""
+    preemptions, TTFT / TPOT / queue p50 and p99, and the queue time summed (80 columns
+    on a timed trace's figures)."""
     unit = total.unit
     by = {g.key: g for g in groups}
     head = [
         group_by.title,
         "reqs",
         "done",
-        "out tok",
-        "preempt",
-        *(f"{n} p50/p99" for n, _ in _LATENCY),
+        "tokens",  # output tokens
+        "pre",  # preemptions
+        *(f"{n} 50/99" for n, _ in _LATENCY),  # p50 and p99
         "queue sum",
     ]
     rows = [head]
@@ -207,9 +210,10 @@ def _title(group_by: GroupBy, unit: str) -> str:
         if group_by.by_priority
         else TENANT
         if group_by.spec == TENANT
-        else repr(group_by.spec)
+        else f"'{printable(group_by.spec)}'"
     )
-    return f"by {what}" + (" (latencies in steps)" if unit != "s" else "")
+    units = "latencies in ms, queue sum in s" if unit == "s" else "in steps"
+    return f"by {what} ({units})"
 
 
 def _change(a: float | None, b: float | None) -> str:

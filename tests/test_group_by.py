@@ -41,8 +41,9 @@ def test_stats_group_by_prio_prints_figures_that_sum_to_the_totals(prio_trace: P
     assert head[:2] == ["prio", "reqs"] and "TTFT" in head and "queue" in head
     rows = {line.split()[0]: line.split() for line in table[3:] if line[:1].isalnum()}
     assert set(rows) == {"0", "1", "5", "all"}
-    col = {name: i for i, name in enumerate(["key", "reqs", "done", "out", "preempt"])}
-    for c in ("reqs", "done", "out", "preempt"):
+    assert head[2:5] == ["done", "tokens", "pre"]
+    col = {name: i for i, name in enumerate(["key", "reqs", "done", "tokens", "pre"])}
+    for c in ("reqs", "done", "tokens", "pre"):
         parts = sum(int(rows[k][col[c]]) for k in ("0", "1", "5"))
         assert parts == int(rows["all"][col[c]]), c
     waits = [float(rows[k][-1]) for k in ("0", "1", "5")]
