@@ -67,6 +67,7 @@ def reference(path: Path) -> tuple[list[Event], IncidentsVM]:
     """Every step's events and the incidents as a replay of the finished file finds them."""
     tl = Timeline(open_reader(path))
     history = History()
+    history.prefix_caching = session_module.caches_prefixes(tl)  # as a Session's does
     history.fill(tl, tl.first_step, tl.last_step)
     feed = IncidentFeed(open_reader(path), live=False)
     while feed.busy:
