@@ -146,6 +146,15 @@ def test_other_recordings_are_refused_by_what_differs(tmp_path: Path) -> None:
     assert "plain.trace is not a data-parallel rank" in line
 
 
+def test_stats_group_by_takes_one_rank(ranks: Path) -> None:
+    from click.testing import CliRunner
+
+    from tui.cli import main
+
+    res = CliRunner().invoke(main, ["stats", str(ranks), "--group-by", "prio"])
+    assert res.exit_code == 2 and "--group-by takes one trace" in res.output
+
+
 def test_stats_cost_model_takes_one_rank(ranks: Path) -> None:
     result = schedtop("stats", str(ranks), "--cost-model")
     assert result.exit_code == 2 and "give one rank's trace" in result.output

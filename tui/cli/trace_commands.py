@@ -375,6 +375,8 @@ def stats(trace: str, as_json: bool, cost_model: bool, group_by: str | None) -> 
 
     ranks = find_ranks(trace)
     if ranks is not None:
+        if group_by is not None:  # each rank is its own scheduler: group one rank's trace
+            raise click.UsageError("--group-by takes one trace, not a directory of ranks")
         _rank_stats(ranks, as_json, cost_model)
         return
     if cost_model:
