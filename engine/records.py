@@ -197,6 +197,10 @@ class SamplingParams:
             check_range("logit_bias", b)
         if self.logprobs is not None:
             check_range("logprobs", self.logprobs)
+        if self.seed is not None:
+            check_range("seed", self.seed)
+        for t in self.stop_token_ids:
+            check_range("token_id", t, "stop_token_ids")
 
     @property
     def processes_logits(self) -> bool:
@@ -209,10 +213,6 @@ class SamplingParams:
             or self.min_p
             or self.logit_bias
         )
-        if self.seed is not None:
-            check_range("seed", self.seed)
-        for t in self.stop_token_ids:
-            check_range("token_id", t, "stop_token_ids")
 
 
 @dataclass(frozen=True, slots=True)
