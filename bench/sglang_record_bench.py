@@ -53,18 +53,13 @@ def worker(args: argparse.Namespace) -> None:
     """One engine; a line "SEED" on stdin runs a round, answered by a JSON line."""
     import sglang as sgl
 
+    from replays.sglang_driver import cpu_engine_args
     from tests.sglang_engine import TINY_LLAMA
 
     model = Path(tempfile.mkdtemp(prefix="schedtop-bench-model-"))
     (model / "config.json").write_text(json.dumps(TINY_LLAMA))
     engine = sgl.Engine(
-        model_path=str(model),
-        device="cpu",
-        load_format="dummy",
-        skip_tokenizer_init=True,
-        disable_cuda_graph=True,
-        mem_fraction_static=0.5,  # the pool is max_total_tokens
-        log_level="error",
+        **cpu_engine_args(str(model)),
         max_total_tokens=8192,
         max_running_requests=args.max_running,
         # the engine not being measured sleeps instead of polling: on a small machine

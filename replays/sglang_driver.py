@@ -29,7 +29,7 @@ from recorder.schema import Status
 from replays.scripts import collect_scripts
 
 # The stand-in model: SGLang sizes nothing by it that the header does not fix.
-_TINY_LLAMA = {
+TINY_LLAMA = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
     "hidden_size": 64,
@@ -87,7 +87,7 @@ def model_dir(inputs: Inputs) -> str:
     )
     eos = next((s.arrival.eos_token_id for s in inputs.scripts), None)
     config = {
-        **_TINY_LLAMA,
+        **TINY_LLAMA,
         "vocab_size": top + 1,
         "max_position_embeddings": int(inputs.header_config["max_model_len"]) + 1,
         "eos_token_id": 2 if eos is None else eos,
@@ -97,9 +97,9 @@ def model_dir(inputs: Inputs) -> str:
     return str(d)
 
 
-def server_args(inputs: Inputs, model: str) -> dict[str, Any]:
-    """SGLang's ServerArgs for the recorded config (the header's names mapped back)."""
-    c = inputs.header_config
+def cpu_engine_args(model: str) -> dict[str, Any]:
+    """SGLang on the CPU with random weights and token-id prompts (the stand-in model in
+    `model`): what the driver, the tests' recording engine and the bench all start."""
     return {
         "model_path": model,
         "device": "cpu",
@@ -110,6 +110,14 @@ def server_args(inputs: Inputs, model: str) -> dict[str, Any]:
         # of the memory left, on a machine where others use much of it
         "mem_fraction_static": 0.5,
         "log_level": "error",
+    }
+
+
+def server_args(inputs: Inputs, model: str) -> dict[str, Any]:
+    """SGLang's ServerArgs for the recorded config (the header's names mapped back)."""
+    c = inputs.header_config
+    return {
+        **cpu_engine_args(model),
         "max_total_tokens": int(c["num_blocks"]) - 1,
         "max_running_requests": int(c["max_num_seqs"]),
         "max_prefill_tokens": int(c["sglang_max_prefill_tokens"]),

@@ -20,22 +20,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from replays.sglang_driver import TINY_LLAMA as BASE_LLAMA
+from replays.sglang_driver import cpu_engine_args
+
 TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "num_hidden_layers": 2,
+    **BASE_LLAMA,
     "vocab_size": 512,
     "max_position_embeddings": 2048,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0,
-    "bos_token_id": 1,
     "eos_token_id": 2,
-    "torch_dtype": "float32",
-    "tie_word_embeddings": False,
 }
 
 
@@ -150,18 +142,7 @@ def run_engine(root: Path, spec: dict[str, Any]) -> dict[str, Any]:
     os.environ["SCHEDTOP_TRACE_FILE"] = str(trace)  # the scheduler process inherits it
     for key, value in spec.get("env", {}).items():
         os.environ[key] = str(value)
-    args = {
-        "model_path": str(model),
-        "device": "cpu",
-        "load_format": "dummy",
-        "skip_tokenizer_init": True,
-        "disable_cuda_graph": True,
-        # max_total_tokens sizes the pool; the fraction only has to pass SGLang's check
-        # of the memory left, on a machine where others use much of it
-        "mem_fraction_static": 0.5,
-        "log_level": "error",
-        **spec.get("args", {}),
-    }
+    args = {**cpu_engine_args(str(model)), **spec.get("args", {})}
     engine = sgl.Engine(**args)
     driver = Driver(engine, random.Random(spec.get("seed", 0)))
     error = None

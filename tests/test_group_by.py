@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from engine.records import percentile
 from replays.groups import OTHER, GroupByError, parse_group_by
 from replays.stats import trace_stats
-from tests.tui_support import queueing_workload
+from tests.tui_support import queueing_trace, queueing_workload
 from tui.cli import main
 
 
@@ -22,15 +22,7 @@ from tui.cli import main
 def prio_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The head-of-line incident under the priority policy: priorities 0, 1 and 5."""
     d = tmp_path_factory.mktemp("prio")
-    workload = d / "prio.json"
-    workload.write_text(json.dumps(queueing_workload("priority")))
-    trace = d / "prio.trace"
-    subprocess.run(
-        [sys.executable, "-m", "tui.cli", "sim", str(workload), "--trace", str(trace)],
-        check=True,
-        capture_output=True,
-    )
-    return trace
+    return queueing_trace(d, "priority")
 
 
 def test_stats_group_by_prio_prints_figures_that_sum_to_the_totals(prio_trace: Path) -> None:

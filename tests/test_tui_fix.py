@@ -4,15 +4,20 @@ worker thread, and shows the change per priority and per request beside the reco
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from replays.fix import suggest, try_fix
-from tests.tui_support import app_test, make_app, queueing_workload, screen_text, submit, wait_until
+from tests.tui_support import (
+    app_test,
+    make_app,
+    queueing_trace,
+    queueing_workload,
+    screen_text,
+    submit,
+    wait_until,
+)
 from tui.screens.incidents import IncidentsScreen, parse_setting
 from tui.screens.prompt import PromptScreen
 from tui.widgets.fix import FixSection
@@ -21,15 +26,7 @@ from tui.widgets.fix import FixSection
 @pytest.fixture(scope="module")
 def hol_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("fix")
-    workload = d / "hol.json"
-    workload.write_text(json.dumps(queueing_workload()))
-    trace = d / "hol.trace"
-    subprocess.run(
-        [sys.executable, "-m", "tui.cli", "sim", str(workload), "--trace", str(trace)],
-        check=True,
-        capture_output=True,
-    )
-    return trace
+    return queueing_trace(d)
 
 
 def test_the_first_value_tried() -> None:

@@ -16,22 +16,14 @@ from replays.queueing import QueueScan
 from replays.timeline import Timeline
 from tests.helpers import open_reader
 from tests.test_tui_terminal import Tmux, tmux  # noqa: F401 -- the fixture
-from tests.tui_support import queueing_workload
+from tests.tui_support import queueing_trace, queueing_workload
 from tui.format import short_id
 
 
 @pytest.fixture(scope="module")
 def hol_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("hol")
-    workload = d / "hol.json"
-    workload.write_text(json.dumps(queueing_workload()))
-    trace = d / "hol.trace"
-    subprocess.run(
-        [sys.executable, "-m", "tui.cli", "sim", str(workload), "--trace", str(trace)],
-        check=True,
-        capture_output=True,
-    )
-    return trace
+    return queueing_trace(d)
 
 
 def longest(trace: Path) -> tuple[str, int]:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
+import subprocess
+import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -161,3 +164,17 @@ def queueing_workload(policy: str = "fcfs") -> dict[str, Any]:
         },
         "requests": [*holders, big, *chats],
     }
+
+
+def queueing_trace(directory: Path, policy: str = "fcfs") -> Path:
+    """`schedtop sim` of queueing_workload(policy), run as a user runs it, into
+    directory/hol.trace."""
+    workload = directory / "hol.json"
+    workload.write_text(json.dumps(queueing_workload(policy)))
+    trace = directory / "hol.trace"
+    subprocess.run(
+        [sys.executable, "-m", "tui.cli", "sim", str(workload), "--trace", str(trace)],
+        check=True,
+        capture_output=True,
+    )
+    return trace
