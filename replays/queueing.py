@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from recorder.codec import decode
-from recorder.framing import FRAME_SIZE
 from recorder.reader import TraceReader
 from recorder.schema import (
     NOT_REACHED,
@@ -34,6 +33,7 @@ from recorder.schema import (
     Step,
 )
 from replays.reducer import apply
+from replays.scan import Digested, RecordScan
 from replays.state import State
 
 TOP = 64  # the longest waits (and head-of-line blockings) kept
@@ -230,16 +230,13 @@ def _blocking(e: _Episode) -> HeadOfLine:
     )
 
 
-class QueueScan:
+class QueueScan(RecordScan):
     """Reads a trace's step records from the start a slice at a time (`advance`),
     replaying its queues, and keeps the longest waits and head-of-line blockings found
     (TOP of each: memory stays bounded however long the trace)."""
 
     def __init__(self, reader: TraceReader, tail: bool = False) -> None:
-        self.reader = reader
-        self.tail = tail
-        self.offset = reader.records_start
-        self.last_step = reader.header.first_step - 1
+        super().__init__(reader, tail)
         self.state: State | None = (
             State.initial(reader.header) if reader.header.first_step == 0 else None
         )
@@ -249,7 +246,6 @@ class QueueScan:
         self._episode: _Episode | None = None
         self._blockings: list[tuple[int, int, HeadOfLine]] = []  # min-heap: the longest
         self._seq = 0  # heap tie-break
-        self._skip = -1  # the offset of a step record take() was given already
         # After take(): the scan holds no state of its own (it saw the taker's); the next
         # advance() asks this for a copy of the state after its last step.
         self._resume: Callable[[int], State] | None = None
@@ -261,30 +257,21 @@ class QueueScan:
         # ref -> its prefix, the blocks it shares, its id: until its first admission
         self._sharing: dict[int, tuple[_Prefix, int, str]] = {}
 
-    def advance(self, max_steps: int | None = None) -> int:
-        """Scan up to `max_steps` more step records (None: to the end); how many.
-        Raises TraceError for a record that cannot be read or applied."""
-        n = 0
-        for offset, rtype, body in self.reader.frames(self.offset, tail=self.tail):
-            if max_steps is not None and n >= max_steps:
-                break
-            self.offset = offset + FRAME_SIZE + len(body)
-            if offset == self._skip:
-                continue  # taken already
-            if rtype == RecordType.STEP and self._resume is not None:
-                self.state, self._resume = self._resume(self.last_step), None
-            if rtype == RecordType.SNAPSHOT and self.state is None and self._resume is None:
-                snap = decode(rtype, body, offset)
-                if isinstance(snap, Snapshot):  # a trace that starts mid-run
-                    self.state = State.from_snapshot(self.reader.header, snap)
-                    for r in snap.requests:
-                        self._prio[r.ref] = r.priority
-            elif rtype == RecordType.STEP and self.state is not None:
-                rec = decode(rtype, body, offset)
-                if isinstance(rec, Step):
-                    self._step(self.state, rec)
-                    n += 1
-        return n
+    def _record(self, offset: int, rtype: int, body: bytes) -> bool:
+        if rtype == RecordType.STEP and self._resume is not None:
+            self.state, self._resume = self._resume(self.last_step), None
+        if rtype == RecordType.SNAPSHOT and self.state is None and self._resume is None:
+            snap = decode(rtype, body, offset)
+            if isinstance(snap, Snapshot):  # a trace that starts mid-run
+                self.state = State.from_snapshot(self.reader.header, snap)
+                for r in snap.requests:
+                    self._prio[r.ref] = r.priority
+        elif rtype == RecordType.STEP and self.state is not None:
+            rec = decode(rtype, body, offset)
+            if isinstance(rec, Step):
+                self._step(self.state, rec)
+                return True
+        return False
 
     def _keep(self, heap: list[tuple[int, int, T]], steps: int, item: T) -> None:
         self._seq += 1
@@ -294,30 +281,19 @@ class QueueScan:
         elif entry > heap[0]:
             heapq.heapreplace(heap, entry)
 
-    def take(
-        self,
-        rec: Step,
-        offset: int,
-        left: tuple[tuple[int, int], ...],
-        after: State,
-        resume: Callable[[int], State],
-    ) -> bool:
-        """Count step `rec` (at byte `offset`) as another walk of the same trace has
-        decoded and applied it, when it is the next step this scan would read: `left` is
-        its unscheduled() list, `after` the state after it (read now, not kept). The record
-        is then neither decoded nor applied again: a live view that digests every step
-        for its log would otherwise pay for each twice. `resume(step)` gives a private
-        copy of the state after `step` if the scan has to read on by itself later.
-        Whether it took the step."""
-        if rec.step != self.last_step + 1 or offset < self.offset:
+    def take(self, d: Digested) -> bool:
+        """Count step `d` as another walk of the same trace has decoded and applied it,
+        when it is the next step this scan would read: the record is then neither
+        decoded nor applied again (a live view that digests every step for its log
+        would otherwise pay for each twice). The scan keeps `d.resume`, not `d.after`,
+        to read on by itself later. Whether it took the step."""
+        if not self._next(d):
             return False
         if self.state is None and self._resume is None:
             return False  # a mid-run trace's scan that has not met its snapshot yet
-        # No step record lies between self.offset and `offset` (the steps are in order
-        # and the last one read was rec.step - 1): only records this scan skips anyway.
-        self.state, self._resume = None, resume
-        self.offset, self._skip = offset, offset
-        self._count(rec, left, after)
+        self.state, self._resume = None, d.resume
+        self._taken(d)
+        self._count(d.rec, d.left, d.after)
         return True
 
     def _step(self, state: State, rec: Step) -> None:

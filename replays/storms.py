@@ -21,7 +21,6 @@ from typing import Any
 from recorder.codec import STEP, decode
 from recorder.encoding import Bad, unpack_body
 from recorder.errors import TraceError
-from recorder.framing import FRAME_SIZE
 from recorder.ids import client_id
 from recorder.multi import open_trace
 from recorder.reader import TraceReader
@@ -34,8 +33,8 @@ from recorder.schema import (
     Scheduled,
     Snapshot,
     Status,
-    Step,
 )
+from replays.scan import Digested, RecordScan
 
 THRASH_STEPS = 8  # preempted again within this many steps of getting back in: thrash
 REPEAT = 3  # preempted this many times or more: a repeat victim
@@ -97,17 +96,13 @@ class StormSummary:
         return {**out, "per_1k_steps": self.per_1k_steps, "lost_share": self.lost_share}
 
 
-class IncidentScan:
-    """Scans a trace's records from the start, a slice at a time (`advance`), keeping the
-    incidents found so far. Over a file still being written (`tail`), a later `advance`
-    picks up the records appended since."""
+class IncidentScan(RecordScan):
+    """The incidents found so far, a slice of the trace at a time (`advance`). It reads
+    the few fields it counts straight from the step records' bodies."""
 
     def __init__(self, reader: TraceReader, tail: bool = False) -> None:
-        self.reader = reader
-        self.tail = tail
-        self.offset = reader.records_start  # where the next record starts
+        super().__init__(reader, tail)
         self.incidents: list[Incident] = []
-        self.last_step = reader.header.first_step - 1  # the last step scanned
         self.done = False  # the END record was read (a live trace may still grow otherwise)
         self.ids: set[str] = set()  # every request id seen so far (to check breakpoints)
         self._names: dict[int, str] = {}  # refs of unfinished requests -> ids
@@ -117,29 +112,19 @@ class IncidentScan:
         self._victims: Counter[str] = Counter()
         self._steps = self._lost = self._computed = self._thrash = 0
         self._aborts = self._errors = 0
-        self._skip = -1  # the offset of a step record take() was given already
 
-    def advance(self, max_steps: int | None = None) -> int:
-        """Scan up to `max_steps` more step records (None: to the end); how many it read.
-        Raises TraceError for a record that cannot be read."""
-        n = 0
-        for offset, rtype, body in self.reader.frames(self.offset, tail=self.tail):
-            if max_steps is not None and n >= max_steps:
-                break
-            self.offset = offset + FRAME_SIZE + len(body)
-            if offset == self._skip:
-                continue  # taken already
-            if rtype == RecordType.STEP:
-                try:
-                    self._step(unpack_body(body))
-                except Bad as e:
-                    raise TraceError(f"step record: {e.message()}", offset) from None
-                n += 1
-            elif rtype == RecordType.SNAPSHOT and self._steps == 0:
-                self._snapshot(decode(rtype, body, offset))
-            elif rtype == RecordType.END:
-                self.done = True
-        return n
+    def _record(self, offset: int, rtype: int, body: bytes) -> bool:
+        if rtype == RecordType.STEP:
+            try:
+                self._step(unpack_body(body))
+            except Bad as e:
+                raise TraceError(f"step record: {e.message()}", offset) from None
+            return True
+        if rtype == RecordType.SNAPSHOT and self._steps == 0:
+            self._snapshot(decode(rtype, body, offset))
+        elif rtype == RecordType.END:
+            self.done = True
+        return False
 
     def summary(self) -> StormSummary:
         return StormSummary(
@@ -162,15 +147,14 @@ class IncidentScan:
             self.ids.add(r.request_id)
             self._counts[r.ref] = r.num_preemptions
 
-    def take(self, rec: Step, offset: int) -> bool:
-        """Count step `rec` (at byte `offset`), decoded by another walk of the same
-        trace, when it is the next step this scan would read (whether it was): a live
-        view that decodes every step for its log need not have it decoded twice."""
-        if rec.step != self.last_step + 1 or offset < self.offset or self._steps == 0:
+    def take(self, d: Digested) -> bool:
+        """Count step `d`, decoded by another walk of the same trace, when it is the next
+        step this scan would read (whether it was): a live view that decodes every step
+        for its log need not have it decoded twice."""
+        if not self._next(d) or self._steps == 0:
             return False  # not next; or a mid-run trace's snapshot may lie before it
-        # No step record lies between self.offset and `offset` (steps are in order and
-        # the last one read was rec.step - 1), and no other record there matters now.
-        self.offset, self._skip = offset, offset
+        self._taken(d)
+        rec = d.rec
         self._count(
             rec.step,
             rec.arrivals,

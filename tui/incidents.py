@@ -4,15 +4,13 @@ once whatever the trace's length (it shows how far the scan has got until it is 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from recorder.errors import TraceError
 from recorder.ids import client_id
 from recorder.reader import TraceReader
-from recorder.schema import Step
 from replays.queueing import CacheLoss, HeadOfLine, QueueScan, QueueWait
-from replays.state import State
+from replays.scan import Digested
 from replays.storms import Incident, IncidentScan, StormSummary
 
 SCAN_SLICE = 1024  # step records scanned per tick (tens of ms) before commands are read
@@ -80,23 +78,14 @@ class IncidentFeed:
         """The last step both scans have counted."""
         return min(self._scan.last_step, self._queues.last_step)
 
-    def take(
-        self,
-        rec: Step,
-        offset: int,
-        left: tuple[tuple[int, int], ...],
-        after: State,
-        resume: Callable[[int], State],
-    ) -> None:
-        """Step `rec` (at byte `offset`) as the session's walk decoded and applied it
-        (`left`: its unscheduled requests, `after`: the state after it), for the scans
-        that have got just that far: following a live trace, each new record is then
-        decoded and applied once, not three times. `resume(step)`: a private copy of the
-        state after `step`, for the waits' scan when it must read on by itself."""
+    def take(self, d: Digested) -> None:
+        """Step `d` as the session's walk decoded and applied it, for the scans that have
+        got just that far: following a live trace, each new record is then decoded and
+        applied once, not three times."""
         if self._error:
             return
-        took = self._scan.take(rec, offset)
-        took = self._queues.take(rec, offset, left, after, resume) and took
+        took = self._scan.take(d)
+        took = self._queues.take(d) and took
         if took:
             # Caught up with what the session has digested; grew() says when there is
             # more (until then the scans have nothing to read by themselves).

@@ -20,6 +20,7 @@ from recorder.errors import TraceError
 from recorder.schema import Step
 from replays.breakpoints import Predicate, find, parse
 from replays.clients import ClientLog
+from replays.scan import Digested
 from replays.state import State
 from replays.timeline import Timeline
 from tui.commands import (
@@ -399,7 +400,9 @@ class Session:
 
     def _seen(self, rec: Step, d: Digest, after: State) -> None:
         """A step the history has just digested: hand it to the incident scans."""
-        self.incidents.take(rec, self.tl.offset(rec.step), d.unscheduled, after, self._private)
+        self.incidents.take(
+            Digested(rec, self.tl.offset(rec.step), d.unscheduled, after, self._private)
+        )
 
     def _private(self, step: int) -> State:
         return self.tl.state(step).copy()
