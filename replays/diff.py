@@ -311,26 +311,19 @@ def _format_side(name: str, side: StepSide | None, max_entries: int) -> list[str
     return out
 
 
-def _fmt(v: float | int | None, attr: str, unit: str) -> str:
+def _fmt(v: float | int | None, attr: str, unit: str, signed: bool = False) -> str:
+    """A metric's value (`signed`: a difference of two, with its sign) in its unit."""
     if v is None:
         return "-"
+    sign = "+" if signed else ""
     if attr.startswith(("ttft", "tpot")):
-        return f"{v * 1e3:.1f} ms" if unit == "s" else f"{v:.2f}"
+        return f"{v * 1e3:{sign}.1f} ms" if unit == "s" else f"{v:{sign}.2f}"
     if attr == "prefix_hit_rate":
-        return f"{v:.1%}"
-    if attr == "throughput":
-        return f"{v:.2f}"
-    return str(v)
+        return f"{v * 100:+.1f} pt" if signed else f"{v:.1%}"
+    if attr == "throughput" or (signed and not isinstance(v, int)):
+        return f"{v:{sign}.2f}"
+    return f"{v:+d}" if signed else str(v)
 
 
 def _delta(a: float | int | None, b: float | int | None, attr: str, unit: str) -> str:
-    if a is None or b is None:
-        return "-"
-    d = b - a
-    if attr.startswith(("ttft", "tpot")):
-        return f"{d * 1e3:+.1f} ms" if unit == "s" else f"{d:+.2f}"
-    if attr == "prefix_hit_rate":
-        return f"{d * 100:+.1f} pt"
-    if attr == "throughput":
-        return f"{d:+.2f}"
-    return f"{d:+d}" if isinstance(d, int) else f"{d:+.2f}"
+    return "-" if a is None or b is None else _fmt(b - a, attr, unit, signed=True)

@@ -352,15 +352,7 @@ class History:
     ) -> int:
         """Digest the run of missing steps that starts at `start`."""
         made = 0
-        prev = self._digests.get(start - 1)
-        # The first step's time counts from the start of the recording.
-        prev_time = (
-            prev.time_ns
-            if prev is not None
-            else timeline.time_ns(start - 1)
-            if start > timeline.first_step
-            else 0
-        )
+        prev_time = self._time_before(timeline, start)
         s = start
         while s <= hi and s not in self._digests:
             before = timeline.state(s - 1)
@@ -390,20 +382,21 @@ class History:
         not digested yet."""
         if step in self._digests:
             return
-        prev = self._digests.get(step - 1)
-        prev_time = (
-            prev.time_ns
-            if prev is not None
-            else timeline.time_ns(step - 1)
-            if step > timeline.first_step
-            else 0
-        )
+        prev_time = self._time_before(timeline, step)
         rec = timeline.record(step)
         after = timeline.state(step)
         d = self._digest(rec, names, after, prev_time, leading)
         self._put(d)
         if seen is not None:
             seen(rec, d, after)
+
+    def _time_before(self, timeline: Timeline, step: int) -> int:
+        """When the step before `step` ended (its digest's, else the trace's); the first
+        step's time counts from the start of the recording."""
+        prev = self._digests.get(step - 1)
+        if prev is not None:
+            return prev.time_ns
+        return timeline.time_ns(step - 1) if step > timeline.first_step else 0
 
     def _digest(
         self,
