@@ -1,5 +1,6 @@
 """What the command families share: user errors as one line, output paths checked before
-any work, attaching a recorder, and the config's knobs as flags."""
+any work, attaching a recorder, the config's knobs as flags, and the other flags that
+several commands take."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
-from engine.config import KNOBS, Knob
+from engine.config import KNOBS, Knob, parse_size
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -44,6 +45,48 @@ def user_errors(fn: F) -> F:
 FORCE = click.option(
     "--force", is_flag=True, help="Overwrite output files that exist (never devices or links)."
 )
+
+
+class _Size(click.ParamType[int]):
+    """A byte count as engine.config.parse_size reads it: 4GiB, 512MB, 1.5g, 1048576."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        try:
+            return parse_size(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+def size_option(flag: str, default: str | None, help: str) -> Callable[[F], F]:
+    """A byte-count flag, parsed before the command runs (a bad one is a usage error)."""
+    return click.option(
+        flag, type=_Size(), metavar="SIZE", default=default, show_default=bool(default), help=help
+    )
+
+
+def seconds_option(flag: str, default: float, help: str, zero: bool = False) -> Callable[[F], F]:
+    """A duration flag in seconds: > 0, or >= 0 where `zero` means something."""
+    return click.option(
+        flag,
+        type=click.FloatRange(min=0, min_open=not zero),
+        default=default,
+        show_default=True,
+        metavar="SECONDS",
+        help=help,
+    )
+
+
+def trace_switches(fn: F) -> F:
+    """--no-trace and --redact-prompts: the same two switches on every command that
+    records (sim, run, serve), said the same way."""
+    fn = click.option(
+        "--redact-prompts",
+        is_flag=True,
+        help="Leave prompt and sampled token ids out of the trace (lengths and block hashes stay).",
+    )(fn)
+    return click.option("--no-trace", is_flag=True, help="Do not record a trace.")(fn)
 
 
 def check_outputs(

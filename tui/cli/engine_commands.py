@@ -15,7 +15,10 @@ from tui.cli.common import (
     about,
     check_outputs,
     knob_options,
+    seconds_option,
     set_option,
+    size_option,
+    trace_switches,
     user_errors,
 )
 
@@ -39,12 +42,7 @@ from tui.cli.common import (
     help="Record the run into this trace file. Default: a new file in "
     "$SCHEDTOP_TRACE_DIR (else ~/.cache/schedtop/traces).",
 )
-@click.option("--no-trace", is_flag=True, help="Do not record a trace.")
-@click.option(
-    "--redact-prompts",
-    is_flag=True,
-    help="Record prompts and sampled tokens only as lengths and block hashes.",
-)
+@trace_switches
 @click.option(
     "--pace",
     type=click.FloatRange(min=0),
@@ -108,10 +106,7 @@ def sim(
     metavar="PATH",
     help="Record the run here (default: a new file in the trace directory).",
 )
-@click.option("--no-trace", is_flag=True, help="Do not record a trace.")
-@click.option(
-    "--redact-prompts", is_flag=True, help="Leave prompt and output token ids out of the trace."
-)
+@trace_switches
 @FORCE
 @user_errors
 def run(
@@ -178,48 +173,28 @@ def run(
     metavar="DIR",
     help="Where the recording goes (default: the trace directory).",
 )
-@click.option(
-    "--trace-max-bytes",
-    metavar="SIZE",
-    default="2GiB",
-    show_default=True,
-    help="Keep the recording under this size (segmented recordings).",
+@size_option(
+    "--trace-max-bytes", "2GiB", "Keep the recording under this size (segmented recordings)."
 )
-@click.option(
-    "--incident-window",
-    type=click.FloatRange(min=0, min_open=True),
-    default=600.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="What POST /v1/schedtop/incident copies by default.",
+@seconds_option("--incident-window", 600.0, "What POST /v1/schedtop/incident copies by default.")
+@size_option(
+    "--max-body-size", "8MiB", "Refuse larger request bodies with a 413, before reading them whole."
 )
-@click.option(
-    "--max-body-size",
-    metavar="SIZE",
-    default="8MiB",
-    show_default=True,
-    help="Refuse larger request bodies with a 413, before reading them whole.",
-)
-@click.option(
+@seconds_option(
     "--read-timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=30.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="A request's headers, then its body, must arrive within this (slow clients are cut).",
+    30.0,
+    "A request's headers, then its body, must arrive within this (slow clients are cut).",
 )
-@click.option(
+@seconds_option(
     "--shutdown-timeout",
-    type=click.FloatRange(min=0),
-    default=30.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="On SIGTERM/Ctrl-C, running requests may finish within this; then they are aborted.",
+    30.0,
+    "On SIGTERM/Ctrl-C, running requests may finish within this; then they are aborted.",
+    zero=True,
 )
-@click.option(
+@size_option(
     "--incident-max-bytes",
-    metavar="SIZE",
-    help="Incidents' share of --trace-max-bytes (default: a quarter of it; at most half).",
+    None,
+    "Incidents' share of --trace-max-bytes (default: a quarter of it; at most half).",
 )
 @click.option(
     "--trace-keep-runs",
@@ -228,10 +203,7 @@ def run(
     show_default=True,
     help="Server run directories kept in the trace directory (the oldest are deleted).",
 )
-@click.option("--no-trace", is_flag=True, help="Do not record.")
-@click.option(
-    "--redact-prompts", is_flag=True, help="Leave prompt and output token ids out of the trace."
-)
+@trace_switches
 @user_errors
 def serve(
     model: str | None,
@@ -241,12 +213,12 @@ def serve(
     api_key: str | None,
     max_waiting: int,
     trace_dir: str | None,
-    trace_max_bytes: str,
+    trace_max_bytes: int,
     incident_window: float,
-    max_body_size: str,
+    max_body_size: int,
     read_timeout: float,
     shutdown_timeout: float,
-    incident_max_bytes: str | None,
+    incident_max_bytes: int | None,
     trace_keep_runs: int,
     no_trace: bool,
     redact_prompts: bool,
@@ -266,13 +238,6 @@ def serve(
         raise click.UsageError("--trace-dir and --no-trace exclude each other")
     try:
         listen = Listen(host, port, max_waiting, shutdown_timeout)
-        max_bytes = _size(trace_max_bytes, "--trace-max-bytes")
-        max_body = _size(max_body_size, "--max-body-size")
-        incident_bytes = (
-            None
-            if incident_max_bytes is None
-            else _size(incident_max_bytes, "--incident-max-bytes")
-        )
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     try:  # before the model loads: a taken port fails at once (vLLM binds first too)
@@ -291,7 +256,7 @@ def serve(
                 api_key=api_key,
                 version=schedtop_version(),
                 incident_window_s=incident_window,
-                max_body_bytes=max_body,
+                max_body_bytes=max_body_size,
                 read_timeout_s=read_timeout,
             )
         except ValueError as e:
@@ -301,9 +266,9 @@ def serve(
                 engine,
                 trace_dir,
                 settings,
-                max_bytes=max_bytes,
+                max_bytes=trace_max_bytes,
                 redact_prompts=redact_prompts,
-                incident_max_bytes=incident_bytes,
+                incident_max_bytes=incident_max_bytes,
                 keep_runs=trace_keep_runs,
             )
         serve_forever(
@@ -325,15 +290,6 @@ def serve(
                 click.echo(
                     f"schedtop: warning: recording stopped early: {recording.error}", err=True
                 )
-
-
-def _size(text: str, option: str) -> int:
-    from engine.config import parse_size
-
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint=option) from None
 
 
 def _server_recording(engine: Any, trace_dir: str | None, settings: Any, **options: Any) -> Any:
