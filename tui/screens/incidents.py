@@ -164,20 +164,9 @@ class IncidentsScreen(Screen[Incident | None]):
     def watch_vm(self) -> None:
         self._refresh_rows()
 
-    def watch_failures(self) -> None:
-        self._refresh_rows()
-
-    def watch_thrash_only(self) -> None:
-        self._refresh_rows()
-
-    def watch_words(self) -> None:
-        self._refresh_rows()
-
-    def watch_sort_key(self) -> None:
-        self._refresh_rows()
-
-    def watch_sort_reverse(self) -> None:
-        self._refresh_rows()
+    # Every filter and sort setting changes only which rows show, in what order.
+    watch_failures = watch_thrash_only = watch_words = watch_vm
+    watch_sort_key = watch_sort_reverse = watch_vm
 
     def on_incident_table_chosen(self, message: IncidentTable.Chosen) -> None:
         self.dismiss(message.incident)

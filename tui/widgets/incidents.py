@@ -3,7 +3,6 @@ so that a storm of a hundred thousand costs what a screenful does."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cache
 
 from rich.segment import Segment
@@ -18,7 +17,7 @@ from textual.strip import Strip
 from replays.storms import Incident, IncidentKind
 from tui.format import middle
 from tui.widgets import palette
-from tui.widgets.requests import fit, full_strip, id_cells
+from tui.widgets.requests import Column, fit, full_strip, id_cells
 
 _HEADER = palette.style("#abb2bf", "#2c313a", bold=True)
 _CURSOR_BG = "#3e4451"
@@ -29,25 +28,15 @@ _KIND = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Col:
-    """One column."""
-
-    sort: str  # the sort key it stands for ("": none)
-    title: str  # its title
-    width: int  # cells (0: what is left)
-    right: bool  # right-aligned
-
-
 COLUMNS = (
-    Col("step", "step", 7, True),
-    Col("", "kind", 7, False),
-    Col("request", "victim", 10, False),
-    Col("", "for / why", 10, False),
-    Col("lost", "lost", 5, True),
-    Col("free", "free →", 9, True),
-    Col("count", "pre#", 4, True),
-    Col("", "thrash", 0, False),
+    Column("step", "step", 7, True),
+    Column("", "kind", 7, False),
+    Column("request", "victim", 10, False),
+    Column("", "for / why", 10, False),
+    Column("lost", "lost", 5, True),
+    Column("free", "free →", 9, True),
+    Column("count", "pre#", 4, True),
+    Column("", "thrash", 0, False),
 )
 
 
@@ -85,9 +74,9 @@ def widths(rows: tuple[Incident, ...], width: int) -> tuple[int, int]:
 
 
 @cache
-def layout(width: int, victim: int = 10, cause: int = 10) -> tuple[tuple[Col, int], ...]:
+def layout(width: int, victim: int = 10, cause: int = 10) -> tuple[tuple[Column, int], ...]:
     """(column, width) of the columns that fit in `width` cells, the last taking the rest."""
-    out: list[tuple[Col, int]] = []
+    out: list[tuple[Column, int]] = []
     x = 1
     for col in COLUMNS:
         w = victim if col.sort == "request" else cause if col.title == "for / why" else col.width
@@ -126,7 +115,7 @@ class IncidentTable(ScrollView, can_focus=True, inherit_bindings=False):
 
     _widths = (10, 10)  # the victim's and the cause's columns, from the rows
 
-    def columns(self, width: int) -> tuple[tuple[Col, int], ...]:
+    def columns(self, width: int) -> tuple[tuple[Column, int], ...]:
         return layout(width, *self._widths)
 
     def watch_rows(self) -> None:

@@ -24,7 +24,7 @@ from tui.widgets import palette
 
 @dataclass(frozen=True, slots=True)
 class Column:
-    """One column of the table."""
+    """One column of a line-drawn table (the requests, the incidents)."""
 
     sort: str  # the sort key a click on its title picks ("": not sortable)
     title: str  # its title
