@@ -24,6 +24,7 @@ from textual.strip import Strip
 
 from tui.viewmodel import CACHED, FREE, NULL, SHARED, USED, BlockMapVM
 from tui.widgets import palette
+from tui.widgets.lines import line_keys
 
 ZOOMS = ("wide", "block", "half", "fit")
 ZOOM_TITLES = {
@@ -100,12 +101,9 @@ class BlockMap(ScrollView, can_focus=True, inherit_bindings=False):
 
     # Not the scrolling keys of ScrollView: ← → home end move through the steps.
     BINDINGS = [
-        Binding("up,k", "move_lines(-1)", "up", show=False),
-        Binding("down,j", "move_lines(1)", "down", show=False),
+        *line_keys("move_lines", page=5),
         Binding("h", "move_cells(-1)", "left", show=False),
         Binding("l", "move_cells(1)", "right", show=False),
-        Binding("pageup", "move_lines(-5)", show=False),
-        Binding("pagedown", "move_lines(5)", show=False),
     ]
 
     vm: reactive[BlockMapVM | None] = reactive(None, always_update=True)

@@ -19,7 +19,7 @@ from textual.strip import Strip
 from tui.format import shorten_ids
 from tui.history import Event
 from tui.widgets import palette
-from tui.widgets.lines import StepClicked
+from tui.widgets.lines import StepClicked, line_keys
 
 _TAGS = {
     "arrive": "arrive",
@@ -42,12 +42,7 @@ class EventLog(ScrollView, can_focus=True, inherit_bindings=False):
     """
 
     BINDINGS = [
-        Binding("up,k", "scroll_by(-1)", "up", show=False),
-        Binding("down,j", "scroll_by(1)", "down", show=False),
-        Binding("pageup", "scroll_by(-10)", "page up", show=False),
-        Binding("pagedown", "scroll_by(10)", "page down", show=False),
-        Binding("home", "scroll_by(-1000000)", "top", show=False),
-        Binding("end", "scroll_by(1000000)", "bottom", show=False),
+        *line_keys("scroll_by", ends=("top", "bottom")),
         Binding("c", "cycle_kind", "kind filter", show=False),
     ]
 

@@ -17,6 +17,7 @@ from textual.strip import Strip
 from replays.storms import Incident, IncidentKind
 from tui.format import middle
 from tui.widgets import palette
+from tui.widgets.lines import line_keys
 from tui.widgets.requests import Column, fit, full_strip, id_cells
 
 _HEADER = palette.style("#abb2bf", "#2c313a", bold=True)
@@ -93,12 +94,7 @@ class IncidentTable(ScrollView, can_focus=True, inherit_bindings=False):
     """Incidents with a cursor row; enter asks to go to the cursor's step."""
 
     BINDINGS = [
-        Binding("up,k", "cursor(-1)", "up", show=False),
-        Binding("down,j", "cursor(1)", "down", show=False),
-        Binding("pageup", "cursor(-10)", "page up", show=False),
-        Binding("pagedown", "cursor(10)", "page down", show=False),
-        Binding("home", "cursor(-1000000000)", "first", show=False),
-        Binding("end", "cursor(1000000000)", "last", show=False),
+        *line_keys("cursor", ends=("first", "last")),
         Binding("enter", "choose", "go to its step", show=False),
     ]
 

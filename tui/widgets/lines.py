@@ -8,10 +8,27 @@ from __future__ import annotations
 
 from rich.segment import Segment
 from rich.text import Text
+from textual.binding import Binding, BindingType
 from textual.geometry import Region
 from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
+
+FAR = 1_000_000_000  # lines: home and end move this far, and the action clamps it
+
+
+def line_keys(
+    action: str, page: int = 10, ends: tuple[str, str] | None = None
+) -> list[BindingType]:
+    """The keys that move a list pane by lines, bound to `action(lines)`: up/k and down/j
+    one line, page up/down `page` lines; with `ends` (what they are called: "first",
+    "last") home and end to the first and the last line. One set for every pane, so
+    that they all move alike; none shows in the footer."""
+    moves = [("up,k", -1, "up"), ("down,j", 1, "down")]
+    moves += [("pageup", -page, "page up"), ("pagedown", page, "page down")]
+    if ends is not None:
+        moves += [("home", -FAR, ends[0]), ("end", FAR, ends[1])]
+    return [Binding(key, f"{action}({n})", word, show=False) for key, n, word in moves]
 
 
 class StepClicked(Message):

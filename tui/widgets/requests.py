@@ -10,7 +10,6 @@ from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from textual import events
-from textual.binding import Binding
 from textual.geometry import Region, Size
 from textual.message import Message
 from textual.reactive import reactive
@@ -20,6 +19,7 @@ from textual.strip import Strip
 from tui.format import middle
 from tui.viewmodel import RequestRow
 from tui.widgets import palette
+from tui.widgets.lines import line_keys
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,12 +150,7 @@ class RequestTable(ScrollView, can_focus=True, inherit_bindings=False):
     """
 
     # Not the scrolling keys of ScrollView: ← → home end move through the steps.
-    BINDINGS = [
-        Binding("up,k", "cursor(-1)", "up", show=False),
-        Binding("down,j", "cursor(1)", "down", show=False),
-        Binding("pageup", "cursor(-10)", "page up", show=False),
-        Binding("pagedown", "cursor(10)", "page down", show=False),
-    ]
+    BINDINGS = line_keys("cursor")
 
     rows: reactive[tuple[RequestRow, ...]] = reactive((), always_update=True)
     selected: reactive[str | None] = reactive(None)  # the selected request's id
