@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from engine.core import EngineCore, StepResult
 from engine.records import Snapshot, Step
 from engine.sim.driver import make_engine, run_steps
 from engine.sim.workload import SimWorkload, parse_workload
 from recorder.reader import TraceReader
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def workload(requests: list[dict[str, Any]], **config: Any) -> SimWorkload:
@@ -132,3 +137,18 @@ def write_trace(tmp_path: Path, data: bytes | bytearray, name: str = "t.trace") 
     path = tmp_path / name
     path.write_bytes(bytes(data))
     return path
+
+
+def engine_python(engine: str, maker: str) -> str:
+    """The interpreter of the venv an engine's tests run in (`engine`: "vLLM", "SGLang"):
+    $SCHEDTOP_<ENGINE>_PYTHON, else .venv-<engine> at the top of the checkout, which
+    `maker` makes. Skips the test without one; fails it in CI, which must run them."""
+    name = engine.lower()
+    configured = os.environ.get(f"SCHEDTOP_{name.upper()}_PYTHON")
+    python = configured or str(ROOT / f".venv-{name}" / "bin" / "python")
+    if Path(python).exists():
+        return python
+    why = f"no {engine} venv ({python} does not exist; {maker} makes one)"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI must run the {name} tests: {why}")
+    pytest.skip(why)

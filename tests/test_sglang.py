@@ -32,10 +32,10 @@ from recorder.schema import Kind, Reason, Status, Step
 from replays.reducer import apply
 from replays.state import State
 from replays.timeline import Timeline
+from tests.helpers import ROOT, engine_python
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
 # SGLang's finish types as the client sees them, and the trace's statuses for them
 FINISH = {
     "length": Status.FINISHED_LENGTH_CAPPED,
@@ -59,14 +59,7 @@ ENGINES: list[dict[str, Any]] = [
 
 @pytest.fixture(scope="session")
 def sglang_python() -> str:
-    configured = os.environ.get("SCHEDTOP_SGLANG_PYTHON")
-    python = configured or str(ROOT / ".venv-sglang" / "bin" / "python")
-    if Path(python).exists():
-        return python
-    why = f"no SGLang venv ({python} does not exist; .ci/sglang-venv makes one)"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI must run the sglang tests: {why}")
-    pytest.skip(why)
+    return engine_python("SGLang", ".ci/sglang-venv")
 
 
 @pytest.fixture(scope="session")

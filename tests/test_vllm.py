@@ -30,10 +30,10 @@ from recorder.schema import Snapshot, Status, Step
 from replays.reducer import apply
 from replays.resim import resimulate
 from replays.state import State
+from tests.helpers import ROOT, engine_python
 
 pytestmark = pytest.mark.vllm
 
-ROOT = Path(__file__).resolve().parent.parent
 FIDELITY = ROOT / "tests" / "data" / "fidelity"
 
 
@@ -44,14 +44,7 @@ def vllm_python() -> str:
 
 def find_vllm_python() -> str:
     """vLLM's interpreter; skips the test without one (fails it in CI)."""
-    configured = os.environ.get("SCHEDTOP_VLLM_PYTHON")
-    python = configured or str(ROOT / ".venv-vllm" / "bin" / "python")
-    if Path(python).exists():
-        return python
-    why = f"no vLLM venv ({python} does not exist; .ci/run makes one)"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI must run the vllm tests: {why}")
-    pytest.skip(why)
+    return engine_python("vLLM", ".ci/run")
 
 
 def vllm_env() -> dict[str, str]:
