@@ -142,28 +142,46 @@ def test_vllm_bench_serve_completes_every_request(
     backend: str,
     endpoint: str,
 ) -> None:
-    model = httpx.get(server + "/v1/models", headers={"Authorization": f"Bearer {KEY}"})
-    name = model.json()["data"][0]["id"]
-    vllm = Path(vllm_python).with_name("vllm")
     num_prompts = 8
+    result = bench_serve(
+        vllm_python, server, hf_tokenizer, tmp_path, num_prompts, 8, backend, endpoint
+    )
+    assert result["total_output_tokens"] == num_prompts * 8  # --ignore-eos: exact lengths
+
+
+def bench_serve(
+    vllm_python: str,
+    url: str,
+    tokenizer: Path,
+    out_dir: Path,
+    num_prompts: int,
+    out_len: int,
+    backend: str = "openai",
+    endpoint: str = "/v1/completions",
+    *extra: str,
+) -> dict[str, Any]:
+    """`vllm bench serve` of `num_prompts` random prompts (32 tokens in, `out_len` out)
+    against the server at `url`, four at a time: every request must complete. What its
+    --save-result JSON says."""
+    model = httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"})
     cmd = [
-        str(vllm), "bench", "serve", "--backend", backend, "--base-url", server,
-        "--endpoint", endpoint,
-        "--model", name,  # its own look-up calls /v1/models without the key
-        "--tokenizer", str(hf_tokenizer), "--dataset-name", "random",
-        "--random-input-len", "32", "--random-output-len", "8", "--ignore-eos",
-        "--num-prompts", str(num_prompts), "--max-concurrency", "4",
-        "--save-result", "--result-dir", str(tmp_path), "--result-filename", "result.json",
+        str(Path(vllm_python).with_name("vllm")), "bench", "serve", "--backend", backend,
+        "--base-url", url, "--endpoint", endpoint,
+        "--model", model.json()["data"][0]["id"],  # its own look-up goes without the key
+        "--tokenizer", str(tokenizer), "--dataset-name", "random",
+        "--random-input-len", "32", "--random-output-len", str(out_len), "--ignore-eos",
+        "--num-prompts", str(num_prompts), "--max-concurrency", "4", *extra,
+        "--save-result", "--result-dir", str(out_dir), "--result-filename", "result.json",
         "--disable-tqdm",
     ]  # fmt: skip
     env = {**vllm_env(), "OPENAI_API_KEY": KEY}
     out = subprocess.run(
-        cmd, capture_output=True, text=True, env=env, timeout=BENCH_TIMEOUT_S, cwd=tmp_path
+        cmd, capture_output=True, text=True, env=env, timeout=BENCH_TIMEOUT_S, cwd=out_dir
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    result = json.loads((tmp_path / "result.json").read_text())
+    result: dict[str, Any] = json.loads((out_dir / "result.json").read_text())
     assert result["completed"] == num_prompts, out.stdout[-3000:]
-    assert result["total_output_tokens"] == num_prompts * 8  # --ignore-eos: exact lengths
+    return result
 
 
 # -- the client side of a trace against vllm bench serve's own figures -----------------------
@@ -186,25 +204,10 @@ def test_stats_client_figures_match_what_vllm_bench_serve_printed(
     traces = tmp_path / "traces"
     num_prompts, out_len = 12, 16
     with ServerProcess(["--trace-dir", str(traces), "--api-key", KEY]) as proc:
-        name = httpx.get(proc.url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"})
-        cmd = [
-            str(Path(vllm_python).with_name("vllm")), "bench", "serve", "--backend", "openai",
-            "--base-url", proc.url, "--endpoint", "/v1/completions",
-            "--model", name.json()["data"][0]["id"], "--tokenizer", str(hf_tokenizer),
-            "--dataset-name", "random", "--random-input-len", "32",
-            "--random-output-len", str(out_len), "--ignore-eos",
-            "--num-prompts", str(num_prompts), "--max-concurrency", "4",
-            "--ready-check-timeout-sec", "0",
-            "--save-result", "--result-dir", str(tmp_path), "--result-filename", "result.json",
-            "--disable-tqdm",
-        ]  # fmt: skip
-        env = {**vllm_env(), "OPENAI_API_KEY": KEY}
-        out = subprocess.run(
-            cmd, capture_output=True, text=True, env=env, timeout=BENCH_TIMEOUT_S, cwd=tmp_path
-        )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    bench = json.loads((tmp_path / "result.json").read_text())
-    assert bench["completed"] == num_prompts, out.stdout[-3000:]
+        bench = bench_serve(
+            vllm_python, proc.url, hf_tokenizer, tmp_path, num_prompts, out_len,
+            "openai", "/v1/completions", "--ready-check-timeout-sec", "0",
+        )  # fmt: skip
     (run_dir,) = [p for p in traces.iterdir() if p.is_dir()]
     server = trace_stats(run_dir).server
     assert server is not None
