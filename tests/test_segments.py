@@ -68,15 +68,29 @@ class FakeClock:
         return self.now
 
 
-def record_server(
-    directory: Path, w: SimWorkload, clock: FakeClock | None = None, **options: object
+def run_server(
+    directory: Path, w: SimWorkload, snapshot_interval: int = 16, **options: object
 ) -> tuple[ServerRecording, EngineCore]:
-    """Run `w` to the end under a ServerRecording (closed), one fake second a step."""
+    """Run `w` to the end under a ServerRecording, left open, one fake second a step."""
     engine = make_engine(w)
-    clock = clock or FakeClock()
-    rec = ServerRecording(engine, directory, snapshot_interval=16, clock=clock, **options)  # type: ignore[arg-type]
+    clock = FakeClock()
+    rec = ServerRecording(
+        engine,
+        directory,
+        snapshot_interval=snapshot_interval,
+        clock=clock,
+        **options,  # type: ignore[arg-type]
+    )
     for _ in run_steps(w, engine):
         clock.now += STEP_NS
+    return rec, engine
+
+
+def record_server(
+    directory: Path, w: SimWorkload, **options: object
+) -> tuple[ServerRecording, EngineCore]:
+    """run_server's recording, closed."""
+    rec, engine = run_server(directory, w, **options)
     rec.close()
     return rec, engine
 
@@ -278,13 +292,7 @@ def incident_while_idle(rec: ServerRecording, window_s: float, note: str | None)
 
 def test_incident_copies_the_segments_covering_the_window(tmp_path: Path) -> None:
     w = busy_workload()
-    engine = make_engine(w)
-    clock = FakeClock()
-    rec = ServerRecording(
-        engine, tmp_path / "run", snapshot_interval=16, clock=clock, segment_s=10.0
-    )
-    for _ in run_steps(w, engine):
-        clock.now += STEP_NS
+    rec, engine = run_server(tmp_path / "run", w, segment_s=10.0)
     last = engine.step_index - 1
     path = incident_while_idle(rec, 25.0, "p99 went up")
     rec.close()
@@ -315,13 +323,7 @@ def test_an_incident_is_cut_at_a_step_boundary_inside_a_segment(tmp_path: Path) 
     snapshot before it, not at the segment's first step (issue 26: `window_s: 30` gave
     78 s of steps)."""
     w = busy_workload()
-    engine = make_engine(w)
-    clock = FakeClock()
-    rec = ServerRecording(
-        engine, tmp_path / "run", snapshot_interval=8, clock=clock, segment_s=1000.0
-    )
-    for _ in run_steps(w, engine):
-        clock.now += STEP_NS
+    rec, engine = run_server(tmp_path / "run", w, snapshot_interval=8, segment_s=1000.0)
     last = engine.step_index - 1
     assert len(list_segments(tmp_path / "run")) == 1 and last > 60
     path = incident_while_idle(rec, 25.0, None)
