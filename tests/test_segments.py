@@ -8,6 +8,7 @@ import json
 import random
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -69,17 +70,13 @@ class FakeClock:
 
 
 def run_server(
-    directory: Path, w: SimWorkload, snapshot_interval: int = 16, **options: object
+    directory: Path, w: SimWorkload, snapshot_interval: int = 16, **options: Any
 ) -> tuple[ServerRecording, EngineCore]:
     """Run `w` to the end under a ServerRecording, left open, one fake second a step."""
     engine = make_engine(w)
     clock = FakeClock()
     rec = ServerRecording(
-        engine,
-        directory,
-        snapshot_interval=snapshot_interval,
-        clock=clock,
-        **options,  # type: ignore[arg-type]
+        engine, directory, snapshot_interval=snapshot_interval, clock=clock, **options
     )
     for _ in run_steps(w, engine):
         clock.now += STEP_NS
@@ -87,7 +84,7 @@ def run_server(
 
 
 def record_server(
-    directory: Path, w: SimWorkload, **options: object
+    directory: Path, w: SimWorkload, **options: Any
 ) -> tuple[ServerRecording, EngineCore]:
     """run_server's recording, closed."""
     rec, engine = run_server(directory, w, **options)
