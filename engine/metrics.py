@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from engine.records import Arrival, RequestState, Scheduled, Status, Step, percentile
 
@@ -269,6 +269,39 @@ def request_times(r: Lifecycle, clock: Clock) -> RequestTimes:
     return RequestTimes(ttft, tpot, e2e, queue, itl, prefill, decode)
 
 
+class Latencies(TypedDict):
+    """The p50 and p99 of the five latencies, under the names every record that reports
+    them gives them (RunMetrics, ClientMetrics, a trace's TraceStats and ServerStats):
+    one list to build and copy them by, so that no record drops one on the way."""
+
+    ttft_p50: float | None
+    ttft_p99: float | None
+    tpot_p50: float | None
+    tpot_p99: float | None
+    itl_p50: float | None
+    itl_p99: float | None
+    e2e_p50: float | None
+    e2e_p99: float | None
+    queue_p50: float | None
+    queue_p99: float | None
+
+
+def latencies(
+    ttft: list[float], tpot: list[float], itl: list[float], e2e: list[float], queue: list[float]
+) -> Latencies:
+    """The percentiles of each latency's samples."""
+    samples = {"ttft": ttft, "tpot": tpot, "itl": itl, "e2e": e2e, "queue": queue}
+    return cast(
+        Latencies,
+        {f"{name}_p{q}": percentile(xs, q) for name, xs in samples.items() for q in (50, 99)},
+    )
+
+
+def latencies_of(m: RunMetrics | ClientMetrics) -> Latencies:
+    """The percentiles `m` holds, to be handed on as they are."""
+    return cast(Latencies, {name: getattr(m, name) for name in Latencies.__annotations__})
+
+
 @dataclass
 class RunMetrics:
     """A run's figures, engine side (docs/metrics.md), in `unit` (seconds or steps)."""
@@ -348,16 +381,7 @@ def run_metrics(fold: Lifecycles, clock: Clock, last_end: float | None = None) -
         output_tokens=out_tokens,
         duration=duration,
         throughput=out_tokens / duration if duration > 0 else 0.0,
-        ttft_p50=percentile(ttft, 50),
-        ttft_p99=percentile(ttft, 99),
-        tpot_p50=percentile(tpot, 50),
-        tpot_p99=percentile(tpot, 99),
-        itl_p50=percentile(itl, 50),
-        itl_p99=percentile(itl, 99),
-        e2e_p50=percentile(e2e, 50),
-        e2e_p99=percentile(e2e, 99),
-        queue_p50=percentile(queue, 50),
-        queue_p99=percentile(queue, 99),
+        **latencies(ttft, tpot, itl, e2e, queue),
         preemptions=fold.preemptions,
         recompute_tokens=fold.recompute_tokens,
         prefix_hit_tokens=sum(first[0]),
@@ -415,18 +439,7 @@ def client_metrics(reqs: Iterable[ClientRequest]) -> ClientMetrics:
             # vllm bench serve's TPOT: the time after the first token over the tokens after it
             if r.ttft is not None and r.output_tokens > 1:
                 tpot.append((r.e2e - r.ttft) / (r.output_tokens - 1))
-    return ClientMetrics(
-        percentile(queue, 50),
-        percentile(queue, 99),
-        percentile(ttft, 50),
-        percentile(ttft, 99),
-        percentile(tpot, 50),
-        percentile(tpot, 99),
-        percentile(itl, 50),
-        percentile(itl, 99),
-        percentile(e2e, 50),
-        percentile(e2e, 99),
-    )
+    return ClientMetrics(**latencies(ttft, tpot, itl, e2e, queue))
 
 
 @dataclass

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.metrics import ClientRequest, client_metrics
+from engine.metrics import ClientRequest, client_metrics, latencies_of
 from recorder.errors import TraceError
 from recorder.reader import TraceReader
 from recorder.schema import Client, RecordType, percentile
@@ -66,17 +66,8 @@ def server_stats(clients: Iterable[Client]) -> ServerStats | None:
         client_errors=sum(n for s, n in statuses.items() if 400 <= s < 500),
         server_errors=sum(n for s, n in statuses.items() if s >= 500),
         aborted=sum(1 for c in records if c.finish_reason == "abort"),
-        queue_p50=m.queue_p50,
-        queue_p99=m.queue_p99,
-        ttft_p50=m.ttft_p50,
-        ttft_p99=m.ttft_p99,
-        itl_p50=m.itl_p50,
-        itl_p99=m.itl_p99,
-        e2e_p50=m.e2e_p50,
-        e2e_p99=m.e2e_p99,
         endpoints=dict(sorted(Counter(c.endpoint for c in records).items())),
-        tpot_p50=m.tpot_p50,
-        tpot_p99=m.tpot_p99,
+        **latencies_of(m),
     )
 
 
