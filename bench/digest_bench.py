@@ -5,7 +5,9 @@ prefix tracking to the incidents view's queue scan):
 1. digest: History.fill over every step of a trace (the event log and sparklines' input),
    CPU µs per step;
 2. queue scan: QueueScan.advance over every step (the incidents view's waits, and now its
-   prefix-cache losses), CPU µs per step.
+   prefix-cache losses), CPU µs per step;
+3. incident scan: IncidentScan.advance over every step (the incidents view's list; since
+   issue 23 both scans walk the frames through replays.scan.RecordScan), CPU µs per step.
 
     .venv/bin/python bench/digest_bench.py --baseline ../main [TRACE ...]
 
@@ -34,10 +36,11 @@ def measure(trace: str, repeat: int) -> dict[str, float]:
     """CPU µs per step of each part, best of `repeat` (run inside one checkout)."""
     from recorder.reader import TraceReader
     from replays.queueing import QueueScan
+    from replays.storms import IncidentScan
     from replays.timeline import Timeline
     from tui.history import History
 
-    best = {"digest": float("inf"), "queue scan": float("inf")}
+    best = {"digest": float("inf"), "queue scan": float("inf"), "incident scan": float("inf")}
     for _ in range(repeat):
         with TraceReader(trace) as reader:
             tl = Timeline(reader)
@@ -53,6 +56,11 @@ def measure(trace: str, repeat: int) -> dict[str, float]:
             t = time.process_time()
             n = q.advance()
             best["queue scan"] = min(best["queue scan"], (time.process_time() - t) / n * 1e6)
+        with TraceReader(trace) as reader:
+            s = IncidentScan(reader)
+            t = time.process_time()
+            n = s.advance()
+            best["incident scan"] = min(best["incident scan"], (time.process_time() - t) / n * 1e6)
     return best
 
 
