@@ -47,20 +47,7 @@ def test_live_http_idle_then_serving_then_killed(
     server: tuple[subprocess.Popen[str], str, int],
 ) -> None:
     proc, url, chunks = server
-    command = f"env -u COLUMNS -u LINES {sys.executable} -m tui.cli live {url}"
-    env = {"TERM": "xterm-256color", "COLORTERM": "truecolor"}
-    tmux(
-        "new-session",
-        "-d",
-        "-s",
-        "app",
-        "-x",
-        "120",
-        "-y",
-        "40",
-        *[arg for k, v in env.items() for arg in ("-e", f"{k}={v}")],
-        command,
-    )
+    tmux.start(f"live {url}")
     screen = tmux.wait_for(lambda s: "CONNECTED" in header(s), "CONNECTED")
     # The server is quiet: idle, with a count that goes up on its own (no key is sent).
     screen = tmux.wait_for(lambda s: "IDLE 3s" in header(s), "IDLE 3s")

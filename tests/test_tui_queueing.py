@@ -69,20 +69,7 @@ def test_waits_first_row_in_a_real_terminal(
     size: tuple[int, int],
 ) -> None:
     rid, steps = longest(hol_trace)
-    command = f"env -u COLUMNS -u LINES {sys.executable} -m tui.cli replay {hol_trace}"
-    env = {"TERM": "xterm-256color", "COLORTERM": "truecolor"}
-    tmux(
-        "new-session",
-        "-d",
-        "-s",
-        "app",
-        "-x",
-        str(size[0]),
-        "-y",
-        str(size[1]),
-        *[arg for k, v in env.items() for arg in ("-e", f"{k}={v}")],
-        command,
-    )
+    tmux.start(f"replay {hol_trace}", *size)
     tmux.wait_for(lambda s: "step 0 /" in s, "step 0")
     tmux("send-keys", "-t", "app", "i")
     screen = tmux.wait_for(lambda s: "waits before admission" in s, "the waits section")

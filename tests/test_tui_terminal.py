@@ -39,6 +39,14 @@ class Tmux:
             raise TmuxError(done.returncode, done.args, done.stdout, done.stderr)
         return done.stdout
 
+    def start(self, args: str, width: int = 120, height: int = 40) -> None:
+        """`schedtop ARGS` in a new session "app", a colour terminal of width x height."""
+        # COLUMNS and LINES from the test's environment would override the window's size.
+        command = f"env -u COLUMNS -u LINES {sys.executable} -m tui.cli {args}"
+        env = ("TERM=xterm-256color", "COLORTERM=truecolor")
+        size = ("-x", str(width), "-y", str(height))
+        self("new-session", "-d", "-s", "app", *size, *[a for e in env for a in ("-e", e)], command)
+
     def screen(self) -> str:
         return self("capture-pane", "-p", "-t", "app")
 
@@ -89,21 +97,7 @@ def test_replay_in_a_real_terminal(tmux: Tmux, tmp_path: Path) -> None:
     preempted = find(tl, [parse("preempt")], -1)
     assert preempted is not None
     victim = tl.state(preempted - 1).requests[tl.record(preempted).preemptions[0].victim]
-    # COLUMNS and LINES from the test's environment would override the window's size.
-    command = f"env -u COLUMNS -u LINES {sys.executable} -m tui.cli replay {trace}"
-    env = {"TERM": "xterm-256color", "COLORTERM": "truecolor"}
-    tmux(
-        "new-session",
-        "-d",
-        "-s",
-        "app",
-        "-x",
-        "120",
-        "-y",
-        "40",
-        *[arg for k, v in env.items() for arg in ("-e", f"{k}={v}")],
-        command,
-    )
+    tmux.start(f"replay {trace}")
     last = tl.last_step
     # Each wait is for everything the test then reads: the app draws in more than one
     # frame, and the first capture with the step line may not have the rest yet.
@@ -141,20 +135,7 @@ def test_first_preemption_victim_and_cause_from_the_incidents_view_at_80x24(
     before = tl.state(step - 1)
     victim = before.request_id(p.victim)
     cause = "itself" if p.victim == p.for_request else before.request_id(p.for_request)
-    command = f"env -u COLUMNS -u LINES {sys.executable} -m tui.cli replay {trace}"
-    env = {"TERM": "xterm-256color", "COLORTERM": "truecolor"}
-    tmux(
-        "new-session",
-        "-d",
-        "-s",
-        "app",
-        "-x",
-        "80",
-        "-y",
-        "24",
-        *[arg for k, v in env.items() for arg in ("-e", f"{k}={v}")],
-        command,
-    )
+    tmux.start(f"replay {trace}", 80, 24)
     last = tl.last_step
     tmux.wait_for(
         lambda s: (
