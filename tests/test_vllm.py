@@ -182,6 +182,14 @@ def assert_snapshots_match_the_steps(trace: Path) -> None:
     assert snapshots > 0 or state.step < 15
 
 
+def traces_in_vllm(python: str, root: Path, runs: list[dict[str, Any]]) -> dict[str, Path]:
+    """record_in_vllm's `runs`, every one of which must succeed: their traces by name."""
+    results = record_in_vllm(python, root, runs)
+    for name, result in results.items():
+        assert "error" not in result, f"{name}: {result['error']}"
+    return {name: the_trace(root / name) for name in results}
+
+
 def the_trace(directory: Path) -> Path:
     traces = sorted(directory.glob("*.trace"))
     assert len(traces) == 1, f"{directory}: expected one trace, found {traces}"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.test_vllm import fidelity_workloads, find_vllm_python, record_in_vllm, the_trace
+from tests.test_vllm import fidelity_workloads, find_vllm_python, traces_in_vllm
 from tui.cli import main as cli
 
 
@@ -22,10 +22,7 @@ def twice(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         {"name": name, "workload": w, "multiprocess": False, "async_scheduling": True}
         for name in ("a", "b")
     ]
-    results = record_in_vllm(python, root, runs)
-    for name, result in results.items():
-        assert "error" not in result, f"{name}: {result['error']}"
-    return {name: the_trace(root / name) for name in results}
+    return traces_in_vllm(python, root, runs)
 
 
 @pytest.mark.vllm

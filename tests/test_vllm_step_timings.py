@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from recorder.reader import TraceReader
-from tests.test_vllm import find_vllm_python, record_in_vllm, the_trace
+from tests.test_vllm import find_vllm_python, traces_in_vllm
 from tui.cli import main as cli
 
 IDLE_S = 0.4
@@ -46,10 +46,7 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         }
         for name in ("sync", "async")
     ]
-    results = record_in_vllm(python, root, runs)
-    for name, result in results.items():
-        assert "error" not in result, f"{name}: {result['error']}"
-    return {name: the_trace(root / name) for name in results}
+    return traces_in_vllm(python, root, runs)
 
 
 @pytest.mark.vllm
