@@ -119,12 +119,16 @@ class SchedtopApp(App[None]):
         Binding("q", "quit", "quit"),
     ]
 
-    frame: reactive[Frame | None] = reactive(None)  # the frame on screen
-    selected_request: reactive[str | None] = reactive(None)  # by id: stable across steps
-    selected_block: reactive[int | None] = reactive(None)
-    query_text: reactive[str] = reactive("")  # the request filter
-    sort_key: reactive[str] = reactive("arrival")
-    sort_reverse: reactive[bool] = reactive(False)
+    # The app's own attributes repaint nothing themselves (repaint=False): an App's
+    # reactive repaints the whole screen, every pane, at every frame; the watchers hand
+    # each pane its part, and a pane repaints itself when that part changes.
+    frame: reactive[Frame | None] = reactive(None, repaint=False)  # the frame on screen
+    # the selected request, by id: stable across steps
+    selected_request: reactive[str | None] = reactive(None, repaint=False)
+    selected_block: reactive[int | None] = reactive(None, repaint=False)
+    query_text: reactive[str] = reactive("", repaint=False)  # the request filter
+    sort_key: reactive[str] = reactive("arrival", repaint=False)
+    sort_reverse: reactive[bool] = reactive(False, repaint=False)
 
     def __init__(self, session: Session) -> None:
         super().__init__()

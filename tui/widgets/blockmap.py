@@ -24,7 +24,7 @@ from textual.strip import Strip
 
 from tui.viewmodel import CACHED, FREE, NULL, SHARED, USED, BlockMapVM
 from tui.widgets import palette
-from tui.widgets.lines import line_keys
+from tui.widgets.lines import line_keys, set_virtual_size
 
 ZOOMS = ("wide", "block", "half", "fit")
 ZOOM_TITLES = {
@@ -171,7 +171,7 @@ class BlockMap(ScrollView, can_focus=True, inherit_bindings=False):
             self._look += 1
         self._hl_cells = hl
         g = self.geometry
-        self.virtual_size = Size(g.cols * g.cell_w + self.label_width, g.lines)
+        set_virtual_size(self, Size(g.cols * g.cell_w + self.label_width, g.lines))
         if g != self._told:
             self._told = g
             self.post_message(self.Laid(g))

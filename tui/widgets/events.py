@@ -19,7 +19,7 @@ from textual.strip import Strip
 from tui.format import shorten_ids
 from tui.history import Event
 from tui.widgets import palette
-from tui.widgets.lines import StepClicked, line_keys
+from tui.widgets.lines import StepClicked, line_keys, set_virtual_size
 
 _TAGS = {
     "arrive": "arrive",
@@ -63,7 +63,7 @@ class EventLog(ScrollView, can_focus=True, inherit_bindings=False):
         self._shown = (
             tuple(e for e in self.events if e.kind == self.kind) if self.kind else self.events
         )
-        self.virtual_size = Size(self.size.width, len(self._shown))
+        set_virtual_size(self, Size(self.size.width, len(self._shown)))
         if self._pinned:
             # The new size applies after this refresh: scroll then (render_line draws the
             # newest lines meanwhile).

@@ -9,7 +9,7 @@ from __future__ import annotations
 from rich.segment import Segment
 from rich.text import Text
 from textual.binding import Binding, BindingType
-from textual.geometry import Region
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
@@ -29,6 +29,19 @@ def line_keys(
     if ends is not None:
         moves += [("home", -FAR, ends[0]), ("end", FAR, ends[1])]
     return [Binding(key, f"{action}({n})", word, show=False) for key, n, word in moves]
+
+
+def set_virtual_size(widget: Widget, size: Size) -> None:
+    """Give a scrolling pane a new virtual size without laying out the whole screen
+    again: Textual's `virtual_size` asks for a layout on every change, and a layout
+    repaints every pane (a live view's log and tables grow at every frame). The
+    scrollbars are still brought up to date, and a scrollbar that appears or goes
+    still asks for the layout it needs (Widget._scroll_update sets their visibility)."""
+    if widget.virtual_size == size:
+        return
+    widget.set_reactive(Widget.virtual_size, size)
+    if widget.is_scrollable and widget.container_size:
+        widget._scroll_update(size)
 
 
 class StepClicked(Message):

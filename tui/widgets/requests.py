@@ -19,7 +19,7 @@ from textual.strip import Strip
 from tui.format import middle
 from tui.viewmodel import RequestRow
 from tui.widgets import palette
-from tui.widgets.lines import line_keys
+from tui.widgets.lines import line_keys, set_virtual_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +180,7 @@ class RequestTable(ScrollView, can_focus=True, inherit_bindings=False):
             ID_MIN,
             min(max((len(r.request_id) for r in self.rows), default=0), id_cells(self.size.width)),
         )
-        self.virtual_size = Size(self.size.width, len(self.rows) + 1)
+        set_virtual_size(self, Size(self.size.width, len(self.rows) + 1))
         self.refresh()
 
     def watch_keep_prio(self) -> None:
