@@ -37,7 +37,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 # --code-from TREE: import schedtop from another checkout (its reader cost, side by side
@@ -207,11 +209,30 @@ def pump(source: Path, dest: Path, rate: float, log: Path) -> None:
         out.write(data[offsets[-1] :])
 
 
-async def follow(app: SchedtopApp, seconds: float) -> tuple[list[tuple[int, int]], float, int]:
-    """(wall ns, step on screen) every 20 ms for `seconds`, once the first step is shown;
-    the app's CPU seconds over those `seconds` (its UI and reader threads: the writer is
-    another process), and the steps the reader digested in them."""
+@dataclass
+class Followed:
+    """What the app did while following: samples of the step on screen, and the CPU its
+    two threads took (the writer is another process)."""
+
+    samples: list[tuple[int, int]]  # (wall ns, step on screen) every 20 ms
+    cpu: float  # the app's CPU seconds, all threads
+    reader_cpu: float  # the reader thread's (decode, reduce, digest, build frames)
+    ui_cpu: float  # the UI thread's (panes, layout, drawing; and the bench's sampling)
+    digested: int  # steps the reader digested
+    frames: int  # frames built (and so drawn)
+
+
+async def follow(app: SchedtopApp, seconds: float) -> Followed:
+    """The app followed for `seconds`, once the first step is shown."""
     samples = []
+    clocks: list[int] = []  # the reader thread's CPU clock
+    run = app.source.run
+
+    def timed_run() -> None:
+        clocks.append(time.pthread_getcpuclockid(threading.get_ident()))
+        run()
+
+    app.source.run = timed_run  # type: ignore[method-assign]  # on_mount starts it
     async with app.run_test(size=SIZE):
         # Plain sleeps: Pilot.pause() also forces screen updates, which is not what a
         # terminal does between frames.
@@ -219,13 +240,17 @@ async def follow(app: SchedtopApp, seconds: float) -> tuple[list[tuple[int, int]
             await asyncio.sleep(0.01)
         await asyncio.sleep(1.0)  # the backlog written while the app started
         end = time.monotonic() + seconds
-        # The session's history is the reader thread's; reading a counter is safe enough.
-        c0, made0 = time.process_time(), app.source.session.history.made
+        # The session is the reader thread's; reading its counters is safe enough.
+        session = app.source.session
+        c0, made0, seq0 = time.process_time(), session.history.made, session.seq
+        r0, u0 = time.clock_gettime(clocks[0]), time.thread_time()
         while time.monotonic() < end:
             samples.append((time.time_ns(), app.frame.header.step))  # type: ignore[union-attr]
             await asyncio.sleep(0.02)
-        cpu, made = time.process_time() - c0, app.source.session.history.made - made0
-    return samples, cpu, made
+        r1, u1 = time.clock_gettime(clocks[0]), time.thread_time()
+        cpu, made = time.process_time() - c0, session.history.made - made0
+        frames = session.seq - seq0
+    return Followed(samples, cpu, r1 - r0, u1 - u0, made, frames)
 
 
 def bench_live(rate: int, seconds: float, tmp: Path) -> dict[str, float]:
@@ -236,10 +261,11 @@ def bench_live(rate: int, seconds: float, tmp: Path) -> dict[str, float]:
     try:
         TraceReader.wait_for(dest, 30).close()
         app = SchedtopApp(open_session(dest, live=True))
-        samples, cpu, digested = asyncio.run(follow(app, seconds))
+        f = asyncio.run(follow(app, seconds))
     finally:
         writer.kill()
         writer.wait()
+    samples = f.samples
     progress = [tuple(map(int, line.split())) for line in log.read_text().splitlines()]
     lags = []
     for t, shown in samples:
@@ -255,9 +281,12 @@ def bench_live(rate: int, seconds: float, tmp: Path) -> dict[str, float]:
         "max": max(lags),
         "first": statistics.mean(first),
         "last": statistics.mean(last),
-        "share": cpu / seconds,  # of one core, what the app got (a shared machine)
-        "us_per_step": cpu / max(1, digested) * 1e6,  # the app's CPU per digested step
-        "digested": digested / seconds,
+        "share": f.cpu / seconds,  # of one core, what the app got (a shared machine)
+        "us_per_step": f.cpu / max(1, f.digested) * 1e6,  # the app's CPU per digested step
+        "digested": f.digested / seconds,
+        "fps": f.frames / seconds,
+        "reader_us": f.reader_cpu / max(1, f.digested) * 1e6,
+        "ui_ms": f.ui_cpu / max(1, f.frames) * 1e3,
     }
 
 
@@ -498,9 +527,12 @@ def live_part(args: argparse.Namespace, tmp: Path) -> None:
     print(
         "| writer rate (steps/s) | achieved | viewer: steps digested/s | lag median | "
         "lag p95 | lag max | mean lag, first third -> last third | keeps up | "
-        "app CPU (share of a core) | app CPU per digested step |"
+        "app CPU (share of a core) | app CPU per digested step | frames/s | "
+        "reader CPU per step | UI CPU per frame |"
     )
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: |")
+    print(
+        "| ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |"
+    )
     for rate in rates:
         r = bench_live(rate, args.seconds, tmp)
         # Keeping up: the lag stays under a quarter second's worth of steps and
@@ -512,7 +544,9 @@ def live_part(args: argparse.Namespace, tmp: Path) -> None:
             f"| {rate} | {r['rate']:.0f} | {r['digested']:.0f} | {r['median']:.0f} "
             f"({r['median'] / r['rate'] * 1e3:.0f} ms) | {r['p95']:.0f} | "
             f"{r['max']:.0f} | {r['first']:.0f} -> {r['last']:.0f} | "
-            f"{'yes' if steady else 'NO'} | {r['share']:.0%} | {r['us_per_step']:.0f} us |"
+            f"{'yes' if steady else 'NO'} | {r['share']:.0%} | {r['us_per_step']:.0f} us | "
+            f"{r['fps']:.0f} | "
+            f"{r['reader_us']:.0f} us | {r['ui_ms']:.1f} ms |"
         )
     print(
         f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs. The viewer's "
@@ -520,7 +554,9 @@ def live_part(args: argparse.Namespace, tmp: Path) -> None:
         "when nothing was skipped. A view that cannot keep up skips ahead and says so: "
         "it then digests fewer steps than were written. The app's CPU per digested step, "
         "drawing included, says what a whole core to itself would follow: about 1e6 / "
-        "that many steps a second.)"
+        "that many steps a second. Of it, the reader thread's CPU per step and the UI "
+        "thread's per frame: a core follows R steps/s at F frames/s while R x reader + "
+        "F x UI stays under a second.)"
     )
     print()
 

@@ -63,6 +63,7 @@ def digest(
     leading: tuple[int, ...] | None = None,
     prefix_caching: bool = False,
     cached_by: Mapping[int, str] | None = None,
+    evictions: list[tuple[tuple[int, ...], int | None]] | None = None,
 ) -> Digest:
     """The digest of step `rec`: `names` gives the ids of the requests it mentions that
     were there before it (arrivals name themselves), `after` is the state after it.
@@ -70,7 +71,8 @@ def digest(
     time since the step before (a simulated run's clock includes its pacing sleep).
     `leading`: the step's leading decodes (tui.waits.decoders), for wait accounting.
     `prefix_caching`: the run caches prefixes, so an admission with no hit is a miss.
-    `cached_by`: block id -> the request that filled it last (History keeps it)."""
+    `cached_by`: block id -> the request that filled it last (History keeps it).
+    `evictions`: _evictions(rec), when the caller has them already."""
     arrived = {a.ref: a.request_id for a in rec.arrivals}
 
     def name(ref: int) -> str:
@@ -86,7 +88,8 @@ def digest(
         if not a.resumed:
             hits += a.cached_tokens
             queries += lookups.get(a.ref, a.cached_tokens)
-    evictions = _evictions(rec)
+    if evictions is None:
+        evictions = _evictions(rec)
     return Digest(
         rec.step,
         rec.time_ns,
@@ -141,18 +144,26 @@ def _cached(kv: KVEvents) -> Iterator[tuple[int, tuple[int, ...]]]:
 
 def _evictions(rec: Step) -> list[tuple[tuple[int, ...], int | None]]:
     """(blocks, ref) per run of evictions: the cached blocks the step handed out again,
-    and the request whose allocation took them (the next KV event's)."""
+    and the request whose allocation took them (the next KV event's). Read off the
+    columns, as _cached does: with prefix caching most decode steps evict, and a live
+    view digests thousands of steps a second."""
     kv = rec.kv_events
-    if _EVICTED not in kv.kinds:
+    kinds = kv.kinds
+    if _EVICTED not in kinds:
         return []
     out: list[tuple[tuple[int, ...], int | None]] = []
     pending: list[int] = []
-    for kind, ref, blocks, _, _ in kv.rows():
-        if kind == KVKind.EVICTED:
-            pending += blocks
-        elif pending:
-            out.append((tuple(pending), ref))
-            pending = []
+    ids, refs = kv.block_ids, kv.refs
+    at = owner = 0
+    for kind, size in zip(kinds, kv.sizes):
+        if kind == _EVICTED:
+            pending += ids[at : at + size]
+        else:
+            if pending:
+                out.append((tuple(pending), refs[owner]))
+                pending = []
+            owner += 1  # every other kind names its request
+        at += size
     if pending:
         out.append((tuple(pending), None))
     return out
@@ -357,10 +368,11 @@ class History:
         while s <= hi and s not in self._digests:
             before = timeline.state(s - 1)
             rec = timeline.record(s)
-            names = names_before(rec, before)  # now: state(s) moves this object on to s
+            evictions = _evictions(rec)  # once: the names and the digest both need them
+            names = names_before(rec, before, evictions)  # now: state(s) moves `before` on
             leading = decoders(rec, before)
             after = timeline.state(s, keyframes_from is None or s >= keyframes_from)
-            d = self._digest(rec, names, after, prev_time, leading)
+            d = self._digest(rec, names, after, prev_time, leading, evictions)
             self._put(d)
             if seen is not None:
                 seen(rec, d, after)
@@ -405,6 +417,7 @@ class History:
         after: State,
         prev_time: int | None,
         leading: tuple[int, ...] | None,
+        evictions: list[tuple[tuple[int, ...], int | None]] | None = None,
     ) -> Digest:
         """digest(), with whose blocks evictions take, as far as the steps digested one
         after another tell."""
@@ -420,6 +433,7 @@ class History:
             leading,
             self.prefix_caching,
             known,
+            evictions,
         )
         kv = rec.kv_events
         if _CACHED in kv.kinds:
@@ -443,17 +457,24 @@ class History:
             self._digests.popitem(last=False)
 
 
-def names_before(rec: Step, before: State) -> dict[int, str]:
+def names_before(
+    rec: Step,
+    before: State,
+    evictions: list[tuple[tuple[int, ...], int | None]] | None = None,
+) -> dict[int, str]:
     """The ids of the requests step `rec` mentions, from the state before it (take them
-    before the Timeline moves that state on)."""
+    before the Timeline moves that state on). `evictions`: _evictions(rec), if made."""
     reqs = before.requests
-    return {ref: reqs[ref].request_id for ref in _mentioned(rec) if ref in reqs}
+    return {ref: reqs[ref].request_id for ref in _mentioned(rec, evictions) if ref in reqs}
 
 
-def _mentioned(rec: Step) -> Iterable[int]:
+def _mentioned(
+    rec: Step, evictions: list[tuple[tuple[int, ...], int | None]] | None
+) -> Iterable[int]:
     for a in rec.admissions:
         yield a.ref
-    for _, ref in _evictions(rec):  # whose allocation evicted cached blocks
+    # whose allocation evicted cached blocks
+    for _, ref in _evictions(rec) if evictions is None else evictions:
         if ref is not None:
             yield ref
     for p in rec.preemptions:
