@@ -21,6 +21,8 @@ from tui.viewmodel import Frame
 
 FRAME_S = 1 / 20  # frames made due by time alone (a growing trace, playing) come this far
 # apart at least: drawing more often only takes time from reading. Keys are shown at once.
+BUSY_FRAME_S = 1 / 10  # ... and this far when building one took BUSY_SHARE of that or more
+BUSY_SHARE = 0.5
 Notify = Callable[[str, str], None]  # (severity, text): "information", "warning" or "error"
 
 
@@ -69,7 +71,8 @@ class FrameSource:
                 now = time.monotonic()
                 if urgent or now >= next_frame:
                     self._publish()
-                    urgent, next_frame = False, now + FRAME_S
+                    urgent = False
+                    next_frame = now + frame_spacing(time.monotonic() - now)
                 else:
                     wait = next_frame - now
             self._flush_notices()
@@ -154,3 +157,12 @@ class FrameSource:
         notices, self.session.notices = self.session.notices, []
         for severity, text in notices:
             self._on_notice(severity, text)
+
+
+def frame_spacing(built_s: float) -> float:
+    """How long after a frame the next one that time alone makes due may come, given
+    that building this one took `built_s` (mostly digesting the steps a live engine
+    wrote since the frame before). A reader that spends half the time between frames
+    on them is falling behind or close to it: the drawing, which shares the
+    interpreter with it, then comes half as often, so that reading gets the time."""
+    return BUSY_FRAME_S if built_s >= BUSY_SHARE * FRAME_S else FRAME_S
