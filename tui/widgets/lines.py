@@ -39,9 +39,13 @@ def set_virtual_size(widget: Widget, size: Size) -> None:
     still asks for the layout it needs (Widget._scroll_update sets their visibility)."""
     if widget.virtual_size == size:
         return
+    scroll_update = getattr(widget, "_scroll_update", None)
+    if scroll_update is None:  # a Textual without it: the plain way, layout and all
+        widget.virtual_size = size
+        return
     widget.set_reactive(Widget.virtual_size, size)
     if widget.is_scrollable and widget.container_size:
-        widget._scroll_update(size)
+        scroll_update(size)
 
 
 class StepClicked(Message):
