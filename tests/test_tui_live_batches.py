@@ -7,7 +7,10 @@ reordered on the way, and that a view that falls too far behind says so."""
 from __future__ import annotations
 
 import re
+import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,6 +23,7 @@ from replays.timeline import Timeline
 from tests.helpers import open_reader
 from tests.tui_support import app_test, at_step, make_app
 from tui import session as session_module
+from tui import worker as worker_module
 from tui.history import Event, History
 from tui.incidents import IncidentFeed, IncidentsVM
 from tui.session import Session
@@ -244,3 +248,63 @@ async def test_a_live_frame_repaints_its_panes_and_lays_out_nothing(
             await at_step(pilot, g.written - 1)
             assert app.frame is not before
     assert (layouts, full) == (0, 0)
+
+
+def test_the_worker_spaces_frames_by_how_long_the_last_one_took(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However fast the trace grows, frames that time alone makes due come FRAME_S apart
+    at least, and BUSY_FRAME_S apart after one that took half of FRAME_S or more to build.
+    The session's frames are made to "take" a set time by moving the worker's clock on
+    (the waits between frames are real ones)."""
+    g = Growing(STORM, tmp_path / "g.trace", 5)
+    s, _ = live(g.dest)
+    offset = 0.0
+    real = time.monotonic
+    clock = SimpleNamespace(monotonic=lambda: real() + offset)
+    monkeypatch.setattr(worker_module, "time", clock)  # the worker's clock alone
+    builds = iter([0.0, 0.0, 0.0, FRAME_S, FRAME_S, 0.0, 0.0] + [0.0] * 100)
+    published: list[tuple[float, float]] = []  # (when the frame began, how long it took)
+    done = threading.Event()
+    frame = Session.frame
+
+    def timed(self: Session) -> Frame:
+        nonlocal offset
+        began = clock.monotonic()
+        took = next(builds)
+        offset += took
+        published.append((began, took))
+        if len(published) == 7:
+            done.set()
+        return frame(self)
+
+    monkeypatch.setattr(Session, "frame", timed)
+    taken = threading.Event()
+    source = FrameSource(s, taken.set, lambda *_: None)
+    thread = threading.Thread(target=source.run)
+    thread.start()
+    try:
+        for _ in range(100):
+            if done.is_set():
+                break
+            g.grow(3)  # every frame finds new steps: each is due by time alone
+            taken.wait(5)
+            taken.clear()
+            source.take()
+    finally:
+        source.stop()
+        thread.join(10)
+    assert done.is_set() and not thread.is_alive()
+    gaps = [
+        (b - a, took) for (a, took), (b, _) in zip(published[1:], published[2:7])
+    ]  # after the first frame (asked for at once)
+    for gap, took in gaps:
+        assert gap >= frame_spacing(took) - 1e-6, (gap, took)
+    assert [frame_spacing(t) for _, t in gaps] == [
+        FRAME_S,
+        FRAME_S,
+        BUSY_FRAME_S,
+        BUSY_FRAME_S,
+        FRAME_S,
+    ]
+    s.close()
