@@ -4,7 +4,9 @@ next to a naive encoding, for the simulated engine with 256 requests decoding.
     .venv/bin/python bench/recorder_bench.py [--runs 5] [--steps 512]
 
 Timing: two engines run the same workload side by side, stepped alternately (which one
-goes first swaps every step), one of them recording into a real file flushed every step.
+goes first swaps every step), one of them recording into a real file as `schedtop run`
+and `sim` do (open_recording: written within 20 ms of each step; --flush-every-step: at
+every step's end, as before issue 28).
 On a machine shared with other work this pairing cancels most of the disturbance that
 separate runs suffer; a control pair with no recorder at all shows what is left of it.
 Per-step medians leave out the steps that write a snapshot; means include them. The
@@ -39,7 +41,12 @@ from engine.records import Kind, KVEvents, Step  # noqa: E402
 from engine.sim.driver import make_engine, run_steps  # noqa: E402
 from engine.sim.workload import SimWorkload, parse_workload  # noqa: E402
 from recorder.reader import TraceReader  # noqa: E402
-from recorder.recorder import Recorder, RecorderOptions  # noqa: E402
+from recorder.recorder import (  # noqa: E402
+    LIVE_FLUSH_S,
+    Recorder,
+    RecorderOptions,
+    open_recording,
+)
 from recorder.schema import Snapshot  # noqa: E402
 from recorder.writer import TraceWriter  # noqa: E402
 
@@ -103,16 +110,31 @@ class _Timed:
 
 
 def twin_run(
-    w: SimWorkload, steps: int, trace: Path | None, recorded_first: bool
+    w: SimWorkload,
+    steps: int,
+    trace: Path | None,
+    recorded_first: bool,
+    every_step: bool = False,
+    background: bool = False,
 ) -> tuple[list[float], list[float], float]:
     """Per-step wall times of a plain engine and of its twin (recording into `trace`, or
-    plain as well when it is None), and the recorder's CPU share of its engine's time."""
+    plain as well when it is None), and the recorder's CPU share of its engine's time.
+    The twin records as `schedtop run` and `sim` do (open_recording); `every_step`: into
+    a writer that flushes at every step's end instead, as they did before issue 28."""
     engines = [make_engine(w), make_engine(w)]
     twin = engines[0] if recorded_first else engines[1]
     plain = engines[1] if recorded_first else engines[0]
     timed = None
     if trace is not None:
-        timed = _Timed(Recorder(twin, TraceWriter(trace)))
+        if every_step:
+            recorder = Recorder(twin, TraceWriter(trace), RecorderOptions(background=background))
+        elif background:  # open_recording's writer and flush timer, and the thread
+            writer = TraceWriter(trace, live=False, flush_interval_s=LIVE_FLUSH_S)
+            options = RecorderOptions(background=True, flush_interval_s=LIVE_FLUSH_S)
+            recorder = Recorder(twin, writer, options)
+        else:
+            recorder = open_recording(twin, trace)
+        timed = _Timed(recorder)
         twin.sink = timed
     runs = [warm_up(w, plain), warm_up(w, twin)]
     if timed is not None:
@@ -246,6 +268,16 @@ def main() -> None:
         default=48,
         help="timed steps of the default model per engine (0: skip)",
     )
+    parser.add_argument(
+        "--flush-every-step",
+        action="store_true",
+        help="record into a writer flushed at every step's end (before issue 28)",
+    )
+    parser.add_argument(
+        "--background",
+        action="store_true",
+        help="encode and write on the recorder's own thread (RecorderOptions(background=True))",
+    )
     args = parser.parse_args()
     w = workload(args.steps)
     tmp = Path(tempfile.mkdtemp(prefix="recorder-bench-"))
@@ -253,7 +285,14 @@ def main() -> None:
     shares: list[float] = []
     for i in range(args.runs):
         a, a2, _ = twin_run(w, args.steps, None, i % 2 == 0)
-        plain, rec, share = twin_run(w, args.steps, tmp / f"run{i}.trace", i % 2 == 0)
+        plain, rec, share = twin_run(
+            w,
+            args.steps,
+            tmp / f"run{i}.trace",
+            i % 2 == 0,
+            every_step=args.flush_every_step,
+            background=args.background,
+        )
         for key, values in (("a", a), ("a2", a2), ("plain", plain), ("rec", rec)):
             pools[key] += values
         shares.append(share)

@@ -37,6 +37,13 @@ DEFAULT_SNAPSHOT_INTERVAL = 256
 # The flush timer of open_recording's and a server's recorders: a hung engine that is
 # then killed loses at most this much of its last steps (docs/trace-format.md).
 FLUSH_INTERVAL_S = 1.0
+# A live recording (open_recording's default: `run`, `sim`, `demo`) writes its steps at
+# least this often rather than at every step's end: one write(2) per step was about a
+# fifth of the recorder's cost on the simulated engine (docs/benchmarks.md, Recorder).
+# The viewer looks for new records every 50 ms (tui.session.POLL_S), so it sees no
+# difference; the flush timer ticks twice an interval, so a step reaches the file at
+# most this long after it ends (plus a wake-up), however the engine goes on or hangs.
+LIVE_FLUSH_S = 0.02
 # The default replay-work budget between snapshots: per pool block, and at least this much
 # (below it a seek costs a few ms whatever the spacing; see default_snapshot_work).
 SNAPSHOT_WORK_PER_BLOCK = 3
@@ -239,7 +246,19 @@ class Recorder:
             start_ns = continue_from.start_time_ns
         self._closed = False
         self._first_step = engine.step_index
-        self._compactor = StepCompactor(engine.config.policy, options.redact_prompts)
+        cfg = engine.config
+        # The compactor's cheap steady check relies on the engine's word for its entries'
+        # kinds (EngineCore.reports_sticky_decodes); drafts and async placeholders make
+        # kinds change under it, so those runs check every entry.
+        track_kinds = (
+            getattr(engine, "reports_sticky_decodes", False) is True
+            and not cfg.async_scheduling
+            and not cfg.num_speculative_tokens
+            and cfg.speculative_config is None
+        )
+        self._compactor = StepCompactor(
+            cfg.policy, options.redact_prompts, track_kinds=track_kinds, verify=options.strict
+        )
         self._step_offsets = array("Q")
         self._step_ends = array("Q")
         self._snapshots: list[tuple[int, int]] = []
@@ -342,19 +361,26 @@ class Recorder:
                 self.error = self.sink.error
                 return
             fields[_TIME] = self._clock() - self._t0
-            if self._compactor.redact:
-                fields[_TOKENS] = None
-            # The work is replay_work's for this record.
-            due = self._due(1 + num_decodes + len(kv_events.block_ids), schedule_ns + update_ns)
-            if self.on_step_record is not None:
-                self.on_step_record(_steady_step(fields))
-            if self._bg is None:
-                self._append_steady(fields, not due)
-            else:
-                self._bg.put(self._append_steady, fields, not due)
-            self._written(due)
+            self._record_steady(fields)
         except Exception as e:
             self._failed(step, e)
+
+    def _record_steady(self, fields: list[Any]) -> None:
+        """Record a steady decode step from its fields (in STEADY_FIELDS order, time_ns
+        read): encoded straight from them, no Step built unless on_step_record wants one."""
+        if self._compactor.redact:
+            fields[_TOKENS] = None
+        # The work is replay_work's for this record: 1 + the decodes + the blocks moved.
+        due = self._due(
+            1 + fields[_DECODES] + len(fields[_KV].block_ids), fields[_SCHED] + fields[_UPDATE]
+        )
+        if self.on_step_record is not None:
+            self.on_step_record(_steady_step(fields))
+        if self._bg is None:
+            self._append_steady(fields, not due)
+        else:
+            self._bg.put(self._append_steady, fields, not due)
+        self._written(due)
 
     def _append_steady(self, fields: list[Any], boundary: bool) -> None:
         try:
@@ -453,7 +479,28 @@ class Recorder:
             self.error = self.sink.error
             return
         time_ns = self._clock() - self._t0
-        step = self._compactor.compact(report, time_ns)
+        compactor = self._compactor
+        if not report.num_decodes and compactor.is_steady(report):
+            # Most steps of a busy engine: the path of on_steady_step, which costs what
+            # the record holds (no Step built, no general encoder over its 28 fields).
+            self._record_steady(
+                [
+                    report.step,
+                    time_ns,
+                    report.schedule_ns,
+                    report.update_ns,
+                    report.token_budget,
+                    len(report.scheduled),
+                    None,  # sample_counts: one sample each in a steady step
+                    report.sampled_tokens,
+                    report.kv_events,
+                    report.free_blocks_after_schedule,
+                    report.free_blocks,
+                    report.work_ns,
+                ]
+            )
+            return
+        step = compactor.compact(report, time_ns)
         snapshot_due = self._due(replay_work(step), step.schedule_ns + step.update_ns)
         if self.on_step_record is not None:
             self.on_step_record(step)
@@ -577,7 +624,24 @@ class Recorder:
         )
 
 
+# Recorder._record lists a steady step's fields in this order.
+assert STEADY_FIELDS == (
+    "step",
+    "time_ns",
+    "schedule_ns",
+    "update_ns",
+    "token_budget",
+    "num_decodes",
+    "sample_counts",
+    "sampled_tokens",
+    "kv_events",
+    "free_blocks_after_schedule",
+    "free_blocks",
+    "work_ns",
+)
 _TIME, _TOKENS = STEADY_FIELDS.index("time_ns"), STEADY_FIELDS.index("sampled_tokens")
+_SCHED, _UPDATE = STEADY_FIELDS.index("schedule_ns"), STEADY_FIELDS.index("update_ns")
+_DECODES, _KV = STEADY_FIELDS.index("num_decodes"), STEADY_FIELDS.index("kv_events")
 
 
 def _steady_step(fields: list[Any]) -> Step:
@@ -597,21 +661,24 @@ def open_recording(
     model: str | None = None,
 ) -> Recorder:
     """Record `engine` into `path`, or into a new file in the default trace directory
-    (see recorder.paths) named after `kind` ("run", "sim", "demo"). `live` flushes every
-    step, so that `schedtop live` sees each one at once. Raises RecordingError when the
-    file cannot be created."""
+    (see recorder.paths) named after `kind` ("run", "sim", "demo"). `live` writes every
+    step within LIVE_FLUSH_S of its end, so that `schedtop live` follows the engine with
+    no visible delay (else within FLUSH_INTERVAL_S). Raises RecordingError when the file
+    cannot be created."""
     if path is None:
         path = new_trace_path(kind)
         make_trace_dir(path.parent)
-    writer = TraceWriter(path, live=live)
+    interval = LIVE_FLUSH_S if live else FLUSH_INTERVAL_S
+    # Written at a step's end once `interval` has passed since the last write; the
+    # recorder's flush timer writes out the rest when the engine stops stepping (idle,
+    # hung, or killed after a hang: it loses at most `interval` of its last steps).
+    writer = TraceWriter(path, live=False, flush_interval_s=interval)
     try:
         options = RecorderOptions(
             redact_prompts=redact_prompts,
             snapshot_interval=snapshot_interval,
             model=model,
-            # A live trace is flushed at every step's end: a hung engine's steps are all
-            # written already, and its appends need not take the timer's lock.
-            flush_interval_s=None if live else FLUSH_INTERVAL_S,
+            flush_interval_s=interval,
         )
         return Recorder(engine, writer, options)
     except BaseException:
