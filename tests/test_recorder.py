@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from engine.sim.api import demo_workload_path
 from engine.sim.runner import SimRunner
 from engine.sim.workload import load_workload
 from recorder.reader import TraceReader
-from recorder.recorder import Recorder, RecorderOptions, open_recording
+from recorder.recorder import Recorder, RecorderOptions, TapEngine, open_recording
 from recorder.schema import Snapshot, Step
 from recorder.writer import MemoryWriter, TraceWriter
 from replays.reducer import StepView, apply, apply_with_view, reduce, replay, state_at
@@ -541,6 +542,35 @@ def test_open_recording_writes_into_the_trace_directory(trace_dir: Path) -> None
         assert reader.closed_cleanly
 
 
+def test_a_live_recording_reaches_the_file_on_its_timer_without_more_steps(
+    tmp_path: Path,
+) -> None:
+    """open_recording's live trace is written at most every LIVE_FLUSH_S as the engine
+    steps, not at every step's end; the steps after the last such write reach the file
+    on the recorder's flush timer, with no further step and no close."""
+    from engine.sim.driver import make_engine, run_steps
+    from recorder.recorder import LIVE_FLUSH_S
+
+    w = load_workload(demo_workload_path())
+    engine = make_engine(w)
+    path = tmp_path / "live.trace"
+    recorder = open_recording(engine, path)
+    assert recorder.options.flush_interval_s == LIVE_FLUSH_S
+    assert not recorder.sink.live and recorder.sink.flush_interval_s == LIVE_FLUSH_S
+    steps = run_steps(w, engine)
+    for _ in range(30):
+        last = next(steps).report.step
+    deadline = time.monotonic() + 30  # far beyond the bound: only a missing flush waits
+    seen = -1
+    while seen < last and time.monotonic() < deadline:
+        with TraceReader(path) as reader:
+            seen = max((s.step for s in reader.steps()), default=-1)
+        if seen < last:
+            time.sleep(0.01)
+    assert seen == last
+    engine.close()
+
+
 def test_reducer_copies_are_independent_and_reduce_is_pure(tmp_path: Path) -> None:
     run = record(load_workload(demo_workload_path()))
     with TraceReader(write_trace(tmp_path, run.data)) as reader:
@@ -652,3 +682,88 @@ def test_a_reporter_s_implicit_decodes_stay_implicit_beside_an_admission() -> No
     odd = dataclasses.replace(rep, step=6, running=(1, 0, 2, 3), waiting=(4,))
     compactor.running, compactor.waiting = (0, 1, 2), (3, 4)
     assert compactor.compact(odd).running == (1, 0, 2, 3)  # not derivable: kept
+
+
+def _tracking_workloads() -> list[Any]:
+    """Decode runs with arrivals, chunked prefills, prefix hits, preemptions (FCFS and
+    PRIORITY), finishes at max_tokens, and drafts."""
+    from tests.crash_child import long_workload
+
+    demo = load_workload(demo_workload_path())
+    crash = long_workload()
+    return [
+        demo,
+        crash,
+        dataclasses.replace(crash, config=crash.config.replace(policy="priority")),
+        dataclasses.replace(demo, config=demo.config.replace(num_speculative_tokens=2)),
+        dataclasses.replace(demo, config=demo.config.replace(async_scheduling=True)),
+    ]
+
+
+@pytest.mark.parametrize("index", range(5))
+def test_the_steady_check_that_tracks_decodes_makes_the_same_records(index: int) -> None:
+    """The compactor that settles the steady check on what changed (StepCompactor
+    .unsettled, checked on every step here: verify) writes what the one that looks at
+    every entry's kind writes, step for step; drafts switch it to looking."""
+    from engine.sim.driver import make_engine, run_steps
+    from recorder.convert import StepCompactor
+
+    w = _tracking_workloads()[index]
+    policy = w.config.policy
+    tracked = StepCompactor(policy, False, track_kinds=True, verify=True)
+    looking = StepCompactor(policy, False)
+    shortcuts = 0
+    for result in run_steps(w, make_engine(w)):
+        rep = result.report
+        steady = tracked.unsettled is not None and tracked.is_steady(rep)
+        shortcuts += steady
+        assert tracked.compact(rep, rep.step) == looking.compact(rep, rep.step), rep.step
+    if w.config.num_speculative_tokens:
+        assert tracked.unsettled is None  # drafts: back to looking at every entry
+    else:
+        assert shortcuts > 20
+
+
+def test_the_recorder_tracks_decodes_only_where_the_engine_vouches_for_them(
+    tmp_path: Path,
+) -> None:
+    from engine.sim.driver import make_engine
+
+    demo = load_workload(demo_workload_path())
+    for config, tracked in (
+        (demo.config, True),
+        (demo.config.replace(num_speculative_tokens=2), False),
+        (demo.config.replace(async_scheduling=True), False),
+    ):
+        w = dataclasses.replace(demo, config=config)
+        recorder = Recorder(make_engine(w), MemoryWriter())
+        assert (recorder._compactor.unsettled is not None) is tracked
+        recorder.close()
+    tap = TapEngine()
+    tap.config, tap.description, tap.next_step = demo.config, ("tap", ""), 0
+    recorder = Recorder(tap, MemoryWriter())
+    assert recorder._compactor.unsettled is None  # another engine's entries: looked at
+    recorder.close()
+
+
+def test_a_recording_that_takes_the_steady_path_writes_the_general_paths_trace(
+    tmp_path: Path,
+) -> None:
+    """Recorder._record's steady path (encode_steady from the report's fields) and the
+    compactor's general record of the same steps make the same trace but for timings."""
+    from engine.sim.driver import make_engine, run_steps
+    from tests.test_background_recording import masked
+
+    w = load_workload(demo_workload_path())
+    paths = []
+    for steady in (True, False):
+        engine = make_engine(w)
+        path = tmp_path / f"{steady}.trace"
+        recorder = Recorder(engine, TraceWriter(path, live=False), RecorderOptions(strict=True))
+        if not steady:
+            recorder._compactor.is_steady = lambda rep: False  # type: ignore[method-assign]
+        for _ in run_steps(w, engine):
+            pass
+        engine.close()
+        paths.append(path)
+    assert masked(paths[0]) == masked(paths[1])

@@ -291,18 +291,42 @@ _counts = st.integers(min_value=0, max_value=2**40)
 _tokens = st.lists(st.integers(min_value=0, max_value=2**33), max_size=40).map(tuple)
 
 
+_block_ids = st.lists(st.integers(0, 70000), min_size=1, max_size=4).map(tuple)
+_hash = st.binary(min_size=HASH_BYTES, max_size=HASH_BYTES)
+
+
+@st.composite
+def _kv_event(draw: st.DrawFn) -> KVEvent:
+    """Any event: a decode step's (allocated, cached) and the rarer ones, refs and block
+    ids on either side of 256 (the hand-written steady encoder packs short columns)."""
+    kind = draw(st.sampled_from(list(KVKind)))
+    blocks = draw(_block_ids)
+    ref = None if kind == KVKind.EVICTED else draw(st.integers(0, 300))
+    hashes: tuple[bytes, ...] = ()
+    if kind in (KVKind.CACHED, KVKind.EVICTED):
+        hashes = tuple(draw(_hash) for _ in blocks)
+    tokens = draw(st.integers(1, 1000)) if kind == KVKind.PREFIX_HIT else 0
+    return KVEvent(kind, ref, blocks, hashes, tokens)
+
+
+_kv_events = st.one_of(
+    st.just(KVEvents()),
+    st.lists(_kv_event(), max_size=8).map(KVEvents.of),
+    # A decode step's shape: blocks allocated, then the full ones cached.
+    st.lists(st.tuples(st.integers(0, 300), st.integers(0, 70000), _hash), max_size=20).map(
+        lambda rows: KVEvents.of(
+            [KVEvent(KVKind.ALLOCATED, r, (b,)) for r, b, _ in rows]
+            + [KVEvent(KVKind.CACHED, r, (b,), (h,)) for r, b, h in rows]
+        )
+    ),
+)
+
+
 @st.composite
 def _steady_fields(draw: st.DrawFn) -> tuple[object, ...]:
     n = draw(st.integers(min_value=0, max_value=40))
     tokens = draw(st.one_of(st.just(()), st.lists(st.integers(0, 70000), min_size=n, max_size=n)))
-    cached = draw(st.integers(0, 3))
-    kv = KVEvents(
-        kinds=(KVKind.CACHED,) * cached,
-        refs=tuple(range(cached)),
-        sizes=(1,) * cached,
-        block_ids=tuple(range(10, 10 + cached)),
-        hashes=tuple(bytes([i]) * HASH_BYTES for i in range(cached)),
-    )
+    kv = draw(_kv_events)
     return (
         draw(_counts),
         draw(_counts),
