@@ -449,6 +449,12 @@ class Recorder:
         """The thread that encodes and appends the records (None: the engine's own)."""
         return None if self._bg is None else self._bg.thread
 
+    @property
+    def own_threads(self) -> tuple[Any, ...]:
+        """The recorder's own threads (the encoding thread, or the flush timer): what it
+        costs beyond the engine's thread (bench/recorder_bench.py counts their CPU)."""
+        return tuple(b.thread for b in (self._bg, self._timer) if b is not None)
+
     def close(self, stopped: str = "") -> None:
         """Write the footer (if recording went well), flush, fsync and close. Idempotent.
         `stopped`: why recording stops while the engine goes on, kept in the footer so
