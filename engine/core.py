@@ -86,12 +86,6 @@ class EngineCore:
 
     It knows nothing of who listens: a recorder attaches itself as the sink."""
 
-    # What an observer may rely on (a recorder's steady-step check does): every step
-    # reports every scheduled entry, and a request that decoded decodes again whenever it
-    # is scheduled, until it is preempted or finishes, unless drafts are proposed for it
-    # (spec_proposed) or a sample is in flight (async scheduling).
-    reports_sticky_decodes = True
-
     def __init__(
         self,
         config: EngineConfig,

@@ -17,7 +17,7 @@ from dataclasses import replace
 from operator import attrgetter, countOf
 from typing import Any
 
-from engine.records import Arrival, Kind, Scheduled, Snapshot, Status, Step, trace_hashes
+from engine.records import Arrival, Kind, Snapshot, Status, Step, trace_hashes
 from recorder.derive import running_after, waiting_after_fcfs, waiting_after_priority
 
 _DECODE = Kind.DECODE
@@ -28,34 +28,18 @@ _REF, _KIND = attrgetter("ref"), attrgetter("kind")
 class StepCompactor:
     """Turns each of the engine's step records into the trace's compact one."""
 
-    def __init__(
-        self, policy: str, redact: bool, track_kinds: bool = False, verify: bool = False
-    ) -> None:
+    def __init__(self, policy: str, redact: bool) -> None:
         self.policy = policy
         self.redact = redact
         self.running: tuple[int, ...] = ()  # the previous step's queues
         self.waiting: tuple[int, ...] = ()
         self.order: dict[int, tuple[int, float, str]] = {}  # priority: ref -> queue order
-        # With `track_kinds`, the running requests whose last entry was not a DECODE
-        # (None: every steady candidate's entries are checked, one by one). A request
-        # that decoded decodes again whenever it is scheduled, until it is preempted,
-        # finishes or gets drafts (vLLM's rule: its prompt is done and it has an output);
-        # so when this set is empty and nothing else moved, every entry is a DECODE, and
-        # the steady check costs what changed rather than one look per running request
-        # (it was a third of the recorder's cost on a 256-request decode step).
-        # The engine must report every entry, drafts included: schedtop's EngineCore
-        # without speculative decoding or async scheduling (Recorder decides).
-        self.unsettled: set[int] | None = set() if track_kinds else None
-        self.verify = verify  # check the rule on every steady step (strict recordings)
 
     def adopt(self, snap: Snapshot) -> None:
         """Take over an engine mid-run, from its snapshot."""
         self.running, self.waiting = snap.running, snap.waiting
         if self.policy == "priority":
             self.order = {r.ref: r.priority_order() for r in snap.requests}
-        if self.unsettled is not None:
-            # Their last entries are unknown: settled by the first step that shows them.
-            self.unsettled = set(snap.running)
 
     def compact(self, rep: Step, time_ns: int = 0) -> Step:
         """The step as a trace records it."""
@@ -82,8 +66,6 @@ class StepCompactor:
             num_decodes = self._decode_prefix(rep)
             scheduled = rep.scheduled[num_decodes:] if num_decodes else rep.scheduled
         running, waiting = self._queues(rep)
-        if self.unsettled is not None:
-            self._settle(rep, num_decodes, scheduled)
         step = replace(
             rep,
             time_ns=time_ns,
@@ -131,22 +113,8 @@ class StepCompactor:
             or n != len(self.running)
             or rep.running != self.running
             or rep.waiting != self.waiting
-            or not self._all_decode(rep, n)
+            or countOf(map(_KIND, rep.scheduled), _DECODE) != n
         )
-
-    def _all_decode(self, rep: Step, n: int) -> bool:
-        """Whether the `n` entries of a step in which nothing else moved all decode."""
-        unsettled = self.unsettled
-        if unsettled is None:
-            return countOf(map(_KIND, rep.scheduled), _DECODE) == n
-        if self.verify and not unsettled and countOf(map(_KIND, rep.scheduled), _DECODE) != n:
-            raise ValueError(
-                f"step {rep.step}: a running request that decoded at its last step did not "
-                "decode now, with no drafts: the engine breaks the rule its recorder's "
-                "steady-step check relies on (StepCompactor.unsettled)"
-            )
-        # Not empty: general() makes the same record, and settles them.
-        return not unsettled
 
     def _compacted(self, rep: Step, time_ns: int) -> Step:
         """A step whose reporter made its leading decodes implicit itself (recorder.vllm
@@ -253,28 +221,6 @@ class StepCompactor:
                 self.waiting, arrived, preempted, gone, key=self.order.__getitem__
             )
         return waiting_after_fcfs(self.waiting, arrived, preempted, gone)
-
-    def _settle(self, rep: Step, num_decodes: int, scheduled: tuple[Scheduled, ...]) -> None:
-        """Keep `unsettled` (see __init__) for the step after `rep`: O(what changed), but
-        for a pass over the leading decodes while some request is unsettled."""
-        if rep.num_decodes or rep.spec_proposed or rep.spec_accepted:
-            # Drafts, or implicit decodes reported by another engine: no rule to rely
-            # on; check every entry from now on.
-            self.unsettled = None
-            return
-        unsettled = self.unsettled
-        assert unsettled is not None
-        if unsettled and num_decodes:
-            unsettled.difference_update(map(_REF, rep.scheduled[:num_decodes]))
-        for s in scheduled:
-            if s.kind == _DECODE:
-                unsettled.discard(s.ref)
-            else:
-                unsettled.add(s.ref)
-        if unsettled and (rep.finishes or rep.preemptions):
-            # Gone from running: a preempted request is settled again by its next entry.
-            unsettled.difference_update(f.ref for f in rep.finishes)
-            unsettled.difference_update(p.victim for p in rep.preemptions)
 
     def _advance(self, rep: Step) -> None:
         """Keep the step's queues for the next one."""

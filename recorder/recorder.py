@@ -246,19 +246,7 @@ class Recorder:
             start_ns = continue_from.start_time_ns
         self._closed = False
         self._first_step = engine.step_index
-        cfg = engine.config
-        # The compactor's cheap steady check relies on the engine's word for its entries'
-        # kinds (EngineCore.reports_sticky_decodes); drafts and async placeholders make
-        # kinds change under it, so those runs check every entry.
-        track_kinds = (
-            getattr(engine, "reports_sticky_decodes", False) is True
-            and not cfg.async_scheduling
-            and not cfg.num_speculative_tokens
-            and cfg.speculative_config is None
-        )
-        self._compactor = StepCompactor(
-            cfg.policy, options.redact_prompts, track_kinds=track_kinds, verify=options.strict
-        )
+        self._compactor = StepCompactor(engine.config.policy, options.redact_prompts)
         self._step_offsets = array("Q")
         self._step_ends = array("Q")
         self._snapshots: list[tuple[int, int]] = []

@@ -34,7 +34,7 @@ from engine.sim.api import demo_workload_path
 from engine.sim.runner import SimRunner
 from engine.sim.workload import load_workload
 from recorder.reader import TraceReader
-from recorder.recorder import Recorder, RecorderOptions, TapEngine, open_recording
+from recorder.recorder import Recorder, RecorderOptions, open_recording
 from recorder.schema import Snapshot, Step
 from recorder.writer import MemoryWriter, TraceWriter
 from replays.reducer import StepView, apply, apply_with_view, reduce, replay, state_at
@@ -682,68 +682,6 @@ def test_a_reporter_s_implicit_decodes_stay_implicit_beside_an_admission() -> No
     odd = dataclasses.replace(rep, step=6, running=(1, 0, 2, 3), waiting=(4,))
     compactor.running, compactor.waiting = (0, 1, 2), (3, 4)
     assert compactor.compact(odd).running == (1, 0, 2, 3)  # not derivable: kept
-
-
-def _tracking_workloads() -> list[Any]:
-    """Decode runs with arrivals, chunked prefills, prefix hits, preemptions (FCFS and
-    PRIORITY), finishes at max_tokens, and drafts."""
-    from tests.crash_child import long_workload
-
-    demo = load_workload(demo_workload_path())
-    crash = long_workload()
-    return [
-        demo,
-        crash,
-        dataclasses.replace(crash, config=crash.config.replace(policy="priority")),
-        dataclasses.replace(demo, config=demo.config.replace(num_speculative_tokens=2)),
-        dataclasses.replace(demo, config=demo.config.replace(async_scheduling=True)),
-    ]
-
-
-@pytest.mark.parametrize("index", range(5))
-def test_the_steady_check_that_tracks_decodes_makes_the_same_records(index: int) -> None:
-    """The compactor that settles the steady check on what changed (StepCompactor
-    .unsettled, checked on every step here: verify) writes what the one that looks at
-    every entry's kind writes, step for step; drafts switch it to looking."""
-    from engine.sim.driver import make_engine, run_steps
-    from recorder.convert import StepCompactor
-
-    w = _tracking_workloads()[index]
-    policy = w.config.policy
-    tracked = StepCompactor(policy, False, track_kinds=True, verify=True)
-    looking = StepCompactor(policy, False)
-    shortcuts = 0
-    for result in run_steps(w, make_engine(w)):
-        rep = result.report
-        steady = tracked.unsettled is not None and tracked.is_steady(rep)
-        shortcuts += steady
-        assert tracked.compact(rep, rep.step) == looking.compact(rep, rep.step), rep.step
-    if w.config.num_speculative_tokens:
-        assert tracked.unsettled is None  # drafts: back to looking at every entry
-    else:
-        assert shortcuts > 20
-
-
-def test_the_recorder_tracks_decodes_only_where_the_engine_vouches_for_them(
-    tmp_path: Path,
-) -> None:
-    from engine.sim.driver import make_engine
-
-    demo = load_workload(demo_workload_path())
-    for config, tracked in (
-        (demo.config, True),
-        (demo.config.replace(num_speculative_tokens=2), False),
-        (demo.config.replace(async_scheduling=True), False),
-    ):
-        w = dataclasses.replace(demo, config=config)
-        recorder = Recorder(make_engine(w), MemoryWriter())
-        assert (recorder._compactor.unsettled is not None) is tracked
-        recorder.close()
-    tap = TapEngine()
-    tap.config, tap.description, tap.next_step = demo.config, ("tap", ""), 0
-    recorder = Recorder(tap, MemoryWriter())
-    assert recorder._compactor.unsettled is None  # another engine's entries: looked at
-    recorder.close()
 
 
 def test_a_recording_that_takes_the_steady_path_writes_the_general_paths_trace(
