@@ -37,13 +37,17 @@ DEFAULT_SNAPSHOT_INTERVAL = 256
 # The flush timer of open_recording's and a server's recorders: a hung engine that is
 # then killed loses at most this much of its last steps (docs/trace-format.md).
 FLUSH_INTERVAL_S = 1.0
-# A live recording (open_recording's default: `run`, `sim`, `demo`) writes its steps at
-# least this often rather than at every step's end: one write(2) per step was about a
-# fifth of the recorder's cost on the simulated engine (docs/benchmarks.md, Recorder).
-# The viewer looks for new records every 50 ms (tui.session.POLL_S), so it sees no
-# difference; the flush timer ticks twice an interval, so a step reaches the file at
-# most this long after it ends (plus a wake-up), however the engine goes on or hangs.
-LIVE_FLUSH_S = 0.02
+# A live recording (open_recording's default: `run`, `sim`, `demo`) writes its steps in
+# batches rather than at every step's end: one write(2) per step was about a fifth of the
+# recorder's cost on the simulated engine (docs/benchmarks.md, Recorder). The engine's
+# thread writes at the end of the first step LIVE_WRITE_S after the last write; the flush
+# timer (LIVE_FLUSH_S, ticking twice an interval) writes only after a tick with no write,
+# so only for an engine that stopped stepping (a timer's write costs a wake-up of its
+# thread besides). A step so reaches the file about LIVE_WRITE_S after it ends, and at
+# most LIVE_FLUSH_S (plus a wake-up), however the engine goes on or hangs; the viewer
+# looks for new records every 50 ms (tui.session.POLL_S).
+LIVE_FLUSH_S = 0.04
+LIVE_WRITE_S = 0.01
 # The default replay-work budget between snapshots: per pool block, and at least this much
 # (below it a seek costs a few ms whatever the spacing; see default_snapshot_work).
 SNAPSHOT_WORK_PER_BLOCK = 3
@@ -257,7 +261,7 @@ class Recorder:
         # The timer ticks twice an interval, and each tick writes out everything appended
         # before it: a record waits at most one interval (plus a wake-up) to reach the file.
         tick = None if options.flush_interval_s is None else self._timed_flush
-        tick_s = (options.flush_interval_s or 0.0) / 2
+        self._tick_s = tick_s = (options.flush_interval_s or 0.0) / 2
         self._bg = Background(tick=tick, tick_s=tick_s) if options.background else None
         # Without the background thread, a thread that only keeps time; it flushes the
         # sink from there, so the sink's appends take a lock from now on.
@@ -422,10 +426,13 @@ class Recorder:
             self._bg.wake()
 
     def _timed_flush(self) -> None:
-        """The flush timer's tick (on the recorder's own thread, not the engine's)."""
+        """The flush timer's tick (on the recorder's own thread, not the engine's): writes
+        out what is buffered unless the sink wrote in the last tick's time. A record so
+        waits at most two ticks (one interval), and the writes of an engine that steps
+        stay on its thread, where they cost less than a wake-up of this one."""
         flush = getattr(self.sink, "flush_buffered", None)
         if flush is not None and self.error is None:
-            flush()
+            flush(self._tick_s)
 
     def drain(self) -> None:
         """Wait until every record so far is in the sink (in the background: appended)."""
@@ -653,26 +660,33 @@ def open_recording(
     live: bool = True,
     snapshot_interval: int = DEFAULT_SNAPSHOT_INTERVAL,
     model: str | None = None,
+    background: bool = True,
 ) -> Recorder:
     """Record `engine` into `path`, or into a new file in the default trace directory
     (see recorder.paths) named after `kind` ("run", "sim", "demo"). `live` writes every
-    step within LIVE_FLUSH_S of its end, so that `schedtop live` follows the engine with
-    no visible delay (else within FLUSH_INTERVAL_S). Raises RecordingError when the file
-    cannot be created."""
+    step about LIVE_WRITE_S after its end (LIVE_FLUSH_S at most), so that `schedtop live`
+    follows the engine with no visible delay (else within FLUSH_INTERVAL_S). The records
+    are encoded and written on the recorder's own thread (`background`): the engine's
+    thread builds them and snapshots, the rest runs while a real model computes (torch
+    releases the interpreter), and on the simulated engine, which never does, the
+    encoding of a few dozen steps at a time costs less than one step's at each step
+    (docs/benchmarks.md, Recorder). Raises RecordingError when the file cannot be
+    created."""
     if path is None:
         path = new_trace_path(kind)
         make_trace_dir(path.parent)
     interval = LIVE_FLUSH_S if live else FLUSH_INTERVAL_S
-    # Written at a step's end once `interval` has passed since the last write; the
-    # recorder's flush timer writes out the rest when the engine stops stepping (idle,
-    # hung, or killed after a hang: it loses at most `interval` of its last steps).
-    writer = TraceWriter(path, live=False, flush_interval_s=interval)
+    # Written at a step's end once LIVE_WRITE_S (not live: the interval) has passed since
+    # the last write; the recorder's flush timer writes out the rest when the engine
+    # stops stepping (idle, or hung: killed then, it loses nothing written `interval` ago).
+    writer = TraceWriter(path, live=False, flush_interval_s=LIVE_WRITE_S if live else interval)
     try:
         options = RecorderOptions(
             redact_prompts=redact_prompts,
             snapshot_interval=snapshot_interval,
             model=model,
             flush_interval_s=interval,
+            background=background,
         )
         return Recorder(engine, writer, options)
     except BaseException:

@@ -125,11 +125,12 @@ class TraceWriter:
         with self._side:
             self._flush()
 
-    def flush_buffered(self) -> None:
-        """`flush` if anything is buffered, from any thread: the recorder's flush timer,
-        which writes out the steps of an engine that stopped stepping."""
+    def flush_buffered(self, min_age_s: float = 0.0) -> None:
+        """`flush` if anything is buffered and nothing was written for `min_age_s`, from
+        any thread: the recorder's flush timer, which writes out the steps of an engine
+        that stopped stepping (and leaves the writes of one that steps to its thread)."""
         with self._side:
-            if self._parts and not self._closed:
+            if self._parts and not self._closed and self._clock() - self._last_flush >= min_age_s:
                 self._flush()
 
     def _flush(self) -> None:
