@@ -172,8 +172,11 @@ def _threads_cpu(recorder: Recorder) -> float:
 def naive_size(report: Step, engine: EngineCore) -> int:
     """One msgpack map per step: the report and every request's state, field names and all."""
     state = engine.snapshot()
-    fields = dataclasses.asdict(dataclasses.replace(report, kv_events=KVEvents()))
+    fields = dataclasses.asdict(dataclasses.replace(report, kv_events=KVEvents(), scheduled=()))
     fields["kv_events"] = [dataclasses.asdict(e) for e in report.kv_events.events()]
+    # Spelled out entry by entry: the engine's scheduled entries need not be a tuple of
+    # dataclasses (wt-28a's Entries reads as one), which asdict would leave as it is.
+    fields["scheduled"] = [dataclasses.asdict(e) for e in report.scheduled]
     return len(
         msgpack.packb(
             {
