@@ -5,9 +5,9 @@ next to a naive encoding, for the simulated engine with 256 requests decoding.
 
 Timing: two engines run the same workload side by side, stepped alternately (which one
 goes first swaps every step), one of them recording into a real file as `schedtop run`
-and `sim` do (open_recording: encoded on the recorder's thread, written about every 10 ms
-as the engine steps; --foreground: on the engine's thread; --flush-every-step: on the
-engine's thread and written at every step's end, as before issue 28).
+and `sim` do (open_recording: written about every 10 ms as the engine steps; --background:
+encoded and written on the recorder's own thread; --flush-every-step: written at every
+step's end, as before issue 28).
 On a machine shared with other work this pairing cancels most of the disturbance that
 separate runs suffer; a control pair with no recorder at all shows what is left of it.
 Per-step medians leave out the steps that write a snapshot; means include them. The
@@ -115,13 +115,13 @@ def twin_run(
     trace: Path | None,
     recorded_first: bool,
     every_step: bool = False,
-    foreground: bool = False,
+    background: bool = False,
 ) -> tuple[list[float], list[float], float]:
     """Per-step wall times of a plain engine and of its twin (recording into `trace`, or
     plain as well when it is None), and the recorder's CPU share of its engine's time.
-    The twin records as `schedtop run` and `sim` do (open_recording); `foreground`: with
-    no encoding thread; `every_step`: into a writer that flushes at every step's end, on
-    the engine's thread, as they did before issue 28."""
+    The twin records as `schedtop run` and `sim` do (open_recording); `background`: with
+    the recorder's encoding thread; `every_step`: into a writer that flushes at every
+    step's end, as they did before issue 28."""
     engines = [make_engine(w), make_engine(w)]
     twin = engines[0] if recorded_first else engines[1]
     plain = engines[1] if recorded_first else engines[0]
@@ -130,7 +130,7 @@ def twin_run(
         if every_step:  # the recording of before issue 28
             recorder = Recorder(twin, TraceWriter(trace))
         else:
-            recorder = open_recording(twin, trace, background=not foreground)
+            recorder = open_recording(twin, trace, background=background)
         timed = _Timed(recorder)
         twin.sink = timed
     runs = [warm_up(w, plain), warm_up(w, twin)]
@@ -291,9 +291,9 @@ def main() -> None:
         help="record as before issue 28: on the engine's thread, written at every step's end",
     )
     parser.add_argument(
-        "--foreground",
+        "--background",
         action="store_true",
-        help="encode and write on the engine's thread (open_recording(background=False))",
+        help="encode and write on the recorder's own thread (open_recording(background=True))",
     )
     args = parser.parse_args()
     w = workload(args.steps)
@@ -308,7 +308,7 @@ def main() -> None:
             tmp / f"run{i}.trace",
             i % 2 == 0,
             every_step=args.flush_every_step,
-            foreground=args.foreground,
+            background=args.background,
         )
         for key, values in (("a", a), ("a2", a2), ("plain", plain), ("rec", rec)):
             pools[key] += values

@@ -198,7 +198,17 @@ def _packer_for(n: int, width: int) -> Callable[..., bytes]:
 
 
 MAX_RECORD_INTS = 1 << 24  # integers in one record's arrays, all together (writers too)
-_budget = threading.local()  # .left: integers the record being coded may still hold
+
+
+class _Budget(threading.local):
+    # Integers the record being coded may still hold; None: no record begun. A class
+    # default, so that reading it on a thread that never began one (the recorder's
+    # encoding thread, which writes steady steps with encode_steady) raises nothing:
+    # a getattr that fails costs a microsecond, and pack_ints reads it per column.
+    left: int | None = None
+
+
+_budget = _Budget()
 
 
 def begin_record() -> None:
@@ -214,7 +224,7 @@ def end_record() -> None:
 
 def _spend(n: int) -> bool:
     """False when the record in progress would hold more than MAX_RECORD_INTS."""
-    left: int | None = getattr(_budget, "left", None)
+    left = _budget.left
     if left is None:
         return True
     _budget.left = left - n

@@ -660,18 +660,18 @@ def open_recording(
     live: bool = True,
     snapshot_interval: int = DEFAULT_SNAPSHOT_INTERVAL,
     model: str | None = None,
-    background: bool = True,
+    background: bool = False,
 ) -> Recorder:
     """Record `engine` into `path`, or into a new file in the default trace directory
     (see recorder.paths) named after `kind` ("run", "sim", "demo"). `live` writes every
     step about LIVE_WRITE_S after its end (LIVE_FLUSH_S at most), so that `schedtop live`
-    follows the engine with no visible delay (else within FLUSH_INTERVAL_S). The records
-    are encoded and written on the recorder's own thread (`background`): the engine's
-    thread builds them and snapshots, the rest runs while a real model computes (torch
-    releases the interpreter), and on the simulated engine, which never does, the
-    encoding of a few dozen steps at a time costs less than one step's at each step
-    (docs/benchmarks.md, Recorder). Raises RecordingError when the file cannot be
-    created."""
+    follows the engine with no visible delay (else within FLUSH_INTERVAL_S).
+    `background` encodes and writes on the recorder's own thread (RecorderOptions): less
+    on the engine's thread, but more CPU in all, since by the time that thread runs, the
+    steps' records are no longer in cache (measured on the simulated engine: a steady
+    step's encoding cost 57-84 us there against 20-28 us on the engine's thread just
+    after the step; docs/benchmarks.md, Recorder). Raises RecordingError when the file
+    cannot be created."""
     if path is None:
         path = new_trace_path(kind)
         make_trace_dir(path.parent)
