@@ -258,8 +258,9 @@ class Recorder:
         self.header = self._header(engine, options, start_ns)
         self._append(self.header, boundary=True)
         # Started after the header: from here on only its thread appends to the sink.
-        # The timer ticks twice an interval, and each tick writes out everything appended
-        # before it: a record waits at most one interval (plus a wake-up) to reach the file.
+        # The timer ticks twice an interval, and a tick writes out everything appended
+        # before it unless the sink wrote within the last tick: a record waits at most one
+        # interval (plus a wake-up) to reach the file.
         tick = None if options.flush_interval_s is None else self._timed_flush
         self._tick_s = tick_s = (options.flush_interval_s or 0.0) / 2
         self._bg = Background(tick=tick, tick_s=tick_s) if options.background else None
@@ -481,12 +482,12 @@ class Recorder:
             return
         time_ns = self._clock() - self._t0
         compactor = self._compactor
+        # Most steps of a busy engine: the path of on_steady_step, which costs what the
+        # record holds (no Step built, no general encoder over its 28 fields).
         if not report.num_decodes and compactor.is_steady(report):
             if self._bg is None and self.on_step_record is None:
                 self._write_steady(report, time_ns)
                 return
-            # Most steps of a busy engine: the path of on_steady_step, which costs what
-            # the record holds (no Step built, no general encoder over its 28 fields).
             self._record_steady(
                 [
                     report.step,
@@ -704,7 +705,7 @@ def open_recording(
     interval = LIVE_FLUSH_S if live else FLUSH_INTERVAL_S
     # Written at a step's end once LIVE_WRITE_S (not live: the interval) has passed since
     # the last write; the recorder's flush timer writes out the rest when the engine
-    # stops stepping (idle, or hung: killed then, it loses nothing written `interval` ago).
+    # stops stepping (idle or hung: a kill then loses at most the last `interval`).
     writer = TraceWriter(path, live=False, flush_interval_s=LIVE_WRITE_S if live else interval)
     try:
         options = RecorderOptions(
