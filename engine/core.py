@@ -11,7 +11,7 @@ from typing import Any, Protocol
 from engine.config import EngineConfig
 from engine.events import NULL_SINK, EventSink
 from engine.outputs import ModelRunnerOutput, SchedulerOutput
-from engine.records import Sample, Scheduled, Snapshot, Step, ns
+from engine.records import Sample, Scheduled, Snapshot, Step, entry_refs, ns
 from engine.request import Request
 from engine.rules import layout_samples
 from engine.scheduler import Outcome, Scheduler
@@ -72,9 +72,9 @@ class StepResult:
         tokens = rep.sampled_tokens or ()
         out: dict[str, list[int]] = {}
         at = 0
-        for entry, count in zip(rep.scheduled, counts):
+        for ref, count in zip(entry_refs(rep.scheduled), counts):
             if count:
-                out[names[entry.ref]] = list(tokens[at : at + count])
+                out[names[ref]] = list(tokens[at : at + count])
                 at += count
         for s in rep.other_samples:  # async scheduling: samples of an earlier batch
             out[names[s.ref]] = list(s.token_ids or ())
@@ -263,7 +263,7 @@ class EngineCore:
 
 
 def _regroup(
-    scheduled: tuple[Scheduled, ...], batch: SchedulerOutput, outcome: Outcome
+    scheduled: Sequence[Scheduled], batch: SchedulerOutput, outcome: Outcome
 ) -> tuple[tuple[int, ...] | None, tuple[int, ...], tuple[Sample, ...]]:
     """Async: samples of an earlier batch, laid out against this step's entries (a record
     holds samples per scheduled entry, and other_samples for requests without one)."""
@@ -277,4 +277,4 @@ def _regroup(
         if count:
             by_ref[refs[rid]] = tuple(tokens[at : at + count])
             at += count
-    return layout_samples([e.ref for e in scheduled], by_ref)
+    return layout_samples(entry_refs(scheduled), by_ref)

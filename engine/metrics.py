@@ -17,9 +17,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import repeat
 from typing import Any, TypedDict, cast
 
-from engine.records import Arrival, RequestState, Scheduled, Status, Step, percentile
+from engine.records import (
+    Arrival,
+    RequestState,
+    Scheduled,
+    Status,
+    Step,
+    entry_refs,
+    percentile,
+)
 
 SECONDS = "s"  # a real run's unit: its steps' end times
 STEPS = "steps"  # a simulated run's: its clock says nothing about a model
@@ -102,8 +111,8 @@ class Lifecycles:
             self._arrive(a, step)
         unscheduled = self._unscheduled
         if unscheduled:
-            for e in scheduled:
-                life = unscheduled.pop(e.ref, None)
+            for ref in entry_refs(scheduled):
+                life = unscheduled.pop(ref, None)
                 if life is not None:
                     life.first_scheduled_step = step
         reqs = self.reqs
@@ -150,10 +159,11 @@ def explicit_samples(rec: Step) -> Iterable[tuple[int, int]]:
     """(ref, tokens) of every sample of an explicit record (the engine's): one per
     scheduled entry unless `sample_counts` says otherwise, then `other_samples`."""
     counts = rec.sample_counts
+    refs = entry_refs(rec.scheduled)  # the engine's Entries: no record built per entry
     if counts is None:
-        yield from ((e.ref, 1) for e in rec.scheduled)
+        yield from zip(refs, repeat(1))
     else:
-        yield from ((e.ref, c) for e, c in zip(rec.scheduled, counts) if c)
+        yield from ((ref, c) for ref, c in zip(refs, counts) if c)
     yield from ((s.ref, s.count) for s in rec.other_samples)
 
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import attrgetter, getitem
-from typing import Any
+from typing import Any, Protocol, overload
 
 from engine.limits import MAX_LOGIT_BIAS, check_range
 
@@ -243,6 +243,142 @@ class Scheduled:
     num_spec_tokens: int = 0  # draft tokens among num_tokens
 
 
+class HasRef(Protocol):
+    """What Entries reads of the request behind an implicit decode entry: its ref, which
+    never changes once the scheduler has given it."""
+
+    @property
+    def ref(self) -> int: ...
+
+
+_REF, _KIND = attrgetter("ref"), attrgetter("kind")
+_DECODE = Kind.DECODE
+
+
+class Entries(Sequence[Scheduled]):
+    """A step's scheduled entries as the engine reports them: a tuple of Scheduled to every
+    reader, without one object per decode (most entries of most steps).
+
+    Building a Scheduled for every running request every step was the larger part of the
+    scheduler's per-request cost, and kept the garbage collector busy (the records lived
+    until the next step and so reached the old generation). Here entry i is `explicit[i]`
+    where the step built one (a prefill, a chunk, a speculative entry: anything but a
+    DECODE, which is always one token), else a DECODE of `owners[i]` with `before[i]`
+    tokens computed before the step. The Scheduled objects are built on first full read
+    and kept; the hot readers (the compactor, the metrics) use `refs`, `num_explicit`,
+    `num_leading_decodes` and `num_tokens` instead. Never changed once built: the
+    scheduler hands its own lists over.
+    """
+
+    __slots__ = ("_owners", "_before", "_explicit", "_tuple")
+
+    def __init__(
+        self, owners: Sequence[HasRef], before: Sequence[int], explicit: dict[int, Scheduled]
+    ) -> None:
+        self._owners = owners  # per entry: the request (only its ref is read)
+        self._before = before  # per entry: tokens computed before the step
+        self._explicit = explicit  # entry index -> its record, for every entry not a decode
+        self._tuple: tuple[Scheduled, ...] | None = None
+
+    def as_tuple(self) -> tuple[Scheduled, ...]:
+        """Every entry as a Scheduled, in order (built once)."""
+        t = self._tuple
+        if t is None:
+            get = self._explicit.get
+            t = self._tuple = tuple(
+                get(i) or Scheduled(owner.ref, 1, _DECODE, before, 0)
+                for i, (owner, before) in enumerate(zip(self._owners, self._before))
+            )
+        return t
+
+    @property
+    def refs(self) -> tuple[int, ...]:
+        """Each entry's request, in order, with no Scheduled built."""
+        return tuple(map(_REF, self._owners))
+
+    @property
+    def num_explicit(self) -> int:
+        """Entries that are not a DECODE (0: every entry is one)."""
+        return len(self._explicit)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens scheduled over all entries."""
+        explicit = self._explicit
+        return len(self._owners) - len(explicit) + sum(e.num_tokens for e in explicit.values())
+
+    def __len__(self) -> int:
+        return len(self._owners)
+
+    @overload
+    def __getitem__(self, index: int) -> Scheduled: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Scheduled, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Scheduled | tuple[Scheduled, ...]:
+        if self._tuple is not None:
+            return self._tuple[index]
+        if isinstance(index, slice):  # a trace's explicit entries: those past the decodes
+            return tuple(map(self._entry, range(*index.indices(len(self._owners)))))
+        return self._entry(range(len(self._owners))[index])
+
+    def _entry(self, i: int) -> Scheduled:
+        explicit = self._explicit.get(i)
+        if explicit is not None:
+            return explicit
+        return Scheduled(self._owners[i].ref, 1, _DECODE, self._before[i], 0)
+
+    @property
+    def num_leading_decodes(self) -> int:
+        """Entries before the first that is not a DECODE."""
+        return min(self._explicit, default=len(self._owners))
+
+    def __iter__(self) -> Iterator[Scheduled]:
+        return iter(self.as_tuple())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Entries):
+            return self.as_tuple() == other.as_tuple()
+        if isinstance(other, tuple):
+            return self.as_tuple() == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # like its Scheduled: compared, not hashed
+
+    def __repr__(self) -> str:
+        return repr(self.as_tuple())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled as the plain tuple: the requests it points to stay in this process.
+        return tuple, (self.as_tuple(),)
+
+
+def entry_refs(entries: Sequence[Scheduled]) -> Sequence[int]:
+    """The entries' requests, in order (Entries: without building its records)."""
+    if isinstance(entries, Entries):
+        return entries.refs
+    return tuple(map(_REF, entries))
+
+
+def entry_tokens(entries: Sequence[Scheduled]) -> int:
+    """Tokens scheduled over `entries` (Entries: without building its records)."""
+    if isinstance(entries, Entries):
+        return entries.num_tokens
+    return sum(e.num_tokens for e in entries)
+
+
+def leading_decodes(entries: Sequence[Scheduled]) -> int:
+    """How many entries come before the first that is not a DECODE (always one token)
+    (Entries: without building its records)."""
+    if isinstance(entries, Entries):
+        return entries.num_leading_decodes
+    kinds = list(map(_KIND, entries))
+    if kinds.count(_DECODE) == len(kinds):  # one C-level pass for the common case
+        return len(kinds)
+    return next(i for i, kind in enumerate(kinds) if kind != _DECODE)
+
+
 @dataclass(frozen=True, slots=True)
 class Admission:
     """A waiting request that entered running."""
@@ -459,7 +595,9 @@ class Step:
     token_budget: int = 0  # the step's token budget
     arrivals: tuple[Arrival, ...] = ()  # requests added before this step's schedule()
     num_decodes: int = 0  # leading implicit DECODE entries
-    scheduled: tuple[Scheduled, ...] = ()  # the explicit scheduled entries, in order
+    # the explicit scheduled entries, in order (from the engine: an Entries, which reads as
+    # a tuple; from a trace: a tuple)
+    scheduled: Sequence[Scheduled] = ()
     admissions: tuple[Admission, ...] = ()  # in order
     preemptions: tuple[Preemption, ...] = ()  # in the order they happened
     shortfalls: tuple[Shortfall, ...] = ()  # requests cut short, with reasons
@@ -486,7 +624,7 @@ class Step:
     @property
     def num_scheduled_tokens(self) -> int:
         """The budget used: every scheduled entry's tokens, the leading decodes' included."""
-        return self.num_decodes + sum(e.num_tokens for e in self.scheduled)
+        return self.num_decodes + entry_tokens(self.scheduled)
 
     def duration_ns(self, prev_end_ns: int) -> int:
         """The step's work: `work_ns` where recorded (format 1.4), else the wall time since

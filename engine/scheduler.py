@@ -26,6 +26,7 @@ from engine.queues import make_queue
 from engine.records import (
     Admission,
     Arrival,
+    Entries,
     Finish,
     Kind,
     KVEvents,
@@ -65,7 +66,7 @@ class Decisions:
 
     step: int  # step index, from 0
     arrivals: tuple[Arrival, ...]  # added since the last step
-    scheduled: tuple[Scheduled, ...]  # in scheduling order: running first, then admitted
+    scheduled: Entries  # in scheduling order: running first, then admitted
     admissions: tuple[Admission, ...]  # entered running, in order
     preemptions: tuple[Preemption, ...]  # in the order they happened
     shortfalls: tuple[Shortfall, ...]  # requests cut short, each with its reason
@@ -108,7 +109,7 @@ class _Pass:
         "num_scheduled",
         "running_reqs",
         "computed_before",
-        "scheduled",
+        "explicit",
         "new_blocks",
         "spec_tokens",
         "admitted",
@@ -128,8 +129,9 @@ class _Pass:
         self.num_scheduled: dict[str, int] = {}
         self.running_reqs: list[Request] = []  # scheduled from running
         self.computed_before: list[int] = []  # theirs, before this step
-        self.scheduled: list[Scheduled] = []  # the step's entries, in order
-        self.new_blocks: dict[str, list[KVBlock]] = {}
+        # entry index -> record, for each entry that is not a one-token decode (Entries)
+        self.explicit: dict[int, Scheduled] = {}
+        self.new_blocks: dict[str, list[KVBlock]] = {}  # running requests that got blocks
         self.spec_tokens: dict[str, list[int]] = {}
         self.admitted: list[Request] = []
         self.admissions: list[Admission] = []
@@ -333,7 +335,6 @@ class Scheduler:
         new_blocks = p.new_blocks
         running_reqs = p.running_reqs
         before = p.computed_before.append
-        entry = p.scheduled.append
         decode = Kind.DECODE
         cursor = p.cursor
         budget = p.budget
@@ -357,14 +358,11 @@ class Scheduler:
                 # it, its table has room and fills no block. What the general path below
                 # does for it, and no more.
                 cursor += 1
-                rid = req.request_id
-                num_scheduled[rid] = 1
-                new_blocks[rid] = NO_BLOCKS
+                num_scheduled[req.request_id] = 1
                 budget -= 1
                 running_reqs.append(req)
                 before(computed)
-                entry(Scheduled(req.ref, 1, decode, computed, 0))
-                req.num_computed_tokens = known
+                req.num_computed_tokens = known  # its entry: implicit (Entries)
                 continue
             n = wanted = known + len(req.spec_token_ids) - computed
             placeholders = 0
@@ -403,7 +401,8 @@ class Scheduler:
             if reason is not None:
                 p.shortfalls.append(Shortfall(req.ref, wanted, n, reason))
             num_scheduled[rid] = n
-            new_blocks[rid] = blocks
+            if blocks:
+                new_blocks[rid] = blocks
             budget -= n
             running_reqs.append(req)
             before(computed)
@@ -418,11 +417,12 @@ class Scheduler:
                 req.spec_token_ids = []
             # The entry and its request's progress (what _advance does for admitted ones).
             chunk = computed + n < known + placeholders
-            if n == 1 and not chunk and not num_spec and req.output_token_ids:
-                kind = decode  # entry_kind's answer for a decode, without the call
-            else:
+            if n != 1 or chunk or num_spec or not req.output_token_ids:
                 kind = entry_kind(n, chunk, req.output_token_ids, num_spec)
-            entry(Scheduled(req.ref, n, kind, computed, num_spec))
+                if kind != decode:  # a decode's entry is implicit (Entries)
+                    p.explicit[len(running_reqs) - 1] = Scheduled(
+                        req.ref, n, kind, computed, num_spec
+                    )
             req.num_computed_tokens = computed + n
             req.prefill_chunk = chunk and not num_spec  # entry_kind's CHUNK
         p.cursor, p.budget = cursor, budget
@@ -440,9 +440,10 @@ class Scheduler:
                 index = p.running_reqs.index(victim)
                 del p.running_reqs[index]
                 del p.computed_before[index]
-                del p.scheduled[index]
+                if p.explicit:  # the entries after it move up one
+                    p.explicit = {i - (i > index): e for i, e in p.explicit.items() if i != index}
                 victim.num_computed_tokens -= given_back
-                p.new_blocks.pop(victim.request_id)
+                p.new_blocks.pop(victim.request_id, None)
                 p.spec_tokens.pop(victim.request_id, None)
                 p.shortfalls[:] = [s for s in p.shortfalls if s.ref != victim.ref]
             p.preemptions.append(
@@ -548,7 +549,6 @@ class Scheduler:
         if req.first_scheduled_step < 0:
             req.first_scheduled_step = self.step_index
         p.num_scheduled[req.request_id] = n
-        p.new_blocks[req.request_id] = blocks
         p.budget -= n
         p.admitted.append(req)
         p.admissions.append(Admission(req.ref, num_hits, resumed))
@@ -595,15 +595,16 @@ class Scheduler:
         new_reqs = [self._new_request_data(r, p) for r in p.admitted]
         running_reqs = p.running_reqs
         k = len(running_reqs)
-        # new_blocks and num_scheduled hold the running requests first, in the same order.
-        cached = CachedRequestData(
-            list(islice(p.num_scheduled, k)),
-            [
-                [b.block_id for b in blocks] if blocks else _NO_BLOCK_IDS
-                for blocks in islice(p.new_blocks.values(), k)
-            ],
-            p.computed_before,
-        )
+        # num_scheduled holds the running requests first, in scheduling order; new_blocks
+        # only those that got blocks (a few a step), so every other entry shares one list.
+        ids = list(islice(p.num_scheduled, k))
+        new_block_ids = [_NO_BLOCK_IDS] * k
+        if p.new_blocks:
+            at = dict(zip(ids, range(k)))
+            for rid, blocks in p.new_blocks.items():
+                new_block_ids[at[rid]] = [b.block_id for b in blocks]
+        # computed_before is shared with the step's entries (_advance): both read only.
+        cached = CachedRequestData(ids, new_block_ids, p.computed_before)
         scheduled = self._advance(p)
         if self.async_scheduling:
             self._count_in_flight(p)
@@ -621,7 +622,7 @@ class Scheduler:
         decisions = Decisions(
             step,
             tuple(self._arrivals),
-            tuple(scheduled),
+            scheduled,
             tuple(p.admissions),
             tuple(p.preemptions),
             tuple(p.shortfalls),
@@ -642,27 +643,31 @@ class Scheduler:
             req.num_computed_tokens,
         )
 
-    def _advance(self, p: _Pass) -> list[Scheduled]:
+    def _advance(self, p: _Pass) -> Entries:
         """Move every admitted request's num_computed_tokens forward and label its tokens,
-        after the running requests' entries (_schedule_running did theirs)."""
-        scheduled = p.scheduled
-        append = scheduled.append
+        after the running requests' entries (_schedule_running did theirs); the step's
+        entries."""
+        if not p.admitted:
+            return Entries(p.running_reqs, p.computed_before, p.explicit)
+        owners = p.running_reqs + p.admitted
+        befores = p.computed_before[:]
+        explicit = p.explicit
         spec = p.spec_tokens
         decode = Kind.DECODE
         # num_scheduled's order: the running requests scheduled, then the admitted ones.
         k = len(p.running_reqs)
-        for req, n in zip(p.admitted, islice(p.num_scheduled.values(), k, None)):
+        for i, (req, n) in enumerate(zip(p.admitted, islice(p.num_scheduled.values(), k, None))):
             before = req.num_computed_tokens
+            befores.append(before)
             num_spec = len(spec[req.request_id]) if spec and req.request_id in spec else 0
             chunk = before + n < len(req.all_token_ids) + req.num_output_placeholders
-            if n == 1 and not chunk and not num_spec and req.output_token_ids:
-                kind = decode  # entry_kind's answer for a decode, without the call
-            else:
+            if n != 1 or chunk or num_spec or not req.output_token_ids:
                 kind = entry_kind(n, chunk, req.output_token_ids, num_spec)
-            append(Scheduled(req.ref, n, kind, before, num_spec))
+                if kind != decode:  # a decode's entry is implicit (Entries)
+                    explicit[k + i] = Scheduled(req.ref, n, kind, before, num_spec)
             req.num_computed_tokens = before + n
             req.prefill_chunk = chunk and not num_spec  # entry_kind's CHUNK
-        return scheduled
+        return Entries(owners, befores, explicit)
 
     def _count_in_flight(self, p: _Pass) -> None:
         """Async: the step's tokens are in flight, and every request that samples counts on

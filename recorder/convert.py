@@ -14,15 +14,20 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from operator import attrgetter, countOf
 from typing import Any
 
-from engine.records import Arrival, Kind, Snapshot, Status, Step, trace_hashes
+from engine.records import (
+    Arrival,
+    Snapshot,
+    Status,
+    Step,
+    entry_refs,
+    leading_decodes,
+    trace_hashes,
+)
 from recorder.derive import running_after, waiting_after_fcfs, waiting_after_priority
 
-_DECODE = Kind.DECODE
 _ABORTED = Status.FINISHED_ABORTED
-_REF, _KIND = attrgetter("ref"), attrgetter("kind")
 
 
 class StepCompactor:
@@ -113,7 +118,7 @@ class StepCompactor:
             or n != len(self.running)
             or rep.running != self.running
             or rep.waiting != self.waiting
-            or countOf(map(_KIND, rep.scheduled), _DECODE) != n
+            or leading_decodes(rep.scheduled) != n  # Entries: O(1)
         )
 
     def _compacted(self, rep: Step, time_ns: int) -> Step:
@@ -179,17 +184,14 @@ class StepCompactor:
         if rep.finishes and any(f.status == _ABORTED for f in rep.finishes):
             aborted = {f.ref for f in rep.finishes if f.status == _ABORTED}
             base = tuple(r for r in base if r not in aborted)
-        # One C-level pass for the common case: every entry decodes, in running order.
-        kinds = list(map(_KIND, sched))
-        if (
-            kinds.count(_DECODE) == n
-            and n <= len(base)
-            and list(map(_REF, sched)) == list(base[:n])
-        ):
-            return n
+        # The engine's entries (Entries) answer both without a record built per entry.
+        m = leading_decodes(sched)
+        refs = entry_refs(sched)
+        if m <= len(base) and refs[:m] == tuple(base[:m]):  # every decode, in running order
+            return m
         k = 0
-        for s, ref in zip(sched, base):
-            if s.ref != ref or s.kind != _DECODE or s.num_tokens != 1:
+        for ref, expected in zip(refs[:m], base):
+            if ref != expected:
                 break
             k += 1
         return k

@@ -8,7 +8,7 @@ Times are integer nanoseconds on the trace's clock (the recording's start is 0).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -76,7 +76,7 @@ class Observer(Lifecycles):
     def _step(
         self,
         rec: Step,
-        scheduled: tuple[Scheduled, ...],
+        scheduled: Sequence[Scheduled],
         time_ns: int,
         idle: bool,
         work: tuple[int, int, int, int, int] | None,

@@ -13,7 +13,7 @@ from engine.driver import CoreEngine, RequestScript, ScriptedInputs, StepDriver
 from engine.events import NULL_SINK, EventSink
 from engine.kv.hashing import BlockHasher
 from engine.metrics import Lifecycle, Lifecycles, RunMetrics, run_metrics, step_clock
-from engine.records import FINISH_REASONS, Arrival
+from engine.records import FINISH_REASONS, Arrival, entry_tokens
 from engine.request import SamplingParams
 from engine.sim.runner import SimRunner
 from engine.sim.workload import SimWorkload
@@ -35,7 +35,7 @@ class SimSummary:
     def observe(self, result: StepResult) -> None:
         rep, names = result.report, result.names
         self.fold.step_explicit(rep)
-        self.scheduled_tokens += sum(s.num_tokens for s in rep.scheduled)
+        self.scheduled_tokens += entry_tokens(rep.scheduled)
         for f in rep.finishes:
             reason = FINISH_REASONS[f.status]
             self.finish_reason[names[f.ref]] = f"{reason}: {f.message}" if f.message else reason
