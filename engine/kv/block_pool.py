@@ -64,7 +64,9 @@ class FreeBlockQueue:
         if n > len(blocks):
             raise ValueError(f"cannot take {n} blocks: only {len(blocks)} free")
         pop = blocks.popitem
-        return [pop(last=False)[1] for _ in range(n)]
+        if n == 1:  # a decode crossing into a new block: most calls
+            return [pop(False)[1]]
+        return [pop(False)[1] for _ in range(n)]
 
     def remove(self, block: KVBlock) -> None:
         try:
@@ -144,11 +146,19 @@ class BlockPool:
             block.ref_cnt += 1
 
     def cache_full_blocks(self, ref: int, blocks: list[KVBlock], hashes: list[bytes]) -> None:
+        cached = self.cached
+        ids = []
         for block, h in zip(blocks, hashes):
             assert block.block_hash is None, f"block {block.block_id} is already cached"
             block.block_hash = h
-            self.cached.setdefault(h, {})[block.block_id] = block
-        self.events.add(KVKind.CACHED, ref, [b.block_id for b in blocks], hashes)
+            bid = block.block_id
+            ids.append(bid)
+            entry = cached.get(h)
+            if entry is None:  # most: a new hash (setdefault would build a dict every time)
+                cached[h] = {bid: block}
+            else:
+                entry[bid] = block
+        self.events.add(KVKind.CACHED, ref, ids, hashes)
 
     def free_blocks(self, ordered: Iterable[KVBlock]) -> None:
         """Drop one reference from each block. Blocks reaching 0 go back to the queue:

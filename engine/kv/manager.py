@@ -179,14 +179,27 @@ class KVCacheManager:
             new_blocks = pool.get_new_blocks(need)
             table.extend(new_blocks)
             pool.events.add(KVKind.ALLOCATED, request.ref, [b.block_id for b in new_blocks])
+        quiet = len(table) * bs - self.num_lookahead_tokens
         if self.enable_caching:
+            # cache_blocks and _set_quiet, inlined: a decode comes here each time it fills
+            # a block, and each time it needs a new one.
             upto = computed + num_new_tokens
             known = len(request.all_token_ids)
             if upto > known:
                 upto = known
-            if upto // bs > self.num_cached_block.get(rid, 0):
-                self.cache_blocks(request, upto)
-        self._set_quiet(request, table)
+            done = self.num_cached_block.get(rid, 0)
+            full = upto // bs
+            if full > done:
+                hashes = request.block_hashes
+                if full > len(hashes):
+                    full = len(hashes)
+                if full > done:
+                    self.pool.cache_full_blocks(request.ref, table[done:full], hashes[done:full])
+                    self.num_cached_block[rid] = done = full
+            filled = (done + 1) * bs - 1
+            if filled < quiet:
+                quiet = filled
+        request.kv_quiet = quiet
         return new_blocks
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
