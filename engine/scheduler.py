@@ -347,23 +347,37 @@ class Scheduler:
             known = len(req.all_token_ids)
             if (
                 known - computed == 1
-                and computed < req.kv_quiet
                 and computed < last_position
                 and not req.spec_token_ids
                 and not req.prefill_chunk
                 and req.output_token_ids
                 and not (is_async and req.num_output_placeholders)
             ):
-                # A steady decode (most requests, most steps): one token, no cap can cut
-                # it, its table has room and fills no block. What the general path below
-                # does for it, and no more.
-                cursor += 1
-                num_scheduled[req.request_id] = 1
-                budget -= 1
-                running_reqs.append(req)
-                before(computed)
-                req.num_computed_tokens = known  # its entry: implicit (Entries)
-                continue
+                # A decode (most requests, most steps): one token, no cap can cut it, a
+                # DECODE entry. What the general path below does for it, and no more.
+                if computed < req.kv_quiet:
+                    # Steady: its table has room and it fills no block.
+                    cursor += 1
+                    num_scheduled[req.request_id] = 1
+                    budget -= 1
+                    running_reqs.append(req)
+                    before(computed)
+                    req.num_computed_tokens = known  # its entry: implicit (Entries)
+                    continue
+                # It fills a block or needs a new one (one in block_size of them a step).
+                got = kv.allocate_running(req, 1, lookahead)
+                if got is not None:
+                    cursor += 1
+                    rid = req.request_id
+                    num_scheduled[rid] = 1
+                    if got:
+                        new_blocks[rid] = got
+                    budget -= 1
+                    running_reqs.append(req)
+                    before(computed)
+                    req.num_computed_tokens = known
+                    continue
+                # No room: the general path preempts (allocate_running changed nothing).
             n = wanted = known + len(req.spec_token_ids) - computed
             placeholders = 0
             if is_async and req.num_output_placeholders:

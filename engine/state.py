@@ -35,7 +35,7 @@ def snapshot(sched: Scheduler) -> Snapshot:
         )
         for r in sorted(sched.requests.values(), key=lambda r: r.ref)
     )
-    cached = sorted((block_id, h) for h, entry in kv.pool.cached.items() for block_id in entry)
+    cached = sorted((block.block_id, h) for h, block in kv.pool.cached_blocks())
     return Snapshot(
         step=sched.step_index - 1,
         next_ref=sched.next_ref,

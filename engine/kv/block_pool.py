@@ -97,8 +97,12 @@ class BlockPool:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.enable_caching = enable_caching
         self.free_queue = FreeBlockQueue(self.blocks[1:])
-        # hash -> blocks with that content, in caching order; the first one is served.
-        self.cached: dict[bytes, dict[int, KVBlock]] = {}
+        # hash -> the block with that content, or (two requests computed the same block
+        # before either was cached) a dict of the blocks, by id in caching order; the first
+        # is served. One block, most of the time, needs no container of its own: a dict
+        # per cached block outlived the young collections and grew the old generation by
+        # a hundred objects a step, which set off full collections of the whole pool.
+        self.cached: dict[bytes, KVBlock | dict[int, KVBlock]] = {}
         self.events = KVEventLog()
 
     @property
@@ -107,9 +111,18 @@ class BlockPool:
 
     def get_cached_block(self, block_hash: bytes) -> KVBlock | None:
         entry = self.cached.get(block_hash)
-        if not entry:
-            return None
-        return next(iter(entry.values()))
+        if isinstance(entry, dict):
+            return next(iter(entry.values()))
+        return entry
+
+    def cached_blocks(self) -> Iterator[tuple[bytes, KVBlock]]:
+        """(hash, block) for every cached block, each hash's blocks in caching order."""
+        for h, entry in self.cached.items():
+            if isinstance(entry, dict):
+                for block in entry.values():
+                    yield h, block
+            else:
+                yield h, entry
 
     def get_new_blocks(self, n: int) -> list[KVBlock]:
         """Take `n` blocks from the head of the free queue, dropping their old hashes."""
@@ -132,8 +145,11 @@ class BlockPool:
         h = block.block_hash
         assert h is not None
         entry = self.cached[h]
-        del entry[block.block_id]
-        if not entry:
+        if isinstance(entry, dict):
+            del entry[block.block_id]
+            if len(entry) == 1:
+                self.cached[h] = next(iter(entry.values()))
+        else:
             del self.cached[h]
         block.block_hash = None
         return h
@@ -154,10 +170,12 @@ class BlockPool:
             bid = block.block_id
             ids.append(bid)
             entry = cached.get(h)
-            if entry is None:  # most: a new hash (setdefault would build a dict every time)
-                cached[h] = {bid: block}
-            else:
+            if entry is None:  # most: a new hash
+                cached[h] = block
+            elif isinstance(entry, dict):
                 entry[bid] = block
+            else:
+                cached[h] = {entry.block_id: entry, bid: block}
         self.events.add(KVKind.CACHED, ref, ids, hashes)
 
     def free_blocks(self, ordered: Iterable[KVBlock]) -> None:
@@ -193,7 +211,9 @@ class BlockPool:
             )
         assert len(free_set) + len(refs) == len(self.blocks) - 1, "free + owned != usable"
         for h, entry in self.cached.items():
-            for bid, block in entry.items():
-                assert block.block_id == bid and block.block_hash == h, (
-                    f"hash map entry for block {bid} is stale"
-                )
+            if isinstance(entry, dict):
+                assert len(entry) > 1, f"hash map entry {h.hex()[:8]} holds {len(entry)} blocks"
+                for bid, block in entry.items():
+                    assert block.block_id == bid, f"hash map entry for block {bid} is stale"
+        for h, block in self.cached_blocks():
+            assert block.block_hash == h, f"hash map entry for block {block.block_id} is stale"
