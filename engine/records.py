@@ -580,8 +580,10 @@ class Timing:
 class Step:
     """Everything one step decided and did, as changes to the previous state.
 
-    The engine reports each step explicitly: every scheduled entry in `scheduled`, both
-    queues, `num_decodes` 0. A trace keeps it compact: the scheduled entries are
+    The engine reports each step explicitly: every scheduled entry in `scheduled` (an
+    Entries, which reads as the tuple of them; entry_refs and entry_tokens read it without
+    building the records), both queues, `num_decodes` 0. A trace keeps it compact: the
+    scheduled entries are
     `num_decodes` implicit ones (the first running requests at the start of the step, in
     order, one DECODE token each), then `scheduled`; `running` and `waiting` are None when
     the reducer derives them exactly (the recorder checks that before leaving them out).

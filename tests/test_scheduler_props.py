@@ -8,6 +8,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine.records import entry_refs, entry_tokens
 from engine.sim.decisions import decision_record
 from engine.sim.driver import make_engine, run_steps
 from engine.sim.workload import SimWorkload, parse_workload
@@ -64,6 +65,10 @@ def run_checked(w: SimWorkload) -> list[dict[str, Any]]:
         assert not (rep.preemptions and rep.admissions), "admitted in a step that preempted"
         for s in rep.scheduled:
             assert s.num_tokens > 0
+        # The entries' columns (Entries: the scheduled requests) and their records (built
+        # on reading; a priority preemption that takes an entry back shifts the rest) agree.
+        assert entry_refs(rep.scheduled) == tuple(s.ref for s in rep.scheduled)
+        assert entry_tokens(rep.scheduled) == sum(s.num_tokens for s in rep.scheduled)
         assert rep.free_blocks == engine.scheduler.kv.num_free_blocks
         finished |= {result.names[f.ref] for f in rep.finishes}
         decisions.append(decision_record(result, engine))
