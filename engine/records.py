@@ -583,12 +583,11 @@ class Step:
     The engine reports each step explicitly: every scheduled entry in `scheduled` (an
     Entries, which reads as the tuple of them; entry_refs and entry_tokens read it without
     building the records), both queues, `num_decodes` 0. A trace keeps it compact: the
-    scheduled entries are
-    `num_decodes` implicit ones (the first running requests at the start of the step, in
-    order, one DECODE token each), then `scheduled`; `running` and `waiting` are None when
-    the reducer derives them exactly (the recorder checks that before leaving them out).
-    Not frozen (one per step, and frozen construction costs 4x), but never changed once
-    built."""
+    scheduled entries are `num_decodes` implicit ones (the first running requests at the
+    start of the step, in order, one DECODE token each), then `scheduled`; `running` and
+    `waiting` are None when the reducer derives them exactly (the recorder checks that
+    before leaving them out). Not frozen (one per step, and frozen construction costs 4x),
+    but never changed once built."""
 
     step: int  # step index
     time_ns: int = 0  # end of the step, monotonic ns since recording started (timing)
