@@ -719,3 +719,6 @@ class Client:
     e2e_ns: int = 0  # arrived -> response ended
     itl_ns: tuple[int, ...] = ()  # gaps between consecutive token chunks sent
     message: str = ""  # for a 4xx/5xx: what was wrong
+    # n > 1 (parallel sampling): one record per choice, each its own engine request with
+    # its own timings; they share this, the HTTP request's id, and are one response
+    parent_id: str = ""

@@ -429,6 +429,7 @@ CLIENT = Body(
         (11, "e2e_ns", UINT),
         (12, "itl_ns", INTS),
         (13, "message", STR),
+        (14, "parent_id", STR),
     ],
 )
 

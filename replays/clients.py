@@ -42,12 +42,29 @@ class ServerStats:
     tpot_p99: float | None = None
 
 
+def responses(records: Iterable[Client]) -> list[Client]:
+    """One record per HTTP response: the choices of a request with n > 1 each have a
+    record (their own timings, for the latencies) under one parent_id, and count once."""
+    seen: set[str] = set()
+    out: list[Client] = []
+    for c in records:
+        if c.parent_id:
+            if c.parent_id in seen:
+                continue
+            seen.add(c.parent_id)
+        out.append(c)
+    return out
+
+
 def server_stats(clients: Iterable[Client]) -> ServerStats | None:
-    """None for a trace without CLIENT records (not written by a server)."""
+    """None for a trace without CLIENT records (not written by a server). The counts are
+    per HTTP response; the latencies per engine request (each choice of an n > 1
+    request: its own TTFT and ITL, as vLLM's per-request metrics count them)."""
     records = list(clients)
     if not records:
         return None
-    statuses = Counter(c.status for c in records)
+    answered = responses(records)
+    statuses = Counter(c.status for c in answered)
     m = client_metrics(
         ClientRequest(
             None if c.queue_ns is None else c.queue_ns / 1e9,
@@ -60,13 +77,13 @@ def server_stats(clients: Iterable[Client]) -> ServerStats | None:
         if c.request_id  # it reached the engine
     )
     return ServerStats(
-        http_requests=len(records),
+        http_requests=len(answered),
         statuses=dict(sorted(statuses.items())),
         ok=sum(n for s, n in statuses.items() if 200 <= s < 300),
         client_errors=sum(n for s, n in statuses.items() if 400 <= s < 500),
         server_errors=sum(n for s, n in statuses.items() if s >= 500),
-        aborted=sum(1 for c in records if c.finish_reason == "abort"),
-        endpoints=dict(sorted(Counter(c.endpoint for c in records).items())),
+        aborted=sum(1 for c in answered if c.finish_reason == "abort"),
+        endpoints=dict(sorted(Counter(c.endpoint for c in answered).items())),
         **latencies_of(m),
     )
 
@@ -148,7 +165,7 @@ class ClientLog:
 
     def summary(self, step: int) -> str:
         """One header line's worth: "HTTP 120 ok · 3 4xx · 1 5xx · 4 left" ("" if none)."""
-        seen = self.upto(step)
+        seen = responses(self.upto(step))
         if not seen:
             return ""
         ok = sum(1 for c in seen if 200 <= c.status < 300 and c.finish_reason != "abort")

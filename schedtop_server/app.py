@@ -99,6 +99,28 @@ class Refused(Exception):
 
 
 @dataclass
+class _Choice:
+    """What one choice's client saw (engine clock): with n > 1 each choice is its own
+    engine request, and its record in the trace has its own timings."""
+
+    request_id: str = ""  # its engine request
+    completion_tokens: int = 0
+    scheduled_at: float | None = None
+    first_sent: float | None = None
+    last_sent: float | None = None
+    ended: float | None = None  # its last chunk went out (None: the response's end)
+    gaps: list[float] = field(default_factory=list)
+    finish_reason: str = ""
+
+    def sent(self, now: float) -> None:
+        if self.first_sent is None:
+            self.first_sent = now
+        elif self.last_sent is not None:
+            self.gaps.append(now - self.last_sent)
+        self.last_sent = now
+
+
+@dataclass
 class _Exchange:
     """One HTTP request's timings as the server sees them (engine clock)."""
 
@@ -108,53 +130,72 @@ class _Exchange:
     received: float
     request_id: str = ""
     prompt_tokens: int = 0
-    completion_tokens: int = 0
-    scheduled_at: float | None = None
-    first_sent: float | None = None
-    last_sent: float | None = None
-    gaps: list[float] = field(default_factory=list)
-    finish_reason: str = ""
     status: int = 200  # what the response ends as (an error after acceptance changes it)
     message: str = ""  # the error, if any
     on_report: Callable[[str], None] | None = None  # called with the request id once ended
+    # One per choice (n); with n > 1 each is recorded as its own request, under this
+    # exchange's id as their parent (what vLLM's per-request metrics count: each child).
+    choices: list[_Choice] = field(default_factory=lambda: [_Choice()])
+
+    def split(self, children: list[str]) -> None:
+        """n > 1: `children` are the choices' engine requests."""
+        self.choices = [_Choice(rid) for rid in children]
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.completion_tokens for c in self.choices)
 
     def absorb(self, u: Update) -> None:
-        if u.scheduled_at is not None and self.scheduled_at is None:
-            self.scheduled_at = u.scheduled_at
-        self.completion_tokens = max(self.completion_tokens, u.num_tokens)
+        c = self.choices[u.index] if u.index < len(self.choices) else self.choices[0]
+        if u.scheduled_at is not None and c.scheduled_at is None:
+            c.scheduled_at = u.scheduled_at
+        c.completion_tokens = max(c.completion_tokens, u.num_tokens)
         if u.finish_reason is not None:
-            self.finish_reason = u.finish_reason
+            c.finish_reason = u.finish_reason
 
-    def sent(self) -> None:
+    def sent(self, index: int | None = None) -> None:
+        """A token chunk of choice `index` went out (None: of every choice, at once)."""
         now = self.loop.clock()
-        if self.first_sent is None:
-            self.first_sent = now
-        elif self.last_sent is not None:
-            self.gaps.append(now - self.last_sent)
-        self.last_sent = now
+        for c in self.choices if index is None else (self.choices[index],):
+            c.sent(now)
+            if c.finish_reason:
+                c.ended = now
+
+    def abandon(self) -> None:
+        """The client went away: every choice not finished ends as aborted."""
+        for c in self.choices:
+            if not c.finish_reason or c.ended is None:
+                c.finish_reason = "abort"
 
     def report(self, status: int, message: str = "") -> None:
         if self.on_report is not None:
             self.on_report(self.request_id)
         r = self.received
-        self.loop.client_report(
-            Client(
-                after_step=-1,  # the recorder places it
-                time_ns=0,
-                request_id=self.request_id,
-                endpoint=self.endpoint,
-                status=status,
-                finish_reason=self.finish_reason,
-                stream=self.stream,
-                prompt_tokens=self.prompt_tokens,
-                completion_tokens=self.completion_tokens,
-                queue_ns=None if self.scheduled_at is None else ns(self.scheduled_at - r),
-                ttft_ns=None if self.first_sent is None else ns(self.first_sent - r),
-                e2e_ns=ns(self.loop.clock() - r),
-                itl_ns=tuple(map(ns, self.gaps)),
-                message=message,
+        now = self.loop.clock()
+        split = len(self.choices) > 1 and bool(self.request_id)
+        for c in self.choices:
+            end = c.ended if c.ended is not None else now
+            self.loop.client_report(
+                Client(
+                    after_step=-1,  # the recorder places it
+                    time_ns=0,
+                    request_id=c.request_id if split else self.request_id,
+                    endpoint=self.endpoint,
+                    status=status,
+                    finish_reason=c.finish_reason,
+                    stream=self.stream,
+                    prompt_tokens=self.prompt_tokens,
+                    completion_tokens=c.completion_tokens,
+                    queue_ns=None if c.scheduled_at is None else ns(c.scheduled_at - r),
+                    ttft_ns=None if c.first_sent is None else ns(c.first_sent - r),
+                    e2e_ns=ns(end - r),
+                    itl_ns=tuple(map(ns, c.gaps)),
+                    message=message,
+                    parent_id=self.request_id if split else "",
+                )
             )
-        )
+            if not split:
+                return  # refused before the engine: one record for the response
 
 
 def build_app(
@@ -430,6 +471,8 @@ async def _generate(
     # admitted in the same step, take them as prefix-cache hits (the trace shows them).
     children = [ex.request_id] if n == 1 else [ids.take_child(ex.request_id, i) for i in range(n)]
     everyone = children if n == 1 else [ex.request_id, *children]
+    if n > 1:
+        ex.split(children)
 
     def release(_: str) -> None:
         for rid in everyone:
@@ -601,7 +644,6 @@ async def _sse(
     sent first (completions)."""
     include_usage, continuous = usage
     ids = children or [ex.request_id]
-    tokens = [0] * n  # output tokens per choice
     offsets = [len(echo)] * n  # completions' text_offset: characters so far per choice
     finished = [False] * n
     done = False
@@ -623,8 +665,6 @@ async def _sse(
                 ex.status, ex.message = u.status, u.error
                 break
             i = u.index
-            tokens[i] = max(tokens[i], u.num_tokens)
-            ex.completion_tokens = sum(tokens)
             finished[i] = finished[i] or u.finish_reason is not None
             done = all(finished)
             if u.text or u.logprobs or u.finish_reason is not None:
@@ -636,7 +676,9 @@ async def _sse(
                     shapes.chunk(text, u.finish_reason, usage_now=now, index=i, logprobs=lp)
                 )
                 if u.text:
-                    ex.sent()
+                    ex.sent(i)
+                if u.finish_reason is not None:
+                    ex.choices[i].ended = ex.loop.clock()  # its last chunk is out
         if include_usage and done:
             yield _sse_line(shapes.usage_chunk(ex.prompt_tokens, ex.completion_tokens))
         yield b"data: [DONE]\n\n"
@@ -645,7 +687,7 @@ async def _sse(
             for i, rid in enumerate(ids):
                 if not finished[i]:
                     ex.loop.abort(rid)
-            ex.finish_reason = "abort"
+            ex.abandon()
         ex.report(ex.status, ex.message)
 
 
@@ -665,7 +707,6 @@ async def _whole(
     parts: list[list[str]] = [[] for _ in range(n)]
     lps: list[list[TokenLogprobs]] = [[] for _ in range(n)]
     reasons: list[str | None] = [None] * n
-    tokens = [0] * n
 
     async def collect() -> None:
         left = n
@@ -681,7 +722,6 @@ async def _whole(
             i = u.index
             parts[i].append(u.text)
             lps[i].extend(u.logprobs)
-            tokens[i] = max(tokens[i], u.num_tokens)
             if u.finish_reason is not None and reasons[i] is None:
                 reasons[i] = u.finish_reason
                 left -= 1
@@ -695,10 +735,9 @@ async def _whole(
         for i, rid in enumerate(ids):
             if reasons[i] is None:
                 ex.loop.abort(rid)
-        ex.finish_reason = "abort"
+        ex.abandon()
         ex.report(499, "the client closed the connection")
         return Response(status_code=499)
-    ex.completion_tokens = sum(tokens)
     if ex.status != 200:  # failed in the engine after it was accepted
         ex.report(ex.status, ex.message)
         return _error(ex.status, ex.message)

@@ -13,7 +13,9 @@ from typing import Any
 
 import httpx
 
+from engine.records import Client
 from recorder.reader import TraceReader
+from replays.clients import ClientLog, server_stats
 from tests.serve_support import sse_events
 from tests.test_serve_app import run, served
 
@@ -129,6 +131,52 @@ def test_n_choices_share_the_prompt_through_the_prefix_cache(tmp_path: Path) -> 
     cached = {names[a.ref]: a.cached_tokens for s in steps for a in s.admissions}
     assert cached["cmpl-par-0"] == 0
     assert cached["cmpl-par-1"] >= 32 and cached["cmpl-par-2"] >= 32  # the shared prefix
+
+
+def test_n_choices_each_have_a_client_record_under_the_parent(tmp_path: Path) -> None:
+    """n > 1: each choice is its own engine request, so the trace has a CLIENT record per
+    choice (its own TTFT, ITL, tokens: what vLLM's per-request metrics count), under the
+    HTTP request's id as parent_id; `stats` counts them as one HTTP response."""
+    trace = tmp_path / "n.trace"
+    whole = {"prompt": LONG, "max_tokens": 6, "temperature": 1.0, "n": 3, "seed": 5,
+             "ignore_eos": True}  # fmt: skip
+    streamed = {**whole, "n": 2, "max_tokens": 4, "stream": True}
+
+    async def go() -> None:
+        async with served(trace) as (client, _):
+            r = await client.post("/v1/completions", json=whole, headers={"X-Request-Id": "w"})
+            assert r.status_code == 200, r.text
+            r = await client.post("/v1/completions", json=streamed, headers={"X-Request-Id": "s"})
+            assert r.status_code == 200, r.text
+            r = await client.post("/v1/completions", json={"prompt": "one", "max_tokens": 2})
+            assert r.status_code == 200, r.text
+
+    run(go())
+    with TraceReader(trace) as reader:
+        records = [e.record for e in reader.entries() if isinstance(e.record, Client)]
+    by_id = {c.request_id: c for c in records}
+    for parent, n, tokens in (("cmpl-w", 3, 6), ("cmpl-s", 2, 4)):
+        kids = [by_id[f"{parent}-{i}"] for i in range(n)]
+        assert parent not in by_id  # the parent is no engine request
+        assert {c.parent_id for c in kids} == {parent}
+        for c in kids:
+            assert c.completion_tokens == tokens and c.finish_reason == "length"
+            assert c.status == 200 and c.ttft_ns is not None and c.queue_ns is not None
+            assert c.ttft_ns <= c.e2e_ns
+        if parent == "cmpl-s":  # streamed: each choice's own gaps, at most one per token
+            # after the first (the tiny model's tokens are often pieces of a character,
+            # which go out with the next)
+            assert all(len(c.itl_ns) <= tokens - 1 for c in kids)
+    (single,) = [c for c in records if not c.parent_id]
+    stats = server_stats(records)
+    assert stats is not None
+    assert stats.http_requests == 3 and stats.statuses == {200: 3}
+    assert ClientLog(trace).summary(10**9) == ""  # not read yet
+    log = ClientLog(trace)
+    log.refresh()
+    assert log.summary(10**9) == "HTTP 3 ok"
+    assert "TTFT" in log.timings("cmpl-w-1", 10**9)  # a choice's own timings, by its id
+    assert single.request_id and single.parent_id == ""
 
 
 def test_echo_prepends_the_prompt() -> None:

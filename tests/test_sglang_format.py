@@ -34,7 +34,7 @@ STEP = Step(
 
 
 def test_token_pool_fields_round_trip() -> None:
-    assert FORMAT_MINOR == 5
+    assert FORMAT_MINOR >= 5  # the token pool fields arrived in 1.5
     assert decode(RecordType.HEADER, encode(HEADER)[1], 0) == HEADER
     assert decode(RecordType.STEP, encode(STEP)[1], 0) == STEP
 
