@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -100,8 +101,15 @@ def sent_prompts(python: Path, common: list[str]) -> list[tuple[str, int]]:
     return [(p, n) for p, n in json.loads(out.stdout.strip().splitlines()[-1])]
 
 
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_vllm_bench(python: Path, url: str, common: list[str]) -> dict[str, Any]:
+    """vLLM's result, plus `client_cpu_s`: the CPU seconds the load generator used."""
     vllm = python.with_name("vllm")
+    before = children_cpu_s()
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [str(vllm), "bench", "serve", "--base-url", url, *common, "--save-result",
                "--result-dir", tmp, "--result-filename", "r.json", "--disable-tqdm"]  # fmt: skip
@@ -109,7 +117,18 @@ def run_vllm_bench(python: Path, url: str, common: list[str]) -> dict[str, Any]:
         if out.returncode != 0:
             raise SystemExit(f"vllm bench serve failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
         result: dict[str, Any] = json.loads((Path(tmp) / "r.json").read_text())
+        result["client_cpu_s"] = children_cpu_s() - before
         return result
+
+
+def server_cpu_s(server: Server) -> float:
+    times = server.ps.cpu_times()
+    return float(times.user + times.system)
+
+
+def server_steps(server: Server) -> float:
+    # one observation of the iteration-tokens histogram per engine step
+    return server.metrics().get("vllm:iteration_tokens_total_count", 0.0)
 
 
 def offline(prompts: list[tuple[str, int]], max_num_seqs: int | None) -> dict[str, float]:
@@ -120,12 +139,21 @@ def offline(prompts: list[tuple[str, int]], max_num_seqs: int | None) -> dict[st
     config = EngineConfig() if max_num_seqs is None else EngineConfig(max_num_seqs=max_num_seqs)
     engine = LLMEngine.from_model(None, config)
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for _, n in prompts]
-    t0 = time.perf_counter()
+    steps = 0
+    step = engine.step
+
+    def counted() -> Any:
+        nonlocal steps
+        steps += 1
+        return step()
+
+    engine.step = counted  # type: ignore[method-assign]
+    t0, cpu0 = time.perf_counter(), time.process_time()
     outs = engine.generate([p for p, _ in prompts], params)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     tokens = sum(len(o.output_token_ids) for o in outs)
     engine.close()
-    return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall}
+    return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall, "cpu_s": cpu, "steps": steps}
 
 
 def main() -> None:
@@ -155,7 +183,11 @@ def main() -> None:
                 model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
                 common = bench_args(model, tokenizer, args)
                 prompts = prompts or sent_prompts(python, common)
-                server_runs.append(run_vllm_bench(python, server.url, common))
+                cpu0, steps0 = server_cpu_s(server), server_steps(server)
+                result = run_vllm_bench(python, server.url, common)
+                result["server_cpu_s"] = server_cpu_s(server) - cpu0
+                result["steps"] = server_steps(server) - steps0
+                server_runs.append(result)
             finally:
                 server.stop()
             same.append(offline(prompts, args.concurrency))
@@ -187,6 +219,21 @@ def report(
         ("output tokens", f"{s_tokens:.0f}", f"{c_tok:.0f}", ""),
         ("output tok/s", f"{s_tok:.1f}", f"{o_tok:.1f}", f"{s_tok / o_tok:.1%}"),
         (f"vs offline, all {args.num_prompts} at once", "", f"{b_tok:.1f}", f"{s_tok / b_tok:.1%}"),
+    ]
+    o_wall = sum(r["wall_s"] for r in same) / len(same)
+    s_wall = sum(r["duration"] for r in server) / len(server)
+    o_cpu = sum(r["cpu_s"] for r in same) / len(same)
+    s_cpu = sum(r["server_cpu_s"] for r in server) / len(server)
+    c_cpu = sum(r["client_cpu_s"] for r in server) / len(server)
+    # Where the cores went: on a 2-core machine the load generator's CPU is taken from
+    # the engine, which the offline side never pays.
+    s_steps = sum(r["steps"] for r in server) / len(server)
+    o_steps = sum(r["steps"] for r in same) / len(same)
+    rows += [
+        ("engine steps", f"{s_steps:.0f}", f"{o_steps:.0f}", f"{s_steps / o_steps:.1%}"),
+        ("wall s", f"{s_wall:.1f}", f"{o_wall:.1f}", ""),
+        ("CPU s: engine process", f"{s_cpu:.1f}", f"{o_cpu:.1f}", f"{s_cpu / o_cpu:.1%}"),
+        ("CPU s: load generator (vllm)", f"{c_cpu:.1f}", "", ""),
     ]
     for r in server:
         rows.append(
