@@ -174,7 +174,8 @@ class _Exchange:
         now = self.loop.clock()
         split = len(self.choices) > 1 and bool(self.request_id)
         for c in self.choices:
-            end = c.ended if c.ended is not None else now
+            # a choice of n ends with its last chunk; a lone one with the response
+            end = c.ended if split and c.ended is not None else now
             self.loop.client_report(
                 Client(
                     after_step=-1,  # the recorder places it
