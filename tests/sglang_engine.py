@@ -41,11 +41,14 @@ def sampling(max_new_tokens: int) -> dict[str, Any]:
 
 
 class Driver:
-    def __init__(self, engine: Any, rng: random.Random) -> None:
+    def __init__(self, engine: Any, rng: random.Random, trace: Path) -> None:
         self.engine = engine
         self.rng = rng
+        self.trace = trace
         self.sent: list[dict[str, Any]] = []
         self.count = 0
+        # steps the trace file showed while the natural_retract batch was still decoding
+        self.seen_mid_run = 0
 
     def rid(self, shape: str) -> str:
         self.count += 1
@@ -77,6 +80,53 @@ class Driver:
 
     def decode_heavy(self) -> None:
         self.batch("decode", [tokens(self.rng, 20 + i) for i in range(8)], 40)
+
+    def natural_retract(self) -> None:
+        """Eight requests admitted together whose outputs outgrow a small pool: SGLang
+        admits by an estimate of the tokens each will still decode (its new-token ratio,
+        0.7 of max_new_tokens at first), so it admits all eight, which decode in lockstep
+        until the pool is full, and its decode retracts on its own (no
+        SGLANG_TEST_RETRACT). While they decode, the trace file must already show their
+        steps: the recorder's flush timer writes them, the scheduler never going idle."""
+        engine = self.engine
+        prompts = [tokens(self.rng, 16) for _ in range(8)]
+        rids = [self.rid("natural") for _ in prompts]
+        done: dict[str, Any] = {}
+
+        async def one(rid: str, prompt: list[int]) -> None:
+            # not ignore_eos: SGLang reserves a request's whole max_new_tokens when it
+            # ignores EOS, and then never admits more than the pool holds
+            params = {**sampling(150), "ignore_eos": False}
+            gen = await engine.async_generate(
+                input_ids=prompt, sampling_params=params, rid=rid, stream=True
+            )
+            async for chunk in gen:
+                done[rid] = chunk
+            done[rid] = {**(done.get(rid) or {}), "over": True}
+
+        async def watch() -> None:
+            while sum(1 for d in done.values() if d.get("over")) < len(rids):
+                if self.trace.exists():
+                    steps = recorded_steps(self.trace)
+                    if steps and sum(1 for d in done.values() if d.get("over")) < len(rids):
+                        self.seen_mid_run = max(self.seen_mid_run, steps)
+                await asyncio.sleep(0.05)  # polls the file: the writer is another process
+
+        async def main() -> None:
+            tasks = [asyncio.ensure_future(one(r, p)) for r, p in zip(rids, prompts)]
+            await asyncio.gather(watch(), *tasks)
+
+        engine.loop.run_until_complete(main())
+        for rid, prompt in zip(rids, prompts):
+            reason = done[rid].get("meta_info", {}).get("finish_reason")
+            self.sent.append(
+                {
+                    "rid": rid,
+                    "prompt": len(prompt),
+                    "finish": reason["type"] if reason else None,
+                    "output": len(done[rid].get("output_ids", ())),
+                }
+            )
 
     def aborts(self) -> None:
         """Eight long requests: two aborted once they stream, two while they wait."""
@@ -117,6 +167,32 @@ class Driver:
             )
 
 
+def recorded_steps(trace: Path) -> int:
+    """Step records a reader sees in the file now (a growing file's cut tail aside)."""
+    from recorder.reader import TraceReader
+
+    try:
+        with TraceReader(trace) as reader:
+            return sum(1 for _ in reader.steps())
+    except Exception:  # the header not written yet
+        return 0
+
+
+def kill_scheduler(engine: Any) -> int:
+    """SIGKILL SGLang's scheduler process, as its own shutdown does (and the kernel's OOM
+    killer, or an operator): the recorder gets no chance to write a footer."""
+    import signal
+
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        if "scheduler" in child.name() or "scheduler" in " ".join(child.cmdline()):
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait(timeout=60)
+            return int(child.pid)
+    raise RuntimeError("no SGLang scheduler process to kill")
+
+
 def wait_recorded(trace: Path, n: int, timeout_s: float = 120.0) -> None:
     """Until the trace holds `n` finishes (or `timeout_s` passes): SGLang's shutdown kills
     its scheduler process, and on a loaded machine the kill can come before the recorder's
@@ -144,19 +220,28 @@ def run_engine(root: Path, spec: dict[str, Any]) -> dict[str, Any]:
         os.environ[key] = str(value)
     args = {**cpu_engine_args(str(model)), **spec.get("args", {})}
     engine = sgl.Engine(**args)
-    driver = Driver(engine, random.Random(spec.get("seed", 0)))
+    driver = Driver(engine, random.Random(spec.get("seed", 0)), trace)
     error = None
+    killed = None
     try:
         for shape in spec["shapes"]:
             getattr(driver, shape)()
         wait_recorded(trace, len(driver.sent))
+        if spec.get("kill"):
+            killed = kill_scheduler(engine)
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
     finally:
         engine.shutdown()
         for key in spec.get("env", {}):
             os.environ.pop(key, None)
-    return {"trace": str(trace), "sent": driver.sent, "error": error}
+    return {
+        "trace": str(trace),
+        "sent": driver.sent,
+        "error": error,
+        "seen_mid_run": driver.seen_mid_run,
+        "killed": killed,
+    }
 
 
 def main() -> None:

@@ -5,13 +5,14 @@ subprocess (tests/sglang_engine.py): its real engine on the CPU with random weig
 tiny Llama, the plugin loaded by SGLANG_PLUGINS=schedtop, through workloads of several
 shapes: prefix sharing, chunked long prompts, aborts (waiting and running) in one engine;
 decoding under a small pool with SGLANG_TEST_RETRACT=1 (retractions) in a second (the
-variable is read at start-up). Each engine start-up costs about 17 s, so the shapes
-share engines. The recorder checks each record against the state it builds
-(SCHEDTOP_STRICT); here every trace must account for every request sent, and the readers
-must work on it. Each trace is then
-re-simulated by SGLang's own scheduler (`resim --engine sglang`: one SGLang start-up per
-trace, no engine), which must reproduce every decision, and by schedtop's (`resim`), a
-cross-engine what-if. Without an SGLang venv these tests skip, except in CI (CI=true),
+variable is read at start-up); in a third, decoding that outgrows a small pool, where
+SGLang retracts on its own, after which its scheduler process is killed. Each engine
+start-up costs about 17 s, so the shapes share engines. The recorder checks each record
+against the state it builds (SCHEDTOP_STRICT); here every trace must account for every
+request sent, and the readers must work on it. Each trace is then re-simulated by
+SGLang's own scheduler (`resim --engine sglang`: one SGLang start-up per trace, no
+engine), which must reproduce every decision, and by schedtop's (`resim`), a cross-engine
+what-if. Without an SGLang venv these tests skip, except in CI (CI=true),
 where that is a failure.
 """
 
@@ -53,6 +54,15 @@ ENGINES: list[dict[str, Any]] = [
         "env": {"SGLANG_TEST_RETRACT": "1"},
         "args": {"max_total_tokens": 1024, "max_running_requests": 8},
         "shapes": ["decode_heavy"],
+    },
+    {
+        # retraction as SGLang decides it, not forced; the flush timer at 0.2 s, so that
+        # the steps reach the file while the batch decodes; then the scheduler is killed
+        "name": "natural",
+        "env": {"SCHEDTOP_FLUSH_INTERVAL_S": "0.2"},
+        "args": {"max_total_tokens": 1024, "max_running_requests": 8},
+        "shapes": ["natural_retract"],
+        "kill": True,
     },
 ]
 
@@ -136,10 +146,33 @@ def test_sglang_traces_account_for_every_request(recorded: dict[str, Any]) -> No
     assert any(e.kind == Kind.CHUNK for s in shapes for e in s.scheduled), "chunked prompts"
     aborts = [f for s in shapes for f in s.finishes if f.status == Status.FINISHED_ABORTED]
     assert len(aborts) == 4
-    _, retract = steps_of(Path(recorded["retract"]["trace"]))
-    retractions = [p for s in retract for p in s.preemptions]
-    assert retractions and all(p.cause == Reason.RETRACTED for p in retractions)
-    assert any(a.resumed for s in retract for a in s.admissions), "retracted ones came back"
+    for name in ("retract", "natural"):  # SGLANG_TEST_RETRACT=1, and SGLang's own decision
+        header, retract = steps_of(Path(recorded[name]["trace"]))
+        retractions = [p for s in retract for p in s.preemptions]
+        assert retractions and all(p.cause == Reason.RETRACTED for p in retractions), name
+        assert any(a.resumed for s in retract for a in s.admissions), "retracted ones came back"
+    assert header.config["sglang_test_retract_interval"] == 0, "nothing forced it"
+
+
+def test_a_killed_sglang_scheduler_leaves_a_readable_trace(recorded: dict[str, Any]) -> None:
+    """SGLang SIGKILLs its scheduler at shutdown: no footer. The flush timer put the steps
+    in the file while the batch still decoded (the scheduler never went idle, when the
+    recorder flushes too); after a real SIGKILL the trace reads to its last whole record,
+    `info` calls it a cut tail, not an error, and every request is in it."""
+    natural = recorded["natural"]
+    assert natural["killed"], "the scheduler process was killed"
+    assert natural["seen_mid_run"] > 0, "no step reached the file before the batch ended"
+    trace = natural["trace"]
+    with TraceReader(Path(trace)) as reader:
+        assert reader.footer is None
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    info = subprocess.run(
+        [sys.executable, "-m", "tui.cli", "info", trace], env=env, capture_output=True, text=True
+    )
+    assert info.returncode == 0, info.stderr
+    assert "no footer" in info.stdout and "Traceback" not in info.stderr
+    n = len(natural["sent"])
+    assert f"{n} arrived, {n} finished" in info.stdout
 
 
 def test_info_stats_find_export_replay_work_on_sglang_traces(recorded: dict[str, Any]) -> None:
