@@ -19,6 +19,17 @@ _TAP: Tap | None = None  # the scheduler process's (SGLang runs one scheduler pe
 _FAILED = False  # the tap could not start: SGLang goes on unrecorded
 
 
+def _off() -> int:
+    return 0
+
+
+# The CPU clock of the recorder's own accounting (SCHEDTOP_COST_FILE, the overhead bench):
+# the scheduler thread's time in the two hooks a step always runs, less SGLang's own in
+# between. Off, it is a function that returns 0, so that a recording does not pay for
+# reading a thread clock eight times a step; install() sets it.
+_cpu = _off
+
+
 def trace_path() -> Path:
     """SCHEDTOP_TRACE_FILE, else a new file in SCHEDTOP_TRACE_DIR (or the default)."""
     exact = os.environ.get("SCHEDTOP_TRACE_FILE")
@@ -49,38 +60,50 @@ def _tap(sched: Any) -> Tap | None:
 
 
 def get_next_batch_to_run(original: Any, sched: Any, *args: Any, **kwargs: Any) -> Any:
+    c0 = _cpu()
     tap = _tap(sched)
     if tap is None:
         return original(sched, *args, **kwargs)
     tap.guard(tap.before_schedule)
     t0 = time.perf_counter_ns()
+    c1 = _cpu()
     plan = original(sched, *args, **kwargs)
+    c2 = _cpu()
     tap.guard(tap.after_schedule, plan.batch_to_run, time.perf_counter_ns() - t0)
+    tap.cpu_ns += c1 - c0 + _cpu() - c2
     return plan
 
 
 def process_batch_result(original: Any, sched: Any, batch: Any, result: Any) -> Any:
+    c0 = _cpu()
     tap = _TAP if _TAP is not None and _TAP.stopped is None else None
     t0 = time.perf_counter_ns()
+    c1 = _cpu()
     out = original(sched, batch, result)
+    c2 = _cpu()
     if tap is not None:
         tap.guard(tap.on_result, batch, time.perf_counter_ns() - t0)
+        tap.cpu_ns += c1 - c0 + _cpu() - c2
     return out
 
 
 def retract_decode(original: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     out = original(batch, *args, **kwargs)
+    c0 = _cpu()
     tap = _TAP if _TAP is not None and _TAP.stopped is None else None
     if tap is not None:
         tap.guard(tap.on_retract, out[0])
+        tap.cpu_ns += _cpu() - c0
     return out
 
 
 def add_one_req(original: Any, adder: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
     res = original(adder, req, *args, **kwargs)
+    c0 = _cpu()
     tap = _TAP if _TAP is not None and _TAP.stopped is None else None
     if tap is not None:
         tap.attempts[req.rid] = res.name  # why the head of waiting stays there
+        tap.cpu_ns += _cpu() - c0
     return res
 
 
@@ -110,14 +133,20 @@ def abort_request(original: Any, sched: Any, recv_req: Any) -> Any:
 
 def add_request_to_queue(original: Any, sched: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
     out = original(sched, req, *args, **kwargs)
+    c0 = _cpu()
     tap = _tap(sched)
     if tap is not None and any(r is req for r in reversed(sched.waiting_queue)):
         tap.guard(tap.on_add, req)  # queued (SGLang may refuse it instead)
+        tap.cpu_ns += _cpu() - c0
     return out
 
 
 def install() -> None:
+    global _cpu
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    if os.environ.get("SCHEDTOP_COST_FILE"):
+        _cpu = time.thread_time_ns
 
     around = HookType.AROUND
     HookRegistry.register(f"{_SCHED}.get_next_batch_to_run", get_next_batch_to_run, around)

@@ -163,6 +163,13 @@ class Tap(TapEngine):
         self.recorder: Recorder | None = None
         self.state: State | None = None
         self.check = os.environ.get("SCHEDTOP_STRICT") == "1"
+        # What recording costs, for the overhead bench (SCHEDTOP_COST_FILE): the scheduler
+        # thread's CPU time in the hooks (hooks._cpu counts it), written out whenever the
+        # scheduler goes idle with the flush timer's CPU time and the whole process's.
+        self.cpu_ns = 0
+        cost = os.environ.get("SCHEDTOP_COST_FILE")
+        self.cost_file = Path(cost) if cost else None
+        self.cost_seq = 0
 
     @classmethod
     def start(cls, sched: Any, path: Path) -> Tap:
@@ -432,6 +439,31 @@ class Tap(TapEngine):
             self.stop(recorder.error)
         elif not self.running and not sched.waiting_queue:
             recorder.flush()  # idle: a reader sees every step so far
+            if self.cost_file is not None:
+                self.write_cost(self.cost_file)
+
+    def write_cost(self, path: Path) -> None:
+        """The recorder's CPU time so far, beside its process's, as one JSON object that
+        replaces the last (bench/sglang_record_bench.py reads it between its rounds)."""
+        import json
+        import threading
+
+        timer_ns = 0
+        for thread in threading.enumerate():  # the Recorder's flush timer (recorder.background)
+            if thread.name == "trace-flush-timer" and thread.native_id is not None:
+                with open(f"/proc/self/task/{thread.native_id}/schedstat") as f:
+                    timer_ns += int(f.read().split()[0])
+        self.cost_seq += 1
+        cost = {
+            "seq": self.cost_seq,
+            "steps": self.next_step,
+            "hooks_ns": self.cpu_ns,
+            "timer_ns": timer_ns,
+            "process_ns": time.process_time_ns(),
+        }
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(cost))
+        os.replace(tmp, path)
 
     def snapshot(self) -> Snapshot:
         assert self.state is not None
