@@ -3,7 +3,9 @@ retraction cause, and that what older readers get is unchanged; the plugin's ref
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -84,3 +86,21 @@ def test_the_custom_ops_stub_never_shadows_a_real_vllm(monkeypatch: pytest.Monke
         for name in ("vllm", "vllm._custom_ops"):
             sys.modules.pop(name, None)
         sys.modules.update(saved)
+
+
+def test_the_cost_accounting_file(tmp_path: Path) -> None:
+    """SCHEDTOP_COST_FILE (the overhead bench): the recorder's CPU time so far beside its
+    process's, one JSON object replaced whole each time, numbered."""
+    from recorder.sglang.tap import Tap
+
+    tap = Tap.__new__(Tap)  # write_cost reads only the accounting, not SGLang's scheduler
+    tap.cost_seq, tap.next_step, tap.cpu_ns = 0, 12, 3_000
+    path = tmp_path / "cost.json"
+    tap.write_cost(path)
+    tap.next_step = 20
+    tap.write_cost(path)
+    cost = json.loads(path.read_text())
+    assert cost["seq"] == 2 and cost["steps"] == 20 and cost["hooks_ns"] == 3_000
+    assert cost["timer_ns"] >= 0  # flush timer threads of this process, if any
+    assert cost["process_ns"] > 0
+    assert [p.name for p in tmp_path.iterdir()] == ["cost.json"]
