@@ -82,21 +82,25 @@ class Driver:
         self.batch("decode", [tokens(self.rng, 20 + i) for i in range(8)], 40)
 
     def natural_retract(self) -> None:
-        """Eight requests admitted together whose outputs outgrow a small pool: SGLang
-        admits by an estimate of the tokens each will still decode (its new-token ratio,
-        0.7 of max_new_tokens at first), so it admits all eight, which decode in lockstep
-        until the pool is full, and its decode retracts on its own (no
-        SGLANG_TEST_RETRACT). While they decode, the trace file must already show their
-        steps: the recorder's flush timer writes them, the scheduler never going idle."""
+        """Sixteen requests whose outputs outgrow a small pool, SGLang retracting on its
+        own (no SGLANG_TEST_RETRACT). SGLang admits a new request if the pool holds all
+        its tokens (prompt and max_new_tokens) beside an estimate of what the running
+        ones will still decode: 0.7 of their remaining max_new_tokens (its new-token
+        ratio; all of it for a request that ignores EOS). So seven sent first are admitted
+        and decode; the nine sent once they stream find room for three (1,024 slots, 116 a
+        request, the seven reserving 0.7 of theirs), and the ten need 1,160 slots at the
+        end: the decode retracts. While they decode, the trace file must already show
+        their steps: the recorder's flush timer writes them, the scheduler never going
+        idle."""
         engine = self.engine
-        prompts = [tokens(self.rng, 16) for _ in range(8)]
+        prompts = [tokens(self.rng, 16) for _ in range(16)]
         rids = [self.rid("natural") for _ in prompts]
         done: dict[str, Any] = {}
 
         async def one(rid: str, prompt: list[int]) -> None:
             # not ignore_eos: SGLang reserves a request's whole max_new_tokens when it
             # ignores EOS, and then never admits more than the pool holds
-            params = {**sampling(150), "ignore_eos": False}
+            params = {**sampling(100), "ignore_eos": False}
             gen = await engine.async_generate(
                 input_ids=prompt, sampling_params=params, rid=rid, stream=True
             )
@@ -113,8 +117,11 @@ class Driver:
                 await asyncio.sleep(0.05)  # polls the file: the writer is another process
 
         async def main() -> None:
-            tasks = [asyncio.ensure_future(one(r, p)) for r, p in zip(rids, prompts)]
-            await asyncio.gather(watch(), *tasks)
+            first = [asyncio.ensure_future(one(r, p)) for r, p in zip(rids[:7], prompts[:7])]
+            while not all(r in done for r in rids[:7]):  # the seven stream: admitted
+                await asyncio.sleep(0.01)
+            rest = [asyncio.ensure_future(one(r, p)) for r, p in zip(rids[7:], prompts[7:])]
+            await asyncio.gather(watch(), *first, *rest)
 
         engine.loop.run_until_complete(main())
         for rid, prompt in zip(rids, prompts):

@@ -60,7 +60,7 @@ ENGINES: list[dict[str, Any]] = [
         # the steps reach the file while the batch decodes; then the scheduler is killed
         "name": "natural",
         "env": {"SCHEDTOP_FLUSH_INTERVAL_S": "0.2"},
-        "args": {"max_total_tokens": 1024, "max_running_requests": 8},
+        "args": {"max_total_tokens": 1024, "max_running_requests": 16},
         "shapes": ["natural_retract"],
         "kill": True,
     },
