@@ -138,7 +138,9 @@ def test_sglang_traces_account_for_every_request(recorded: dict[str, Any]) -> No
             a = arrivals[sent["rid"]]
             assert a.num_prompt_tokens == sent["prompt"], sent
             assert finishes[a.ref].status == FINISH[sent["finish"]], sent
-        assert all(s.free_slots > 0 for s in steps)
+        # the pool's free slots, which a retraction's pool can run out of (natural)
+        assert all(s.free_slots <= header.num_blocks - 1 for s in steps)
+        assert any(s.free_slots > 0 for s in steps)
         assert all(s.work_ns > 0 for s in steps), "each step's work is timed"
     _, shapes = steps_of(Path(recorded["shapes"]["trace"]))
     hits = [a.cached_tokens for s in shapes for a in s.admissions if a.cached_tokens > 0]
