@@ -193,10 +193,14 @@ def kill_scheduler(engine: Any) -> int:
     import psutil
 
     for child in psutil.Process().children(recursive=True):
-        if "scheduler" in child.name() or "scheduler" in " ".join(child.cmdline()):
-            os.kill(child.pid, signal.SIGKILL)
-            child.wait(timeout=60)
-            return int(child.pid)
+        try:  # the engines before this one left their killed schedulers as zombies
+            if child.status() == psutil.STATUS_ZOMBIE or "scheduler" not in child.name():
+                continue
+        except psutil.Error:
+            continue
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=60)
+        return int(child.pid)
     raise RuntimeError("no SGLang scheduler process to kill")
 
 
