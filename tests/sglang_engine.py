@@ -194,7 +194,9 @@ def kill_scheduler(engine: Any) -> int:
 
     for child in psutil.Process().children(recursive=True):
         try:  # the engines before this one left their killed schedulers as zombies
-            if child.status() == psutil.STATUS_ZOMBIE or "scheduler" not in child.name():
+            if child.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if "scheduler" not in child.name() + " ".join(child.cmdline()):
                 continue
         except psutil.Error:
             continue
