@@ -1,7 +1,7 @@
 """What recording costs inside vLLM: RecordingScheduler against vLLM's plain scheduler.
 
     PYTHONPATH=. .venv-vllm/bin/python bench/vllm_record_bench.py [--steps 200] [--repeats 5]
-        [--running 256 1024] [--no-churn]
+        [--running 256 1024] [--no-churn] [--load steady churn] [--scheduler sync async]
 
 Runs in an interpreter that has vLLM (no model: a tiny config.json stands in, as in
 replays/vllm_driver.py). For 256 and 1024 running requests in steady decoding, sync and
@@ -342,6 +342,20 @@ def main() -> None:
     ap.add_argument("--running", type=int, nargs="+", default=[256, 1024])
     ap.add_argument("--no-churn", action="store_true", help="steady decoding only (no churn rows)")
     ap.add_argument(
+        "--load",
+        choices=("steady", "churn"),
+        nargs="+",
+        default=["steady", "churn"],
+        help="which loads' rows (default both; --no-churn is --load steady)",
+    )
+    ap.add_argument(
+        "--scheduler",
+        choices=("sync", "async"),
+        nargs="+",
+        default=["sync", "async"],
+        help="which schedulers' rows: Scheduler (sync), AsyncScheduler (async); default both",
+    )
+    ap.add_argument(
         "--live",
         action="store_true",
         help="also the live port (SCHEDTOP_LIVE_PORT): with no viewer, and with one",
@@ -362,9 +376,10 @@ def main() -> None:
         head += f" {'port':>7} {'port+all':>8} {'viewer':>7} {'viewer+all':>10}"
     print(head)
     with tempfile.TemporaryDirectory() as tmp:
-        for churn in (False,) if args.no_churn else (False, True):
+        loads = ["steady"] if args.no_churn else args.load
+        for churn in [load == "churn" for load in ("steady", "churn") if load in loads]:
             for n in args.running:
-                for is_async in (False, True):
+                for is_async in [s == "async" for s in ("sync", "async") if s in args.scheduler]:
                     rs = measure(n, is_async, args.steps, args.repeats, Path(tmp), churn, live)
                     r = rs["file"]
                     name = "AsyncScheduler" if is_async else "Scheduler"

@@ -584,10 +584,10 @@ class Step:
     Entries, which reads as the tuple of them; entry_refs and entry_tokens read it without
     building the records), both queues, `num_decodes` 0. A trace keeps it compact: the
     scheduled entries are `num_decodes` implicit ones (the first running requests at the
-    start of the step, in order, one DECODE token each), then `scheduled`; `running` and
-    `waiting` are None when the reducer derives them exactly (the recorder checks that
-    before leaving them out). Not frozen (one per step, and frozen construction costs 4x),
-    but never changed once built."""
+    start of the step, in order, one DECODE token each, passing over those in
+    `decode_skips`), then `scheduled`; `running` and `waiting` are None when the reducer
+    derives them exactly (the recorder checks that before leaving them out). Not frozen
+    (one per step, and frozen construction costs 4x), but never changed once built."""
 
     step: int  # step index
     time_ns: int = 0  # end of the step, monotonic ns since recording started (timing)
@@ -621,6 +621,11 @@ class Step:
     # (free or evictable from the radix cache), and slots the radix cache holds
     free_slots: int = 0
     cached_slots: int = 0
+    # (1.6) refs of running requests (as schedule() found them) that the implicit decodes
+    # pass over: async scheduling does not schedule a request whose last token is in
+    # flight, and without this one such request in the middle of running spelled out
+    # every entry after it
+    decode_skips: tuple[int, ...] = ()
 
     @property
     def num_scheduled_tokens(self) -> int:

@@ -314,6 +314,7 @@ STEP = Body(
         (25, "work_ns", UINT),
         (26, "free_slots", UINT),
         (27, "cached_slots", UINT),
+        (28, "decode_skips", INTS),
     ],
 )
 # The fields of a steady decode step's record (StepCompactor._decodes_only), in field

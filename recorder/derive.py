@@ -43,3 +43,21 @@ def waiting_after_priority(
 ) -> list[T]:
     """PRIORITY: the waiting set in (priority, arrival_time, request_id) order."""
     return sorted((r for r in chain(prev, arrived, preempted) if r not in gone), key=key)
+
+
+def leading_decodes(running: list[int], num_decodes: int, skips: Collection[int]) -> list[int]:
+    """A step's implicit decode entries: the first `num_decodes` requests of `running` (the
+    running queue as schedule() found it) once the step's `decode_skips` are taken out.
+    Raises ValueError when the record cannot fit that queue."""
+    if skips:
+        missing = set(skips).difference(running)
+        if missing or len(set(skips)) != len(skips):
+            raise ValueError(
+                f"decode_skips {sorted(skips)} are not distinct running requests "
+                f"(not running: {sorted(missing)})"
+            )
+        gone = set(skips)
+        running = [r for r in running if r not in gone]
+    if num_decodes > len(running):
+        raise ValueError(f"{num_decodes} leading decodes but {len(running)} running requests")
+    return running[:num_decodes]

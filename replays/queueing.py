@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from recorder.codec import decode
+from recorder.derive import leading_decodes
 from recorder.reader import TraceReader
 from recorder.schema import (
     NOT_REACHED,
@@ -34,7 +35,7 @@ from recorder.schema import (
 )
 from replays.reducer import apply
 from replays.scan import Digested, RecordScan
-from replays.state import State
+from replays.state import Inconsistent, State
 
 TOP = 64  # the longest waits (and head-of-line blockings) kept
 INVERSION_STEPS = 2  # steps waited while worse priority ran, for a flagged inversion
@@ -47,11 +48,16 @@ _BLOCKING = (Reason.KV_BLOCKS, Reason.WATERMARK, Reason.FULL_PROMPT, Reason.MAX_
 
 def decoders(rec: Step, before: State) -> tuple[int, ...]:
     """The step's leading decodes: the first `num_decodes` of running as schedule() found
-    it (aborts between steps had taken requests out). Take them before the state moves
-    `before` on."""
+    it (aborts between steps had taken requests out), passing over its `decode_skips`.
+    Take them before the state moves `before` on."""
     aborted = {f.ref for f in rec.finishes if f.status == Status.FINISHED_ABORTED}
     running = [r for r in before.running if r not in aborted] if aborted else before.running
-    return tuple(running[: rec.num_decodes])
+    if not rec.decode_skips:
+        return tuple(running[: rec.num_decodes])
+    try:
+        return tuple(leading_decodes(running, rec.num_decodes, rec.decode_skips))
+    except ValueError as e:
+        raise Inconsistent(f"step {rec.step}: {e}") from None
 
 
 def unscheduled(rec: Step, leading: Iterable[int], after: State) -> tuple[tuple[int, int], ...]:

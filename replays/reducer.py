@@ -21,7 +21,12 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import cast
 
-from recorder.derive import running_after, waiting_after_fcfs, waiting_after_priority
+from recorder.derive import (
+    leading_decodes,
+    running_after,
+    waiting_after_fcfs,
+    waiting_after_priority,
+)
 from recorder.errors import TraceError
 from recorder.reader import Entry, TraceReader
 from recorder.schema import (
@@ -142,11 +147,12 @@ class _Apply:
         if rec.step != s.step + 1:
             raise Inconsistent(f"step {rec.step} applied after step {s.step}")
         self._arrivals()
-        base = self._running_at_schedule()
-        n = rec.num_decodes
-        if n > len(base):
-            raise Inconsistent(f"{n} leading decodes but {len(base)} running requests")
-        decoders = base[:n]
+        try:
+            decoders = leading_decodes(
+                self._running_at_schedule(), rec.num_decodes, rec.decode_skips
+            )
+        except ValueError as e:
+            raise Inconsistent(str(e)) from None
         if self.view:
             self._name_all(decoders)
         self._kv_events()

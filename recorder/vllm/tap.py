@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from itertools import chain, compress, islice, repeat
-from operator import attrgetter
+from itertools import chain, compress, count, islice, repeat
+from operator import attrgetter, ne
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,6 @@ _UNFINISHED = {
     "PREEMPTED": Status.PREEMPTED,
 }
 # C-level reads of vLLM's requests and outputs, for the steady-step checks.
-_PREFILL_CHUNK = attrgetter("is_prefill_chunk")
 _OUTPUT_IDS = attrgetter("_output_token_ids")
 _NEW_TOKENS = attrgetter("new_token_ids")
 _BLOCK_ID = attrgetter("block_id")
@@ -117,6 +116,10 @@ class _Step:
         "decode_refs",
         "decode_ids",
         "decode_tokens",
+        "decode_skips",
+        "skip_refs",
+        "gone",
+        "admitted",
         "start_ns",
     )
 
@@ -155,6 +158,14 @@ class _Step:
         self.decode_refs: list[int] = []
         self.decode_ids: list[str] = []  # their request ids
         self.decode_tokens: tuple[int, ...] | None = None  # one sampled by each, if read so
+        # Async: running requests the running pass did not schedule (the last token in
+        # flight) among the implicit decodes, passed over (the record's decode_skips).
+        self.decode_skips: list[str] = []  # their request ids
+        self.skip_refs: tuple[int, ...] = ()  # their refs (a finish forgets the ids' refs)
+        # The requests that left running (finished, preempted) and joined it (admitted,
+        # with their ids and refs), to update the tap's copy of the running queue.
+        self.gone: list[Any] = []
+        self.admitted: list[tuple[Any, str, int]] = []
 
 
 class Tap(KVTaps, TapEngine):
@@ -189,6 +200,21 @@ class Tap(KVTaps, TapEngine):
         self.mixed_steps = 0  # steps whose running pass was scheduled without the tap
         self.implicit_steps = 0  # MIXED steps whose leading decodes were left implicit
         self.awaiting_first: set[int] = set()  # refs of live requests yet to sample
+        # Requests admitted (or resumed) from waiting and not yet seen past their prompt:
+        # only these can be a prefill chunk in running, so pass_mode looks at them, not
+        # at every running request after each step that admitted one.
+        self.prefilling: dict[str, Any] = {}
+        # vLLM's running queue as of the last step's end, with the requests' ids and refs
+        # in the same order: kept up to date from each step's changes and checked against
+        # vLLM's by identity (a pass of pointer comparisons), so that a step that admits
+        # or finishes a request does not look up every running request's id and ref.
+        self.run_reqs: list[Any] = []
+        self.run_ids: list[str] = []
+        self.run_refs: list[int] = []
+        self.run_rebuilds = 0  # times the copy did not match and was made again
+        from vllm.v1.request import RequestStatus
+
+        self.sched_running_status = RequestStatus.RUNNING
         # The last step was steady: every running request has sampled and is past its
         # prefill, and stays so until it finishes (only admissions add to running).
         self.decoding = False
@@ -306,6 +332,8 @@ class Tap(KVTaps, TapEngine):
             if reason is not None:
                 step.shortfalls.append(Shortfall(ref, wanted, n, reason))
         step.admissions.append(Admission(ref, num_hits, request.status.name == "PREEMPTED"))
+        step.admitted.append((request, rid, ref))
+        self.prefilling[rid] = request
         progress = self.progress[ref]
         if progress[1] < 0:
             progress[1] = step.index
@@ -356,6 +384,7 @@ class Tap(KVTaps, TapEngine):
             return
         rid = victim.request_id
         ref = self.refs[rid]
+        step.gone.append(victim)
         given_back = step.scheduled.pop(rid, 0)
         if given_back:
             step.budget += given_back
@@ -426,12 +455,14 @@ class Tap(KVTaps, TapEngine):
             finish = Finish(ref, Status.FINISHED_ABORTED, message)
             if mid_step and step is not None:
                 step.finishes.append(finish)
+                step.gone.append(req)
             else:
                 self.finishes.append(finish)
             self._forget(req.request_id)
 
     def _forget(self, rid: str) -> None:
         self.live.pop(rid, None)
+        self.prefilling.pop(rid, None)
         ref = self.refs.pop(rid, None)
         if ref is not None:
             self.progress.pop(ref, None)
@@ -452,12 +483,50 @@ class Tap(KVTaps, TapEngine):
             not running
             or getattr(sched, "kv_holding_waiting", None)
             or self.pool.get_num_free_blocks() < len(running)
-            or (not self.decoding and any(map(_PREFILL_CHUNK, running)))
+            or (self.prefilling and self._prefill_chunk_runs())
         ):
             return FULL
         if not self.arrivals and not sched.waiting:
             return LEAN
         return MIXED if self.config.max_num_batched_tokens > len(running) else FULL
+
+    def _prefill_chunk_runs(self) -> bool:
+        """Whether a running request is a prefill chunk; forgets the admitted requests
+        that are past their prompt (a request preempted since is admitted again)."""
+        running = self.sched_running_status
+        done = [
+            rid
+            for rid, r in self.prefilling.items()
+            if r.status is not running or not r.is_prefill_chunk
+        ]
+        for rid in done:
+            del self.prefilling[rid]
+        return bool(self.prefilling)
+
+    def _rebuild_running(self) -> list[Any]:
+        """The copy of vLLM's running queue (and its ids and refs), made afresh."""
+        self.run_rebuilds += 1
+        self.run_reqs = list(self.sched.running)
+        self.run_ids = list(map(_RID, self.run_reqs))
+        self.run_refs = list(map(self.refs.__getitem__, self.run_ids))
+        return self.run_reqs
+
+    def _update_running(self, step: _Step) -> None:
+        """The copy of the running queue after a step: without the requests that left
+        it, with those admitted (vLLM keeps the others' order), checked by identity."""
+        reqs, ids, refs = self.run_reqs, self.run_ids, self.run_refs
+        for req in step.gone:
+            try:
+                i = reqs.index(req)
+            except ValueError:
+                continue  # not running (an abort of a waiting request)
+            del reqs[i], ids[i], refs[i]
+        for req, rid, ref in step.admitted:
+            reqs.append(req)
+            ids.append(rid)
+            refs.append(ref)
+        if reqs != self.sched.running:
+            self._rebuild_running()
 
     def end_running_pass(self) -> None:
         super().end_running_pass()
@@ -468,7 +537,9 @@ class Tap(KVTaps, TapEngine):
         if self.step is not None:
             self.end_step(0)  # the previous step had no update (async queue filling)
         sched = self.sched
-        running = list(sched.running)
+        running = self.run_reqs
+        if running != sched.running:  # requests aborted since the last step, say
+            running = self._rebuild_running()
         cfg = self.config
         self.threshold = long_prefill_cap(
             cfg.long_prefill_token_threshold,
@@ -565,23 +636,31 @@ class Tap(KVTaps, TapEngine):
         case, instead of an entry per running request."""
         req_ids = out.scheduled_cached_reqs.req_ids
         m = len(req_ids) - len(out.scheduled_cached_reqs.resumed_req_ids)
-        pre = step.pre_running
         k = 0
+        skips: list[str] = []
+        pre_ids = self.run_ids  # pre's (before_schedule checked pre is run_reqs)
         if step.run_used == m:  # one token each
-            pre_ids = list(map(_RID, pre))
             k = min(m, len(pre_ids))
             if req_ids[:k] != pre_ids[:k]:  # one skipped (async: it is done in flight)
-                k = next(i for i, (a, b) in enumerate(zip(req_ids, pre_ids)) if a != b)
-        decode_refs = list(map(self.refs.__getitem__, req_ids[:k]))
+                k, skips = _skipping(req_ids, pre_ids, m, out.num_scheduled_tokens)
+        if skips:
+            decode_refs = list(map(self.refs.__getitem__, req_ids[:k]))
+        else:
+            decode_refs = self.run_refs[:k]
         awaiting = self.awaiting_first
         if awaiting and not awaiting.isdisjoint(decode_refs):
             # Not a DECODE before its first sample (async: just admitted, its prefill is
             # in flight): the implicit decodes stop at the first such request.
             k = min(map(decode_refs.index, awaiting.intersection(decode_refs)))
             del decode_refs[k:]
+            if skips:  # only those passed over before the last implicit decode
+                last = pre_ids.index(req_ids[k - 1]) if k else -1
+                skips = [rid for rid in skips if pre_ids.index(rid) < last]
         if k:
             self.implicit_steps += 1
             step.decode_ids = req_ids[:k]
+            step.decode_skips = skips
+            step.skip_refs = tuple(map(self.refs.__getitem__, skips))
         step.decode_refs = decode_refs
         step.entries = self._entries(islice(out.num_scheduled_tokens.items(), k, None))
 
@@ -589,10 +668,12 @@ class Tap(KVTaps, TapEngine):
         """Spell out a MIXED step's implicit decodes (a request among them is aborted
         before the step ends: then they are not the running queue's head any more)."""
         if step.decode_refs and step.entries is not None:
-            n = len(step.decode_refs)
-            decodes = _decode_entries(step.decode_refs, step.pre_running[:n])
+            # The tap's own map: vLLM has taken an aborted request out of its requests.
+            requests = map(self.live.__getitem__, step.decode_ids)
+            decodes = _decode_entries(step.decode_refs, requests)
             step.entries = (*decodes, *step.entries)
-            step.decode_refs, step.decode_ids = [], []
+            step.decode_refs, step.decode_ids, step.decode_skips = [], [], []
+            step.skip_refs = ()
 
     def _build_steady_entries(self, step: _Step) -> None:
         """The entries of a step that was steady until now (each running request, one
@@ -663,15 +744,22 @@ class Tap(KVTaps, TapEngine):
         Python loop only over the few that finished."""
         outs = _flat_outputs(outputs)
         k = len(step.decode_ids)
-        if k and len(outs) >= k:
+        skipped = len(step.decode_skips)
+        if k and len(outs) >= k + skipped:
             # The implicit decodes first, as the batch scheduled them (async: the batch
             # before): their one token each, in one pass, without a sample per request.
-            head = outs[:k]
+            head = outs[: k + skipped]
+            rest = outs[k + skipped :]
+            if skipped:
+                # Async: the batch before still had the requests this step passed over
+                # (their last token was in flight); theirs are samples of their own.
+                head, aside = _set_aside(head, step.decode_skips)
+                rest = [*aside, *rest]
             if list(map(_RID, head)) == step.decode_ids:
                 step.decode_tokens = _one_token_each(head)
                 if step.decode_tokens is not None:
                     self._finishes(head)
-                    outs = outs[k:]
+                    outs = rest
         refs = self.refs
         samples: dict[Any, tuple[int, ...]] = step.samples
         tokens = list(map(_NEW_TOKENS, outs))
@@ -694,6 +782,8 @@ class Tap(KVTaps, TapEngine):
             if done is None:
                 continue
             req = self.live.get(o.request_id)
+            if req is not None:
+                step.gone.append(req)
             status = _FINISHED.get(req.status.name if req is not None else "")
             step.finishes.append(Finish(done, status or Status.FINISHED_ERROR, ""))
             self._forget(o.request_id)
@@ -726,6 +816,8 @@ class Tap(KVTaps, TapEngine):
         work_ns = max(now - step.start_ns, 1)
         self.last_end_ns = now
         steady = step.entries is None
+        if not steady:
+            self._update_running(step)
         kv_events = self.kv.freeze()
         record = None if steady else self._general_record(step, update_ns, kv_events, work_ns)
         self.decoding = steady
@@ -786,6 +878,7 @@ class Tap(KVTaps, TapEngine):
             token_budget=self.config.max_num_batched_tokens,
             arrivals=step.arrivals,
             num_decodes=len(step.decode_refs),
+            decode_skips=step.skip_refs,
             scheduled=step.entries,
             admissions=tuple(step.admissions),
             preemptions=tuple(step.preemptions),
@@ -799,7 +892,7 @@ class Tap(KVTaps, TapEngine):
             kv_events=kv_events,
             free_blocks_after_schedule=step.free_after_schedule,
             free_blocks=self.pool.get_num_free_blocks(),
-            running=tuple(map(refs.__getitem__, map(_RID, sched.running))),
+            running=tuple(self.run_refs),  # vLLM's, as _update_running has checked
             waiting=tuple(map(refs.__getitem__, map(_RID, sched.waiting))),
             work_ns=work_ns,
         )
@@ -868,6 +961,49 @@ def _layout(
     if not others and one_each(counts, len(flat), len(counts)):
         return None, flat, ()
     return counts, flat, others
+
+
+def _skipping(
+    req_ids: list[str], pre_ids: list[str], m: int, scheduled: dict[str, int]
+) -> tuple[int, list[str]]:
+    """The implicit decodes of a running pass that passed over some running requests
+    (async: their last token is in flight): how many of the pass's first `m` requests
+    (`req_ids`, each one token) follow the running queue `pre_ids` in order once the
+    requests it left out are taken out, and those requests (not scheduled at all this
+    step). C-level comparisons of the runs between them; at most 8 passed over."""
+    k = pos = 0
+    skips: list[str] = []
+    before: list[int] = []  # implicit decodes before each of them
+    n = len(pre_ids)
+    while k < m and pos < n:
+        run = min(m - k, n - pos)
+        a, b = req_ids[k : k + run], pre_ids[pos : pos + run]
+        if a == b:
+            k += run
+            break
+        d = next(compress(count(), map(ne, a, b)))  # the first that differs
+        k, pos = k + d, pos + d
+        rid = pre_ids[pos]
+        if len(skips) == 8 or rid in scheduled:  # not simply left out: spelled out
+            break
+        skips.append(rid)
+        before.append(k)
+        pos += 1
+    while skips and before[-1] == k:  # none of the implicit decodes after it
+        skips.pop()
+        before.pop()
+    return k, skips
+
+
+def _set_aside(outs: Any, rids: list[str]) -> tuple[list[Any], list[Any]]:
+    """`outs` without the outputs of requests `rids`, and those (in their order)."""
+    outs = list(outs)
+    ids = list(map(_RID, outs))
+    at = sorted(ids.index(r) for r in rids if r in ids)
+    aside = [outs[i] for i in at]
+    for i in reversed(at):
+        del outs[i]
+    return outs, aside
 
 
 def _flat_outputs(outputs: Any) -> Any:
