@@ -171,6 +171,8 @@ class StepCompactor:
                 prompt_token_ids=None,
                 prompt_block_hashes=None if hashes is None else trace_hashes(hashes),
             )
+        if a.prompt_block_hashes is None:
+            return a  # nothing to take out (replace() costs more than the rest of a step)
         return replace(a, prompt_block_hashes=None)
 
     def _decode_prefix(self, rep: Step) -> int:

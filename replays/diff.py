@@ -9,6 +9,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
+from recorder.derive import leading_decodes, running_after
 from recorder.ids import client_id
 from recorder.multi import open_trace
 from recorder.schema import (
@@ -16,6 +17,8 @@ from recorder.schema import (
     REASON_LABELS,
     STATUS_LABELS,
     Arrival,
+    Kind,
+    Status,
     Step,
     label,
     printable,
@@ -64,6 +67,65 @@ def differing_fields(
     ):
         out = tuple(name for name in out if name != "arrivals")
     return out
+
+
+# The fields that hold a step's scheduled entries: two records may write the same entries
+# in two forms (format 1.6's decode_skips passes over running requests; a writer before
+# it, or schedtop's own, spells the entries after such a request out).
+ENTRY_FIELDS = frozenset({"num_decodes", "scheduled", "decode_skips"})
+
+
+class EntryForms:
+    """Compares the entries of two traces' steps when only their form differs, by
+    expanding both against the running queue the two share (tracked from their records,
+    from step 0; a trace that starts mid-run is compared field by field)."""
+
+    def __init__(self) -> None:
+        self.running: tuple[int, ...] | None = None  # None: not known
+        self.next_step = 0
+
+    def differing(self, a: Step, b: Step, fields_: tuple[str, ...]) -> tuple[str, ...]:
+        """`fields_` (differing_fields(a, b)) without the entry fields when a's and b's
+        entries are the same once expanded; then the queue moves on with `a`."""
+        if a.step == 0:
+            self.running = ()
+        elif a.step != self.next_step:
+            self.running = None
+        if (
+            fields_
+            and self.running is not None
+            and ENTRY_FIELDS.intersection(fields_)
+            and _expanded(a, self.running) == _expanded(b, self.running) is not None
+        ):
+            fields_ = tuple(f for f in fields_ if f not in ENTRY_FIELDS)
+        if self.running is not None:
+            self.running = _running_after(a, self.running)
+        self.next_step = a.step + 1
+        return fields_
+
+
+def _expanded(rec: Step, running: tuple[int, ...]) -> list[tuple[int, ...]] | None:
+    """Every scheduled entry of `rec` as (ref, tokens, kind, spec tokens), the implicit
+    decodes included (their computed tokens are the state's, so only refs compare)."""
+    aborted = {f.ref for f in rec.finishes if f.status == Status.FINISHED_ABORTED}
+    base = [r for r in running if r not in aborted]
+    try:
+        lead = leading_decodes(base, rec.num_decodes, rec.decode_skips)
+    except ValueError:
+        return None
+    decode = int(Kind.DECODE)
+    return [(r, 1, decode, 0) for r in lead] + [
+        (e.ref, e.num_tokens, int(e.kind), e.num_spec_tokens) for e in rec.scheduled
+    ]
+
+
+def _running_after(rec: Step, running: tuple[int, ...]) -> tuple[int, ...]:
+    if rec.running is not None:
+        return rec.running
+    if not (rec.admissions or rec.finishes or rec.preemptions):
+        return running
+    gone = {f.ref for f in rec.finishes} | {p.victim for p in rec.preemptions}
+    return tuple(running_after(running, gone, [x.ref for x in rec.admissions]))
 
 
 def _untenanted(arrivals: tuple[Arrival, ...]) -> list[Arrival]:
@@ -147,12 +209,14 @@ def diff_traces(
     with open_trace(a) as ra, open_trace(b) as rb:
         # Two vLLM recordings: their request ids differ by vLLM's random suffixes.
         across = ra.header.engine.startswith("vLLM") and rb.header.engine.startswith("vLLM")
+        forms = EntryForms()
         for rec_a, rec_b in zip_longest(ra.steps(), rb.steps()):
             fields_: tuple[str, ...]
             if rec_a is None or rec_b is None:
                 fields_ = ("steps",)
             else:
                 fields_ = differing_fields(rec_a, rec_b, across, decisions_only)
+                fields_ = forms.differing(rec_a, rec_b, fields_)
             if fields_:
                 differing += 1
                 if first is None:

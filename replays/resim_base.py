@@ -20,7 +20,7 @@ from recorder.errors import TraceError
 from recorder.recorder import Recorder, RecorderOptions
 from recorder.schema import Header, Step
 from recorder.writer import NullWriter, TraceWriter
-from replays.diff import differing_fields
+from replays.diff import EntryForms, differing_fields
 
 _DRIVER_KEYS = ("max_steps",)
 
@@ -128,6 +128,7 @@ class Checker:
         self.pending: deque[Step] = deque()
         self.steps = 0
         self.divergence: Divergence | None = None
+        self.forms = EntryForms()  # a trace's decode_skips against their spelled-out form
 
     def expect(self, rec: Step) -> None:
         self.pending.append(rec)
@@ -143,7 +144,7 @@ class Checker:
         if rec is None:
             self.divergence = Divergence(step.step, ("steps",), None, step)
             return
-        fields = differing_fields(rec, step)
+        fields = self.forms.differing(rec, step, differing_fields(rec, step))
         if fields:
             self.divergence = Divergence(step.step, fields, rec, step)
 

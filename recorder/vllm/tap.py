@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Iterable
 from itertools import chain, compress, count, islice, repeat
-from operator import attrgetter, ne
+from operator import attrgetter, is_not, ne
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,7 @@ _OUTPUT_IDS = attrgetter("_output_token_ids")
 _NEW_TOKENS = attrgetter("new_token_ids")
 _BLOCK_ID = attrgetter("block_id")
 _RID = attrgetter("request_id")
+_FINISH_REASON = attrgetter("finish_reason")
 _REF = attrgetter("ref")
 
 
@@ -777,7 +778,9 @@ class Tap(KVTaps, TapEngine):
         step = self.step
         assert step is not None
         refs = self.refs
-        for o in [o for o in outs if o.finish_reason is not None]:
+        # C-level: a step's outputs are mostly unfinished (FinishReason.STOP is 0: no
+        # truth test, `is not None`).
+        for o in compress(outs, map(is_not, map(_FINISH_REASON, outs), repeat(None))):
             done = refs.get(o.request_id)
             if done is None:
                 continue
