@@ -213,6 +213,7 @@ class Tap(KVTaps, TapEngine):
         self.run_ids: list[str] = []
         self.run_refs: list[int] = []
         self.run_rebuilds = 0  # times the copy did not match and was made again
+        self.sampling_cache: dict[tuple[Any, ...], SamplingParams] = {}
         from vllm.v1.request import RequestStatus
 
         self.sched_running_status = RequestStatus.RUNNING
@@ -422,19 +423,40 @@ class Tap(KVTaps, TapEngine):
                 int(request.priority),
                 float(request.arrival_time),
                 sp.eos_token_id,
-                SamplingParams(
-                    max_tokens=request.max_tokens,
-                    temperature=float(sp.temperature),
-                    top_p=float(sp.top_p),
-                    top_k=max(int(sp.top_k or 0), 0),
-                    seed=sp.seed,
-                    stop_token_ids=tuple(sp.stop_token_ids or ()),
-                    ignore_eos=False,  # vLLM clears eos_token_id instead
+                self._sampling(
+                    request.max_tokens,
+                    float(sp.temperature),
+                    float(sp.top_p),
+                    max(int(sp.top_k or 0), 0),
+                    sp.seed,
+                    tuple(sp.stop_token_ids or ()),
                 ),
                 prompt,
                 tuple(map(whole, self.block_hashes(request, full)[:full])) if self.redact else None,
             )
         )
+
+    def _sampling(self, *key: Any) -> SamplingParams:
+        """The trace's SamplingParams for these values: one (frozen) object per distinct
+        set, since a server's requests mostly share theirs and building one checks each
+        field's range (most of what an arrival cost)."""
+        cache = self.sampling_cache
+        params = cache.get(key)
+        if params is None:
+            max_tokens, temperature, top_p, top_k, seed, stop = key
+            params = SamplingParams(
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                seed=seed,
+                stop_token_ids=stop,
+                ignore_eos=False,  # vLLM clears eos_token_id instead
+            )
+            if len(cache) >= 1024:  # bounded: a workload of all-distinct settings
+                cache.clear()
+            cache[key] = params
+        return params
 
     def on_finished(self, requests: Iterable[Any], status: Any) -> None:
         """Requests finished from outside (aborts, stop strings): before the next
