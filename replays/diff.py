@@ -104,7 +104,7 @@ class EntryForms:
         return fields_
 
 
-def _expanded(rec: Step, running: tuple[int, ...]) -> list[tuple[int, ...]] | None:
+def _expanded(rec: Step, running: tuple[int, ...]) -> list[tuple[int, int, int, int]] | None:
     """Every scheduled entry of `rec` as (ref, tokens, kind, spec tokens), the implicit
     decodes included (their computed tokens are the state's, so only refs compare)."""
     aborted = {f.ref for f in rec.finishes if f.status == Status.FINISHED_ABORTED}
