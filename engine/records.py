@@ -621,7 +621,7 @@ class Step:
     # (free or evictable from the radix cache), and slots the radix cache holds
     free_slots: int = 0
     cached_slots: int = 0
-    # (1.6) refs of running requests (as schedule() found them) that the implicit decodes
+    # (1.7) refs of running requests (as schedule() found them) that the implicit decodes
     # pass over: async scheduling does not schedule a request whose last token is in
     # flight, and without this one such request in the middle of running spelled out
     # every entry after it

@@ -101,7 +101,7 @@ __all__ = [
 ]
 
 FORMAT_MAJOR = 1  # a reader refuses traces with a newer major version
-FORMAT_MINOR = 6  # minor versions only add fields and record types, which readers skip
+FORMAT_MINOR = 7  # minor versions only add fields and record types, which readers skip
 # 1.1: SpecProposed entries and Timing.propose_ns (speculative decoding); CLIENT records
 #      (schedtop serve)
 # 1.2: Header.snapshot_work (snapshots placed by replay work as well as by step count)

@@ -1,4 +1,4 @@
-"""Trace format 1.6: a step's implicit decodes may pass over running requests
+"""Trace format 1.7: a step's implicit decodes may pass over running requests
 (`decode_skips`), the compact form of vLLM's async step that does not schedule a request
 whose last token is in flight. The reducer, the queueing analysis and resim must expand
 it exactly as the spelled-out form (every entry after the skipped request explicit)."""
@@ -150,9 +150,9 @@ def test_a_skip_that_does_not_fit_the_state_is_an_error(
         apply(state, bad)
 
 
-def test_the_format_is_1_6_and_old_readers_skip_the_key() -> None:
-    assert FORMAT_MINOR >= 6
-    # Without skips the record is byte for byte what 1.5 wrote: the key (28) is left out.
+def test_the_format_is_1_7_and_old_readers_skip_the_key() -> None:
+    assert FORMAT_MINOR >= 7
+    # Without skips the record is byte for byte what 1.6 wrote: the key (28) is left out.
     assert encode(Step(step=3, num_decodes=2))[1] == bytes([0x82, 0, 3, 6, 2])
     body = encode(Step(step=3, num_decodes=2, decode_skips=(1,)))[1]
     assert 28 in msgpack.unpackb(body, strict_map_key=False)
