@@ -70,7 +70,7 @@ def differing_fields(
 
 
 # The fields that hold a step's scheduled entries: two records may write the same entries
-# in two forms (format 1.6's decode_skips passes over running requests; a writer before
+# in two forms (format 1.7's decode_skips passes over running requests; a writer before
 # it, or schedtop's own, spells the entries after such a request out).
 ENTRY_FIELDS = frozenset({"num_decodes", "scheduled", "decode_skips"})
 

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def spelled_out(rec: Step, before: State) -> Step:
     """`rec` without decode_skips: the implicit decodes from the first request passed
-    over on, as explicit DECODE entries (what the writer wrote before format 1.6)."""
+    over on, as explicit DECODE entries (what the writer wrote before format 1.7)."""
     if not rec.decode_skips:
         return rec
     aborted = {f.ref for f in rec.finishes if f.status == Status.FINISHED_ABORTED}
