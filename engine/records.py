@@ -626,6 +626,9 @@ class Step:
     # flight, and without this one such request in the middle of running spelled out
     # every entry after it
     decode_skips: tuple[int, ...] = ()
+    # (1.8) slots the radix cache evicted (freed back to the pool) during the step; a
+    # count only: the trace tracks no slot, so there are no blocks to name
+    evicted_slots: int = 0
 
     @property
     def num_scheduled_tokens(self) -> int:

@@ -315,6 +315,7 @@ STEP = Body(
         (26, "free_slots", UINT),
         (27, "cached_slots", UINT),
         (28, "decode_skips", INTS),
+        (29, "evicted_slots", UINT),
     ],
 )
 # The fields of a steady decode step's record (StepCompactor._decodes_only), in field

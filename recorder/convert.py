@@ -115,6 +115,7 @@ class StepCompactor:
             or rep.timings
             or rep.free_slots
             or rep.cached_slots
+            or rep.evicted_slots
             or n != len(self.running)
             or rep.running != self.running
             or rep.waiting != self.waiting

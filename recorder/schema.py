@@ -101,7 +101,7 @@ __all__ = [
 ]
 
 FORMAT_MAJOR = 1  # a reader refuses traces with a newer major version
-FORMAT_MINOR = 7  # minor versions only add fields and record types, which readers skip
+FORMAT_MINOR = 8  # minor versions only add fields and record types, which readers skip
 # 1.1: SpecProposed entries and Timing.propose_ns (speculative decoding); CLIENT records
 #      (schedtop serve)
 # 1.2: Header.snapshot_work (snapshots placed by replay work as well as by step count)
@@ -111,6 +111,8 @@ FORMAT_MINOR = 7  # minor versions only add fields and record types, which reade
 # 1.5: SGLang's token pool: Header.kv_pool, Step.free_slots/cached_slots, Preemption.cause,
 #      Reason.RETRACTED
 # 1.6: Client.parent_id (one CLIENT record per choice of a request with n > 1)
+# 1.7: Step.decode_skips (implicit decodes that pass over running requests)
+# 1.8: Step.evicted_slots (SGLang's radix-cache evictions, a count of slots a step)
 
 Scalar = str | int | float | bool | None
 

@@ -47,6 +47,7 @@ BOOKKEEPING_FIELDS = frozenset(
         "free_blocks",
         "free_slots",
         "cached_slots",
+        "evicted_slots",
     }
 )
 _DECISIONS = tuple(name for name in _COMPARED if name not in BOOKKEEPING_FIELDS)

@@ -153,6 +153,11 @@ def test_sglang_traces_account_for_every_request(recorded: dict[str, Any]) -> No
         retractions = [p for s in retract for p in s.preemptions]
         assert retractions and all(p.cause == Reason.RETRACTED for p in retractions), name
         assert any(a.resumed for s in retract for a in s.admissions), "retracted ones came back"
+    # a pool that runs out evicts what the radix cache holds (format 1.7): counted per step
+    _, natural = steps_of(Path(recorded["natural"]["trace"]))
+    evicted = [s.evicted_slots for s in natural if s.evicted_slots]
+    assert evicted, "the radix cache gave slots back to a full pool"
+    assert all(0 < n <= header.num_blocks - 1 for n in evicted)
     assert header.config["sglang_test_retract_interval"] == 0, "nothing forced it"
 
 

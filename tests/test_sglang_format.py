@@ -104,3 +104,26 @@ def test_the_cost_accounting_file(tmp_path: Path) -> None:
     assert cost["timer_ns"] >= 0  # flush timer threads of this process, if any
     assert cost["process_ns"] > 0
     assert [p.name for p in tmp_path.iterdir()] == ["cost.json"]
+
+
+def test_evicted_slots_round_trip_and_older_readers_skip_them() -> None:
+    """1.8: a step's radix-cache evictions, a count of slots; absent, it is 0 and costs no
+    bytes, and a reader that does not know key 29 skips it."""
+    assert FORMAT_MINOR >= 8
+    step = Step(step=4, free_blocks=1024, free_slots=300, cached_slots=500, evicted_slots=64)
+    assert decode(RecordType.STEP, encode(step)[1], 0) == step
+    body = msgpack.unpackb(encode(step)[1], strict_map_key=False)
+    assert body[29] == 64
+    del body[29]
+    assert decode(RecordType.STEP, msgpack.packb(body), 0).evicted_slots == 0
+    plain = msgpack.unpackb(encode(STEP)[1], strict_map_key=False)
+    assert 29 not in plain
+
+
+def test_evicted_slots_are_an_event_in_the_log() -> None:
+    from tui.history import step_events
+
+    step = Step(step=4, free_blocks=1024, evicted_slots=64)
+    events = list(step_events(step, lambda ref: f"#{ref}"))
+    assert [(e.kind, e.text) for e in events] == [("evict", "64 cached slots evicted")]
+    assert not list(step_events(Step(step=5, free_blocks=1024), lambda ref: f"#{ref}"))

@@ -141,6 +141,17 @@ def add_request_to_queue(original: Any, sched: Any, req: Any, *args: Any, **kwar
     return out
 
 
+def evict(original: Any, cache: Any, *args: Any, **kwargs: Any) -> Any:
+    out = original(cache, *args, **kwargs)
+    c0 = _cpu()
+    tap = _TAP if _TAP is not None and _TAP.stopped is None else None
+    if tap is not None:
+        # the slots SGLang says it freed: one integer a call, no walk of the tree
+        tap.guard(tap.on_evict, int(out.num_tokens_evicted))
+        tap.cpu_ns += _cpu() - c0
+    return out
+
+
 def install() -> None:
     global _cpu
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -160,3 +171,6 @@ def install() -> None:
     HookRegistry.register(
         "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req", add_one_req, around
     )
+    # RadixCache's own evict (the default cache); the caches that override it (SWA, HiCache,
+    # LMCache) are not hooked, and their traces count no evictions
+    HookRegistry.register("sglang.srt.mem_cache.radix_cache.RadixCache.evict", evict, around)

@@ -80,6 +80,7 @@ class _Step:
     update_ns: int = 0
     decided: bool = False  # a get_next_batch_to_run has run for it
     start_ns: int = 0  # monotonic, when its get_next_batch_to_run began
+    evicted: int = 0  # slots the radix cache evicted since the step began (format 1.7)
 
     def __bool__(self) -> bool:
         return bool(
@@ -346,6 +347,12 @@ class Tap(TapEngine):
             self.computed[ref] = 0
             self.running.remove(ref)
 
+    def on_evict(self, slots: int) -> None:
+        # counted where they happen (an allocation in the schedule, a finished request's
+        # insert), into the step being built: the evictions between one step's record
+        # and the next schedule belong to the next step, as its other events do
+        self.step.evicted += slots
+
     def on_abort(self, req: Any) -> None:
         """A waiting request aborted between two steps (a running one finishes with
         FINISH_ABORT in its next result)."""
@@ -424,6 +431,7 @@ class Tap(TapEngine):
             waiting=tuple(r for r in step.waiting if r not in gone),
             free_slots=free + evictable,
             cached_slots=evictable + protected,
+            evicted_slots=step.evicted,
             # from its get_next_batch_to_run to this record: the batch scheduled, its
             # forward launched, the results before the next processed (format 1.4)
             work_ns=max(time.monotonic_ns() - step.start_ns, 1),
