@@ -81,6 +81,12 @@ class Driver:
     def decode_heavy(self) -> None:
         self.batch("decode", [tokens(self.rng, 20 + i) for i in range(8)], 40)
 
+    def evictions(self) -> None:
+        """After decode_heavy (about 500 slots of finished requests left in the radix
+        cache, evictable, of 1,024): four prompts of 200 tokens need about 800 slots, more
+        than are free, so SGLang evicts cached ones to allocate them."""
+        self.batch("evict", [tokens(self.rng, 200) for _ in range(4)], 4)
+
     def natural_retract(self) -> None:
         """Sixteen requests whose outputs outgrow a small pool, SGLang retracting on its
         own (no SGLANG_TEST_RETRACT). SGLang admits a new request if the pool holds all

@@ -4,8 +4,9 @@ SGLang runs in its own venv ($SCHEDTOP_SGLANG_PYTHON, else .venv-sglang/bin/pyth
 subprocess (tests/sglang_engine.py): its real engine on the CPU with random weights and a
 tiny Llama, the plugin loaded by SGLANG_PLUGINS=schedtop, through workloads of several
 shapes: prefix sharing, chunked long prompts, aborts (waiting and running) in one engine;
-decoding under a small pool with SGLANG_TEST_RETRACT=1 (retractions) in a second (the
-variable is read at start-up); in a third, decoding that outgrows a small pool, where
+decoding under a small pool with SGLANG_TEST_RETRACT=1 (retractions), then prompts
+that need more than is free (radix-cache evictions), in a second (the variable is read
+at start-up); in a third, decoding that outgrows a small pool, where
 SGLang retracts on its own, after which its scheduler process is killed. Each engine
 start-up costs about 17 s, so the shapes share engines. The recorder checks each record
 against the state it builds (SCHEDTOP_STRICT); here every trace must account for every
@@ -53,7 +54,8 @@ ENGINES: list[dict[str, Any]] = [
         "name": "retract",
         "env": {"SGLANG_TEST_RETRACT": "1"},
         "args": {"max_total_tokens": 1024, "max_running_requests": 8},
-        "shapes": ["decode_heavy"],
+        # then prompts that need more than the pool has free: evictions (format 1.7)
+        "shapes": ["decode_heavy", "evictions"],
     },
     {
         # retraction as SGLang decides it, not forced; the flush timer at 0.2 s, so that
@@ -153,12 +155,12 @@ def test_sglang_traces_account_for_every_request(recorded: dict[str, Any]) -> No
         retractions = [p for s in retract for p in s.preemptions]
         assert retractions and all(p.cause == Reason.RETRACTED for p in retractions), name
         assert any(a.resumed for s in retract for a in s.admissions), "retracted ones came back"
-    # a pool that runs out evicts what the radix cache holds (format 1.7): counted per step
-    _, natural = steps_of(Path(recorded["natural"]["trace"]))
-    evicted = [s.evicted_slots for s in natural if s.evicted_slots]
-    assert evicted, "the radix cache gave slots back to a full pool"
-    assert all(0 < n <= header.num_blocks - 1 for n in evicted)
     assert header.config["sglang_test_retract_interval"] == 0, "nothing forced it"
+    # prompts that need more than is free evict what the radix cache holds (format 1.7)
+    pool, retract = steps_of(Path(recorded["retract"]["trace"]))
+    evicted = [s.evicted_slots for s in retract if s.evicted_slots]
+    assert evicted, "the radix cache gave slots back to a full pool"
+    assert all(0 < n <= pool.num_blocks - 1 for n in evicted)
 
 
 def test_a_killed_sglang_scheduler_leaves_a_readable_trace(recorded: dict[str, Any]) -> None:

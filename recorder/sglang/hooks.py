@@ -171,6 +171,10 @@ def install() -> None:
     HookRegistry.register(
         "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req", add_one_req, around
     )
-    # RadixCache's own evict (the default cache); the caches that override it (SWA, HiCache,
-    # LMCache) are not hooked, and their traces count no evictions
+    # every eviction of SGLang's default tree cache (UnifiedRadixCache: its evict and
+    # evict_for_alloc both walk the tree in _evict) and of the plain RadixCache; caches
+    # that replace both (FlexKV's) are not hooked and record none
+    HookRegistry.register(
+        "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache._evict", evict, around
+    )
     HookRegistry.register("sglang.srt.mem_cache.radix_cache.RadixCache.evict", evict, around)
