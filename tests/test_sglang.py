@@ -54,7 +54,7 @@ ENGINES: list[dict[str, Any]] = [
         "name": "retract",
         "env": {"SGLANG_TEST_RETRACT": "1"},
         "args": {"max_total_tokens": 1024, "max_running_requests": 8},
-        # then prompts that need more than the pool has free: evictions (format 1.7)
+        # then prompts that need more than the pool has free: evictions (format 1.8)
         "shapes": ["decode_heavy", "evictions"],
     },
     {
@@ -156,7 +156,7 @@ def test_sglang_traces_account_for_every_request(recorded: dict[str, Any]) -> No
         assert retractions and all(p.cause == Reason.RETRACTED for p in retractions), name
         assert any(a.resumed for s in retract for a in s.admissions), "retracted ones came back"
     assert header.config["sglang_test_retract_interval"] == 0, "nothing forced it"
-    # prompts that need more than is free evict what the radix cache holds (format 1.7)
+    # prompts that need more than is free evict what the radix cache holds (format 1.8)
     pool, retract = steps_of(Path(recorded["retract"]["trace"]))
     evicted = [s.evicted_slots for s in retract if s.evicted_slots]
     assert evicted, "the radix cache gave slots back to a full pool"

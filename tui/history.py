@@ -103,7 +103,7 @@ def digest(
         () if leading is None else unscheduled(rec, leading, after),
         hits,
         queries,
-        # a token pool's (format 1.7) are slots, which are its blocks (block_size 1)
+        # a token pool's (format 1.8) are slots, which are its blocks (block_size 1)
         sum(len(blocks) for blocks, _ in evictions) + rec.evicted_slots,
     )
 
@@ -234,7 +234,7 @@ def step_events(
             (*((who,) if who else ()), *owners),
         )
     if rec.evicted_slots:
-        # a token pool (SGLang, format 1.7) counts its evictions without naming slots, and
+        # a token pool (SGLang, format 1.8) counts its evictions without naming slots, and
         # its radix cache evicts for the batch, not for one request
         n = rec.evicted_slots
         yield Event(s, "evict", f"{n} cached {'slot' if n == 1 else 'slots'} evicted")

@@ -80,7 +80,7 @@ class _Step:
     update_ns: int = 0
     decided: bool = False  # a get_next_batch_to_run has run for it
     start_ns: int = 0  # monotonic, when its get_next_batch_to_run began
-    evicted: int = 0  # slots the radix cache evicted since the step began (format 1.7)
+    evicted: int = 0  # slots the radix cache evicted since the step began (format 1.8)
 
     def __bool__(self) -> bool:
         return bool(
