@@ -90,11 +90,10 @@ def arrival(ref: int) -> Arrival:
     return Arrival(ref, f"r{ref}", 4, 0, float(ref), None, SamplingParams(max_tokens=8))
 
 
-def test_a_skip_replays_as_the_spelled_out_step() -> None:
-    # Three requests admitted and decoding; then a step that passes over the middle one
-    # (its last token in flight), which finishes with a sample of the batch before.
+def three_running() -> State:
+    """A state with three 4-token requests admitted and prefilled (refs 0, 1, 2)."""
     header = dataclasses.replace(HEADER, num_blocks=64, block_size=16, first_step=0)
-    start = State.initial(header)
+    state = State.initial(header)
     admit = Step(
         step=0,
         arrivals=tuple(arrival(i) for i in range(3)),
@@ -103,7 +102,14 @@ def test_a_skip_replays_as_the_spelled_out_step() -> None:
         free_blocks=63,
         free_blocks_after_schedule=63,
     )
-    apply(start, admit)
+    apply(state, admit)
+    return state
+
+
+def test_a_skip_replays_as_the_spelled_out_step() -> None:
+    # Three requests admitted and decoding; then a step that passes over the middle one
+    # (its last token in flight), which finishes with a sample of the batch before.
+    start = three_running()
     skip = Step(
         step=1,
         num_decodes=2,
@@ -132,19 +138,7 @@ def test_a_skip_replays_as_the_spelled_out_step() -> None:
 def test_a_skip_that_does_not_fit_the_state_is_an_error(
     skips: tuple[int, ...], num_decodes: int, why: str
 ) -> None:
-    header = dataclasses.replace(HEADER, num_blocks=64, block_size=16, first_step=0)
-    state = State.initial(header)
-    apply(
-        state,
-        Step(
-            step=0,
-            arrivals=tuple(arrival(i) for i in range(3)),
-            scheduled=tuple(Scheduled(i, 4, Kind.PREFILL, 0) for i in range(3)),
-            admissions=tuple(Admission(i, 0, False) for i in range(3)),
-            free_blocks=63,
-            free_blocks_after_schedule=63,
-        ),
-    )
+    state = three_running()
     bad = Step(step=1, num_decodes=num_decodes, decode_skips=skips, free_blocks=63)
     with pytest.raises(Inconsistent, match=why):
         apply(state, bad)
