@@ -3,7 +3,13 @@
 On a machine shared with other busy processes, torch's OpenMP threads wait at every
 barrier for a sibling that the kernel has descheduled: two threads can then be several
 times slower than one. The only reliable test is to time both, so the runner times a
-small matrix product with each thread count now and then, and keeps the faster."""
+small matrix product with each thread count now and then, and keeps the faster.
+
+The timings of the two counts are interleaved over several rounds, and each count keeps its
+best: a burst of other work (in a server, the client and the event loop wake right after
+each step, which is when the runner probes) then slows a timing of either count, not every
+timing of the one measured first. Timed back to back, a burst that covered the first
+count's timings made the tuner pick one thread for the next 20 s of a quiet machine."""
 
 from __future__ import annotations
 
@@ -13,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 REPROBE_S = 20.0  # seconds between measurements while a run goes on
-_REPEATS = 3  # best of this many timings per thread count
+_ROUNDS = 4  # interleaved timings per thread count; each count keeps its best
+_MARGIN = 0.9  # the other count must be this much faster (as a ratio) to switch to it
 
 
 class ThreadTuner:
@@ -37,19 +44,24 @@ class ThreadTuner:
     def probe(self) -> int:
         if self.max_threads <= 1:
             return self.threads
-        timings = {n: self._time(n) for n in (self.max_threads, 1)}
-        self.threads = min(timings, key=lambda n: timings[n])
+        best = {self.max_threads: float("inf"), 1: float("inf")}
+        order = [self.max_threads, 1]
+        for _ in range(_ROUNDS):
+            for n in order:
+                best[n] = min(best[n], self._time(n))
+            order.reverse()  # neither count is always timed first
+        other = 1 if self.threads != 1 else self.max_threads
+        if best[other] < _MARGIN * best[self.threads]:
+            self.threads = other
         torch.set_num_threads(self.threads)
         return self.threads
 
     def _time(self, threads: int) -> float:
+        """Seconds for a few matrix products the size of one decode step's, on `threads`."""
         torch.set_num_threads(threads)
         with torch.inference_mode():
             F.linear(self._a, self._w)  # warm the thread pool
-            best = float("inf")
-            for _ in range(_REPEATS):
-                start = time.perf_counter()
-                for _ in range(4):
-                    F.linear(self._a, self._w)
-                best = min(best, time.perf_counter() - start)
-        return best
+            start = time.perf_counter()
+            for _ in range(4):
+                F.linear(self._a, self._w)
+            return time.perf_counter() - start
