@@ -5,6 +5,8 @@ encodes and validates is recorder.encoding).
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Callable
 from typing import Any
 
 from recorder.encoding import (
@@ -358,7 +360,12 @@ def encode_steady(
     defaults (a steady decode step, written once a step): the same map, built field by
     field rather than by the table's loop (what is left out is what equals its default:
     0, None, no KV events), which compares and calls a codec for every field.
-    tests/test_trace_codec.py checks the bytes against encode's."""
+    tests/test_trace_codec.py checks the bytes against encode's.
+
+    Written out in one function for the common shapes (a batch of sampled tokens; KV
+    events that allocate and cache blocks): right after an engine's step this code and
+    its data are out of the CPU's caches, where each call and look-up costs several
+    times what it does in a loop (measured: docs/benchmarks.md, Recorder)."""
     body: dict[int, Any] = {0: step}
     if time_ns:
         body[1] = time_ns
@@ -373,8 +380,42 @@ def encode_steady(
     if sample_counts is not None:
         body[14] = pack_ints(sample_counts)
     if sampled_tokens is not None:
-        body[15] = pack_ints(sampled_tokens)
-    if kv_events is not NO_KV_EVENTS and kv_events != NO_KV_EVENTS:
+        # pack_ints' first try for more than 64 values (width 2), without its steps.
+        pack = _U16_PACKS.get(len(sampled_tokens))
+        if pack is None:
+            body[15] = _first_tokens(sampled_tokens)
+        else:
+            try:
+                body[15] = _TWO_BYTES + pack(*sampled_tokens)
+            except struct.error:  # a token id of 65536 or more: pack_ints widens
+                body[15] = pack_ints(sampled_tokens)
+    kinds = kv_events.kinds
+    if kinds:
+        hashes = kv_events.hashes
+        if (
+            hashes
+            and not kv_events.hit_tokens
+            and type(kinds) is tuple
+            and len(kinds) <= 64
+            and type(kv_events.sizes) is tuple
+        ):
+            # _KVColumns.enc's shape of a decode step's events (blocks allocated and
+            # cached), inline: kinds and sizes are below 256, one byte each.
+            try:
+                packed_kinds, packed_sizes = bytes(kinds), bytes(kv_events.sizes)
+            except (ValueError, TypeError):
+                body[18] = KV_EVENTS.enc(kv_events)
+            else:
+                body[18] = [
+                    _ONE_BYTE + packed_kinds,
+                    pack_ints(kv_events.refs),
+                    _ONE_BYTE + packed_sizes,
+                    pack_ints(kv_events.block_ids),
+                    HASHES.enc(hashes),
+                ]
+        else:
+            body[18] = KV_EVENTS.enc(kv_events)
+    elif kv_events is not NO_KV_EVENTS and kv_events != NO_KV_EVENTS:
         body[18] = KV_EVENTS.enc(kv_events)
     if free_blocks_after_schedule:
         body[19] = free_blocks_after_schedule
@@ -383,6 +424,19 @@ def encode_steady(
     if work_ns:
         body[25] = work_ns
     return _packer.pack(body)  # type: ignore[no-any-return]
+
+
+# encode_steady's packers of a step's sampled tokens at width 2, by count (over 64).
+_U16_PACKS: dict[int, Callable[..., bytes]] = {}
+_TWO_BYTES = b"\x02"
+
+
+def _first_tokens(tokens: tuple[int, ...]) -> bytes:
+    """pack_ints of `tokens` the first time a step has this many: makes the packer."""
+    n = len(tokens)
+    if 64 < n <= 1024:  # the common batch sizes; pack_ints caches no more either
+        _U16_PACKS[n] = struct.Struct(f"<{n}H").pack
+    return pack_ints(tokens)
 
 
 SNAPSHOT = Body(
