@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 from array import array
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -54,6 +56,8 @@ SNAPSHOT_WORK_PER_BLOCK = 3
 MIN_SNAPSHOT_WORK = 16384
 # With a snapshot budget, snapshots are at least this many steps apart however cheap.
 MIN_BUDGET_STEPS = 64
+# With `batch_s`, steady steps waiting to be encoded together: at most this many.
+MAX_BATCH = 64
 
 
 def default_snapshot_work(num_blocks: int) -> int:
@@ -154,6 +158,15 @@ class RecorderOptions:
     hangs and is then killed (SIGKILL) so loses at most that much of its last steps;
     without it, records reach the file only as the engine steps (and flushes).
 
+    `batch_s` (with a flush timer, not in the background): steady decode steps are
+    encoded together, on the engine's thread at the end of the first step `batch_s`
+    after the last batch (or of the MAX_BATCH-th step waiting, or before any other
+    record), or by the flush timer once the engine stops stepping for a tick. Encoding
+    a step right after it is mostly the cost of bringing the encoder's code back into
+    the CPU's caches after the engine's step; in a batch that is paid once
+    (docs/benchmarks.md, Recorder). A record so reaches the sink up to `batch_s` later
+    (open_recording: LIVE_WRITE_S, when its writer writes anyway).
+
     A recording that fails (disk full, or a bug here) stops with one warning and never
     stops the engine, unless `strict` (tests, re-simulation) makes it raise."""
 
@@ -169,6 +182,7 @@ class RecorderOptions:
     strict: bool = False
     background: bool = False
     flush_interval_s: float | None = None
+    batch_s: float = 0.0
     on_step_record: Callable[[Step], None] | None = None  # sees every Step record first
     clock: Callable[[], int] = time.monotonic_ns  # the steps' time_ns
     wall_clock: Callable[[], int] = time.time_ns  # the header's start time
@@ -185,6 +199,13 @@ class RecorderOptions:
             raise ValueError(f"flush_interval_s={self.flush_interval_s}: must be > 0")
         if self.background and self.strict:
             raise ValueError("strict recording raises on the engine's thread: not in background")
+        if self.batch_s < 0:
+            raise ValueError(f"batch_s={self.batch_s}: must be >= 0")
+        if self.batch_s and (self.flush_interval_s is None or self.background):
+            raise ValueError(
+                "batch_s needs the flush timer (flush_interval_s), which encodes what "
+                "waits once the engine stops, and is not for the background"
+            )
 
 
 class Recorder:
@@ -255,6 +276,14 @@ class Recorder:
         self._step_ends = array("Q")
         self._snapshots: list[tuple[int, int]] = []
         self._counts = [0, 0, 0, 0]  # steps, arrivals, finishes, preemptions
+        # With batch_s: steady steps' fields (encode_steady's arguments) waiting to be
+        # encoded, oldest first. The engine's thread appends; whoever encodes them (the
+        # engine's thread or the flush timer's) holds the lock, which keeps the records
+        # in order: every other record is appended under it, after what waits.
+        self._pending: deque[tuple[Any, ...]] = deque()
+        self._pending_lock = threading.Lock()
+        self._batch_ns = int(options.batch_s * 1e9)
+        self._batched_ns = 0  # when the last batch was encoded (the steps' clock)
         self.header = self._header(engine, options, start_ns)
         self._append(self.header, boundary=True)
         # Started after the header: from here on only its thread appends to the sink.
@@ -369,10 +398,14 @@ class Recorder:
         )
         if self.on_step_record is not None:
             self.on_step_record(_steady_step(fields))
-        if self._bg is None:
-            self._append_steady(fields, not due)
-        else:
+        if self._bg is not None:
             self._bg.put(self._append_steady, fields, not due)
+        elif self._batch_ns:
+            with self._pending_lock:  # after the steady steps waiting, and in order
+                self._encode_pending(self._now_ns())
+                self._append_steady(fields, not due)
+        else:
+            self._append_steady(fields, not due)
         self._written(due)
 
     def _append_steady(self, fields: list[Any], boundary: bool) -> None:
@@ -413,6 +446,7 @@ class Recorder:
         for: see `drain`."""
         flush = getattr(self.sink, "flush", None)
         if self._bg is None:
+            self._flush_pending()
             if flush is not None:
                 flush()
             return
@@ -430,7 +464,11 @@ class Recorder:
         """The flush timer's tick (on the recorder's own thread, not the engine's): writes
         out what is buffered unless the sink wrote in the last tick's time. A record so
         waits at most two ticks (one interval), and the writes of an engine that steps
-        stay on its thread, where they cost less than a wake-up of this one."""
+        stay on its thread, where they cost less than a wake-up of this one. Steady steps
+        waiting to be encoded (batch_s) are encoded here once the engine's thread has
+        not for a tick: it stopped stepping."""
+        if self._pending and self._now_ns() - self._batched_ns >= self._tick_s * 1e9:
+            self._flush_pending()
         flush = getattr(self.sink, "flush_buffered", None)
         if flush is not None and self.error is None:
             flush(self._tick_s)
@@ -439,6 +477,8 @@ class Recorder:
         """Wait until every record so far is in the sink (in the background: appended)."""
         if self._bg is not None:
             self._bg.drain()
+        else:
+            self._flush_pending()
 
     @property
     def background_thread(self) -> Any:
@@ -515,11 +555,28 @@ class Recorder:
 
     def _write_steady(self, report: Step, time_ns: int) -> None:
         """_record_steady's work for a steady `report` on the engine's thread, with no
-        list of fields in between: the record's bytes straight from the report."""
+        list of fields in between: the record's bytes straight from the report (or with
+        `batch_s`, its fields put aside to be encoded with the next ones).
+
+        Right after the engine's step this code and its data are out of the CPU's caches,
+        where each call costs several times what it does in a loop (measured in context,
+        docs/benchmarks.md: encoding a step took 37 µs, the step before it, right after,
+        17), so the counting of _due and _written is done here inline."""
         n = len(report.scheduled)
         kv = report.kv_events
-        due = self._due(1 + n + len(kv.block_ids), report.schedule_ns + report.update_ns)
-        body = encode_steady(
+        self._work = work = self._work + 1 + n + len(kv.block_ids)
+        self._steps = steps = self._steps + 1
+        if steps >= self.snapshot_interval or 0 < self.snapshot_work <= work:
+            due = True
+        elif self.snapshot_budget:
+            due = self._budget_due(report.schedule_ns + report.update_ns)
+        else:
+            due = False
+        compactor = self._compactor
+        # The queue is the same as before (is_steady compared it): keep the report's
+        # tuple, which the next step's comparison then finds in cache.
+        compactor.running = report.running or ()
+        fields = (
             report.step,
             time_ns,
             report.schedule_ns,
@@ -527,14 +584,55 @@ class Recorder:
             report.token_budget,
             n,
             None,  # sample_counts: one sample each in a steady step
-            None if self._compactor.redact else report.sampled_tokens,
+            None if compactor.redact else report.sampled_tokens,
             kv,
             report.free_blocks_after_schedule,
             report.free_blocks,
             report.work_ns,
         )
-        self._index_step(self.sink.append(RecordType.STEP, body, boundary=not due))
-        self._written(due)
+        if self._batch_ns:
+            pending = self._pending
+            pending.append(fields)
+            # A snapshot follows a due step: the batch goes first (the snapshot's _put
+            # would encode it too; here it ends without a boundary, as below).
+            if due or time_ns - self._batched_ns >= self._batch_ns or len(pending) >= MAX_BATCH:
+                with self._pending_lock:
+                    self._encode_pending(time_ns, last_boundary=not due)
+        else:
+            body = encode_steady(*fields)
+            sink = self.sink
+            self._step_offsets.append(sink.append(RecordType.STEP, body, boundary=not due))
+            self._step_ends.append(sink.offset)
+        if due:
+            self._written(True)
+        else:
+            self._counts[0] += 1
+
+    def _encode_pending(self, now_ns: int, last_boundary: bool = True) -> None:
+        """Encode and append the steady steps waiting (the caller holds _pending_lock),
+        in order; only the last ends a flush unit, so the writer writes the batch at
+        once."""
+        pending = self._pending
+        self._batched_ns = now_ns
+        sink = self.sink
+        append, offsets, ends = sink.append, self._step_offsets, self._step_ends
+        while pending:
+            fields = pending.popleft()
+            if self.error is not None:
+                continue  # recording stopped: what waits is dropped, as later steps are
+            try:
+                body = encode_steady(*fields)
+                boundary = last_boundary if not pending else False
+                offsets.append(append(RecordType.STEP, body, boundary=boundary))
+                ends.append(sink.offset)
+            except Exception as e:
+                self._failed(fields[0], e)
+
+    def _flush_pending(self) -> None:
+        """Append the steady steps waiting, before any other record (any thread)."""
+        if self._pending:
+            with self._pending_lock:
+                self._encode_pending(self._clock() - self._t0)
 
     def _due(self, work: int, engine_ns: int) -> bool:
         """Counts a step, its replay work and the engine's time in it; whether a snapshot
@@ -543,8 +641,11 @@ class Recorder:
         self._steps += 1
         if self._steps >= self.snapshot_interval or 0 < self.snapshot_work <= self._work:
             return True
-        if not self.snapshot_budget:
-            return False
+        return bool(self.snapshot_budget) and self._budget_due(engine_ns)
+
+    def _budget_due(self, engine_ns: int) -> bool:
+        """With a snapshot budget: counts the engine's time in a step (counted already by
+        _due or _write_steady); whether that time has paid for the next snapshot."""
         self._engine_ns += engine_ns
         return self._steps >= MIN_BUDGET_STEPS and self._engine_ns >= self._snapshot_due_ns
 
@@ -581,10 +682,14 @@ class Recorder:
     ) -> None:
         """Append `record` (`encoded`: its type and body, encoded already); `then(offset)`
         indexes it."""
-        if self._bg is None:
-            self._append_then(record, boundary, then, encoded)
-        else:
+        if self._bg is not None:
             self._bg.put(self._append_then, record, boundary, then, encoded)
+        elif self._batch_ns:
+            with self._pending_lock:  # after the steady steps waiting, and in order
+                self._encode_pending(self._now_ns())
+                self._append_then(record, boundary, then, encoded)
+        else:
+            self._append_then(record, boundary, then, encoded)
 
     def _append_then(
         self,
@@ -611,6 +716,10 @@ class Recorder:
 
     def _append(self, record: Record, boundary: bool = False) -> int:
         rtype, body = encode(record)
+        if self._batch_ns:
+            with self._pending_lock:  # after the steady steps waiting, and in order
+                self._encode_pending(self._now_ns())
+                return self.sink.append(rtype, body, boundary=boundary)
         return self.sink.append(rtype, body, boundary=boundary)
 
     def _header(self, engine: RecordedEngine, options: RecorderOptions, start_ns: int) -> Header:
@@ -714,6 +823,9 @@ def open_recording(
             model=model,
             flush_interval_s=interval,
             background=background,
+            # Steady steps encoded together at the writer's own pace (its writes are
+            # LIVE_WRITE_S apart at most as the engine steps): no later in the file.
+            batch_s=0.0 if background else LIVE_WRITE_S,
         )
         return Recorder(engine, writer, options)
     except BaseException:

@@ -699,14 +699,56 @@ def test_a_recording_that_takes_the_steady_path_writes_the_general_paths_trace(
 
     w = load_workload(demo_workload_path())
     paths = []
-    for steady in (True, False):
+    # Steady steps encoded at once, in batches (an hour's batch_s: they wait for a
+    # snapshot, another record, MAX_BATCH or the close), and the general path.
+    batched = RecorderOptions(strict=True, batch_s=3600.0, flush_interval_s=3600.0)
+    for kind, options in (
+        ("steady", RecorderOptions(strict=True)),
+        ("batched", batched),
+        ("general", RecorderOptions(strict=True)),
+    ):
         engine = make_engine(w)
-        path = tmp_path / f"{steady}.trace"
-        recorder = Recorder(engine, TraceWriter(path, live=False), RecorderOptions(strict=True))
-        if not steady:
+        path = tmp_path / f"{kind}.trace"
+        recorder = Recorder(engine, TraceWriter(path, live=False), options)
+        if kind == "general":
             recorder._compactor.is_steady = lambda rep: False  # type: ignore[method-assign]
         for _ in run_steps(w, engine):
             pass
         engine.close()
         paths.append(path)
-    assert masked(paths[0]) == masked(paths[1])
+    assert masked(paths[0]) == masked(paths[1]) == masked(paths[2])
+
+
+def test_batched_steady_steps_reach_the_file_on_the_timer_once_the_engine_stops(
+    tmp_path: Path,
+) -> None:
+    """With batch_s, steady steps wait to be encoded together; when the engine stops
+    stepping, the flush timer encodes and writes them (here long before the batch's
+    hour), with no further step and no close."""
+    from engine.sim.driver import make_engine, run_steps
+    from tests.test_background_recording import wait_until
+
+    w = load_workload(demo_workload_path())
+    engine = make_engine(w)
+    path = tmp_path / "t.trace"
+    options = RecorderOptions(batch_s=3600.0, flush_interval_s=0.02)
+    recorder = Recorder(engine, TraceWriter(path, live=False, flush_interval_s=3600.0), options)
+    steps = run_steps(w, engine)
+    last = -1
+    while not recorder._pending:  # up to a steady step left waiting
+        last = next(steps).report.step
+    wait_until(lambda: recorder.flushed_step == last, "the timer's write")
+    with TraceReader(path) as reader:
+        assert [s.step for s in reader.steps()] == list(range(last + 1))
+    engine.close()
+
+
+def test_batching_needs_the_flush_timer_and_not_the_background() -> None:
+    """Steps waiting in a batch must reach the file when the engine stops: only the
+    flush timer's thread does that; the background thread batches its own way."""
+    with pytest.raises(ValueError, match="batch_s needs the flush timer"):
+        RecorderOptions(batch_s=0.01)
+    with pytest.raises(ValueError, match="batch_s needs the flush timer"):
+        RecorderOptions(batch_s=0.01, flush_interval_s=1.0, background=True)
+    with pytest.raises(ValueError, match="batch_s=-1"):
+        RecorderOptions(batch_s=-1)
