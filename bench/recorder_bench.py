@@ -94,16 +94,20 @@ def warm_up(w: SimWorkload, engine: EngineCore) -> Any:
 
 
 class _Timed:
-    """An event sink wrapper that adds up the CPU time its inner sink takes."""
+    """An event sink wrapper that adds up the time its inner sink takes.
+
+    On the perf_counter (wall time inside the call: CPU time but for a preemption, rare
+    in a call this short): the thread's CPU clock is a system call, 0.3-1.5 µs here, and
+    two a step were counted against the recorded engine only (about 0.5% of its step)."""
 
     def __init__(self, inner: Recorder) -> None:
         self.inner = inner
         self.seconds = 0.0
 
     def on_step(self, report: Step) -> None:
-        t = time.thread_time()
+        t = time.perf_counter()
         self.inner.on_step(report)
-        self.seconds += time.thread_time() - t
+        self.seconds += time.perf_counter() - t
 
     def close(self) -> None:
         self.inner.close()
