@@ -47,7 +47,8 @@ FLUSH_INTERVAL_S = 1.0
 # so only for an engine that stopped stepping (a timer's write costs a wake-up of its
 # thread besides). A step so reaches the file about LIVE_WRITE_S after it ends, and at
 # most LIVE_FLUSH_S (plus a wake-up), however the engine goes on or hangs; the viewer
-# looks for new records every 50 ms (tui.session.POLL_S).
+# looks for new records every 50 ms (tui.session.POLL_S). Its steady steps are encoded
+# at those writes, together (RecorderOptions.batch_s).
 LIVE_FLUSH_S = 0.04
 LIVE_WRITE_S = 0.01
 # The default replay-work budget between snapshots: per pool block, and at least this much
