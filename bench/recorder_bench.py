@@ -5,13 +5,14 @@ next to a naive encoding, for the simulated engine with 256 requests decoding.
 
 Timing: two engines run the same workload side by side, stepped alternately (which one
 goes first swaps every step), one of them recording into a real file as `schedtop run`
-and `sim` do (open_recording: written about every 10 ms as the engine steps; --background:
-encoded and written on the recorder's own thread; --flush-every-step: written at every
-step's end, as before issue 28).
+and `sim` do (open_recording: written about every 10 ms as the engine steps, its steady
+steps encoded then, in one batch; --background: encoded and written on the recorder's own
+thread; --flush-every-step: encoded and written at every step's end, as before issue 28).
 On a machine shared with other work this pairing cancels most of the disturbance that
 separate runs suffer; a control pair with no recorder at all shows what is left of it.
 Per-step medians leave out the steps that write a snapshot; means include them. The
-recorder's own CPU time is measured inside its on_step.
+recorder's own CPU time is measured inside its on_step, in runs of their own: the CPU
+clock's system calls would slow the recorded engine of the runs compared.
 
 Sizes: the step records of steady decode steps, the snapshots amortized over them, and
 the same steps encoded naively (one msgpack map per step: the whole Step plus every
@@ -94,20 +95,20 @@ def warm_up(w: SimWorkload, engine: EngineCore) -> Any:
 
 
 class _Timed:
-    """An event sink wrapper that adds up the time its inner sink takes.
+    """An event sink wrapper that adds up the CPU time its inner sink takes.
 
-    On the perf_counter (wall time inside the call: CPU time but for a preemption, rare
-    in a call this short): the thread's CPU clock is a system call, 0.3-1.5 µs here, and
-    two a step were counted against the recorded engine only (about 0.5% of its step)."""
+    Only in runs of its own (twin_run's `timed`): the thread's CPU clock is a system
+    call, 0.3-1.5 µs here, and two a step slowed the recorded engine only (about 0.5%
+    of its step), in the runs whose step times are compared."""
 
     def __init__(self, inner: Recorder) -> None:
         self.inner = inner
         self.seconds = 0.0
 
     def on_step(self, report: Step) -> None:
-        t = time.perf_counter()
+        t = time.thread_time()
         self.inner.on_step(report)
-        self.seconds += time.perf_counter() - t
+        self.seconds += time.thread_time() - t
 
     def close(self) -> None:
         self.inner.close()
@@ -120,28 +121,31 @@ def twin_run(
     recorded_first: bool,
     every_step: bool = False,
     background: bool = False,
+    timed: bool = False,
 ) -> tuple[list[float], list[float], float]:
     """Per-step wall times of a plain engine and of its twin (recording into `trace`, or
     plain as well when it is None), and the recorder's CPU share of its engine's time.
     The twin records as `schedtop run` and `sim` do (open_recording); `background`: with
     the recorder's encoding thread; `every_step`: into a writer that flushes at every
-    step's end, as they did before issue 28."""
+    step's end, as they did before issue 28. The share is measured only when `timed`
+    (its clock then slows the twin's steps); else it is 0."""
     engines = [make_engine(w), make_engine(w)]
     twin = engines[0] if recorded_first else engines[1]
     plain = engines[1] if recorded_first else engines[0]
-    timed = None
+    clocked = None
     if trace is not None:
         if every_step:  # the recording of before issue 28
             recorder = Recorder(twin, TraceWriter(trace))
         else:
             recorder = open_recording(twin, trace, background=background)
-        timed = _Timed(recorder)
-        twin.sink = timed
+        if timed:
+            clocked = _Timed(recorder)
+            twin.sink = clocked
     runs = [warm_up(w, plain), warm_up(w, twin)]
     threads_cpu = 0.0
-    if timed is not None:
-        timed.seconds = 0.0
-        threads_cpu = -_threads_cpu(timed.inner)
+    if clocked is not None:
+        clocked.seconds = 0.0
+        threads_cpu = -_threads_cpu(clocked.inner)
     times: tuple[list[float], list[float]] = ([], [])
     cpu = time.process_time()
     for i in range(steps):
@@ -151,12 +155,12 @@ def twin_run(
             times[k].append(time.perf_counter() - start)
     cpu = time.process_time() - cpu
     share = 0.0
-    if timed is not None:
+    if clocked is not None:
         # The recorder's own threads (flush timer, encoding thread) count as its cost
         # too: on the simulated engine they take the interpreter from the engine.
-        threads_cpu += _threads_cpu(timed.inner)
+        threads_cpu += _threads_cpu(clocked.inner)
         engines_cpu = cpu - threads_cpu
-        share = (timed.seconds + threads_cpu) / (
+        share = (clocked.seconds + threads_cpu) / (
             engines_cpu * sum(times[1]) / (sum(times[0]) + sum(times[1]))
         )
     for engine in engines:
@@ -306,13 +310,22 @@ def main() -> None:
     shares: list[float] = []
     for i in range(args.runs):
         a, a2, _ = twin_run(w, args.steps, None, i % 2 == 0)
-        plain, rec, share = twin_run(
+        plain, rec, _ = twin_run(
             w,
             args.steps,
             tmp / f"run{i}.trace",
             i % 2 == 0,
             every_step=args.flush_every_step,
             background=args.background,
+        )
+        _, _, share = twin_run(
+            w,
+            args.steps,
+            tmp / f"timed{i}.trace",
+            i % 2 == 0,
+            every_step=args.flush_every_step,
+            background=args.background,
+            timed=True,
         )
         for key, values in (("a", a), ("a2", a2), ("plain", plain), ("rec", rec)):
             pools[key] += values
