@@ -47,7 +47,7 @@ FLUSH_INTERVAL_S = 1.0
 # so only for an engine that stopped stepping (a timer's write costs a wake-up of its
 # thread besides). A step so reaches the file about LIVE_WRITE_S after it ends, and at
 # most LIVE_FLUSH_S (plus a wake-up), however the engine goes on or hangs; the viewer
-# looks for new records every 50 ms (tui.session.POLL_S). Its steady steps are encoded
+# looks for new records every 50 ms (tui.session.POLL_S). Its steps are recorded
 # at those writes, together (RecorderOptions.batch_s).
 LIVE_FLUSH_S = 0.04
 LIVE_WRITE_S = 0.01
@@ -57,7 +57,7 @@ SNAPSHOT_WORK_PER_BLOCK = 3
 MIN_SNAPSHOT_WORK = 16384
 # With a snapshot budget, snapshots are at least this many steps apart however cheap.
 MIN_BUDGET_STEPS = 64
-# With `batch_s`, steady steps waiting to be encoded together: at most this many.
+# With `batch_s`, steps waiting to be compacted and encoded together: at most this many.
 MAX_BATCH = 64
 
 
@@ -159,14 +159,15 @@ class RecorderOptions:
     hangs and is then killed (SIGKILL) so loses at most that much of its last steps;
     without it, records reach the file only as the engine steps (and flushes).
 
-    `batch_s` (with a flush timer, not in the background): steady decode steps are
-    encoded together, on the engine's thread at the end of the first step `batch_s`
-    after the last batch (or of the MAX_BATCH-th step waiting, or before any other
-    record), or by the flush timer once the engine stops stepping for a tick. Encoding
-    a step right after it is mostly the cost of bringing the encoder's code back into
-    the CPU's caches after the engine's step; in a batch that is paid once
-    (docs/benchmarks.md, Recorder). A record so reaches the sink up to `batch_s` later
-    (open_recording: LIVE_WRITE_S, when its writer writes anyway).
+    `batch_s` (with a flush timer, not in the background, without `on_step_record`):
+    steps are compacted and encoded together, on the engine's thread at the end of the
+    first step `batch_s` after the last batch (or of the MAX_BATCH-th step waiting, or
+    of a step a snapshot follows, or before any other record), or by the flush timer
+    once the engine has not stepped for a tick. Recording a step right after it is
+    mostly the cost of bringing the recorder's code back into the CPU's caches after the
+    engine's step; in a batch that is paid once (docs/benchmarks.md, Recorder). A record
+    so reaches the sink up to `batch_s` later (open_recording: LIVE_WRITE_S, when its
+    writer writes anyway); snapshots are placed and taken at their steps as before.
 
     A recording that fails (disk full, or a bug here) stops with one warning and never
     stops the engine, unless `strict` (tests, re-simulation) makes it raise."""
@@ -277,11 +278,11 @@ class Recorder:
         self._step_ends = array("Q")
         self._snapshots: list[tuple[int, int]] = []
         self._counts = [0, 0, 0, 0]  # steps, arrivals, finishes, preemptions
-        # With batch_s: steady steps' fields (encode_steady's arguments) waiting to be
-        # encoded, oldest first. The engine's thread appends; whoever encodes them (the
-        # engine's thread or the flush timer's) holds the lock, which keeps the records
-        # in order: every other record is appended under it, after what waits.
-        self._pending: deque[tuple[Any, ...]] = deque()
+        # With batch_s: the steps (report, time_ns) waiting to be compacted and encoded,
+        # oldest first. The engine's thread appends; whoever encodes them (the engine's
+        # thread or the flush timer's) holds the lock, which keeps the records in order:
+        # every other record is appended under it, after what waits.
+        self._pending: deque[tuple[Step, int]] = deque()
         self._pending_lock = threading.Lock()
         self._batch_ns = int(options.batch_s * 1e9)
         self._batched_ns = 0  # when the last batch was encoded (the steps' clock)
@@ -402,7 +403,7 @@ class Recorder:
         if self._bg is not None:
             self._bg.put(self._append_steady, fields, not due)
         elif self._batch_ns:
-            with self._pending_lock:  # after the steady steps waiting, and in order
+            with self._pending_lock:  # after the steps waiting, and in order
                 self._encode_pending(self._now_ns())
                 self._append_steady(fields, not due)
         else:
@@ -465,7 +466,7 @@ class Recorder:
         """The flush timer's tick (on the recorder's own thread, not the engine's): writes
         out what is buffered unless the sink wrote in the last tick's time. A record so
         waits at most two ticks (one interval), and the writes of an engine that steps
-        stay on its thread, where they cost less than a wake-up of this one. Steady steps
+        stay on its thread, where they cost less than a wake-up of this one. Steps
         waiting to be encoded (batch_s) are encoded here once the engine's thread has
         not for a tick: it stopped stepping."""
         if self._pending and self._now_ns() - self._batched_ns >= self._tick_s * 1e9:
@@ -506,6 +507,7 @@ class Recorder:
         if self._bg is not None:
             self._bg.close()  # every record queued is appended: the footer indexes them
         try:
+            self._flush_pending()  # before the footer, which indexes them
             if self.error is None and self.sink.error is None:
                 offset = self._append(self._footer(stopped))
                 self._append(End(offset))
@@ -522,6 +524,9 @@ class Recorder:
             self.error = self.sink.error
             return
         time_ns = self._clock() - self._t0
+        if self._batch_ns and self.on_step_record is None:
+            self._batch(report, time_ns)
+            return
         compactor = self._compactor
         # Most steps of a busy engine: the path of on_steady_step, which costs what the
         # record holds (no Step built, no general encoder over its 28 fields).
@@ -556,28 +561,11 @@ class Recorder:
 
     def _write_steady(self, report: Step, time_ns: int) -> None:
         """_record_steady's work for a steady `report` on the engine's thread, with no
-        list of fields in between: the record's bytes straight from the report (or with
-        `batch_s`, its fields put aside to be encoded with the next ones).
-
-        Right after the engine's step this code and its data are out of the CPU's caches,
-        where each call costs several times what it does in a loop (measured in context,
-        docs/benchmarks.md: encoding a step took 37 µs, the step before it, right after,
-        17), so the counting of _due and _written is done here inline."""
+        list of fields in between: the record's bytes straight from the report."""
         n = len(report.scheduled)
         kv = report.kv_events
-        self._work = work = self._work + 1 + n + len(kv.block_ids)
-        self._steps = steps = self._steps + 1
-        if steps >= self.snapshot_interval or 0 < self.snapshot_work <= work:
-            due = True
-        elif self.snapshot_budget:
-            due = self._budget_due(report.schedule_ns + report.update_ns)
-        else:
-            due = False
-        compactor = self._compactor
-        # The queue is the same as before (is_steady compared it): keep the report's
-        # tuple, which the next step's comparison then finds in cache.
-        compactor.running = report.running or ()
-        fields = (
+        due = self._due(1 + n + len(kv.block_ids), report.schedule_ns + report.update_ns)
+        body = encode_steady(
             report.step,
             time_ns,
             report.schedule_ns,
@@ -585,52 +573,89 @@ class Recorder:
             report.token_budget,
             n,
             None,  # sample_counts: one sample each in a steady step
-            None if compactor.redact else report.sampled_tokens,
+            None if self._compactor.redact else report.sampled_tokens,
             kv,
             report.free_blocks_after_schedule,
             report.free_blocks,
             report.work_ns,
         )
-        if self._batch_ns:
-            pending = self._pending
-            pending.append(fields)
-            # A snapshot follows a due step: the batch goes first (the snapshot's _put
-            # would encode it too; here it ends without a boundary, as below).
-            if due or time_ns - self._batched_ns >= self._batch_ns or len(pending) >= MAX_BATCH:
-                with self._pending_lock:
-                    self._encode_pending(time_ns, last_boundary=not due)
-        else:
-            body = encode_steady(*fields)
-            sink = self.sink
-            self._step_offsets.append(sink.append(RecordType.STEP, body, boundary=not due))
-            self._step_ends.append(sink.offset)
-        if due:
-            self._written(True)
-        else:
-            self._counts[0] += 1
+        self._index_step(self.sink.append(RecordType.STEP, body, boundary=not due))
+        self._written(due)
+
+    def _batch(self, report: Step, time_ns: int) -> None:
+        """With batch_s: `report` waits to be compacted and encoded with the next steps'
+        (_encode_pending), all but what places snapshots, which is counted now.
+
+        Right after the engine's step the recorder's code is out of the CPU's caches,
+        where each call costs several times what it does in a loop: measured in context
+        (docs/benchmarks.md, Recorder), the first step of a batch took 66 µs to encode
+        and the next ones 22, 17, 15, 14; so a step costs the engine's thread only this."""
+        # replay_work of the compacted record, from the report: compacting moves leading
+        # entries into num_decodes and leaves the other counts alone.
+        arrivals, finishes, preemptions = (
+            len(report.arrivals),
+            len(report.finishes),
+            len(report.preemptions),
+        )
+        work = (
+            1
+            + report.num_decodes
+            + len(report.scheduled)
+            + len(report.kv_events.block_ids)
+            + arrivals
+            + finishes
+            + preemptions
+        )
+        due = self._due(work, report.schedule_ns + report.update_ns)
+        pending = self._pending
+        pending.append((report, time_ns))
+        # A snapshot follows a due step: the batch goes first, its last record without a
+        # boundary (the snapshot ends the flush unit).
+        if due or time_ns - self._batched_ns >= self._batch_ns or len(pending) >= MAX_BATCH:
+            with self._pending_lock:
+                self._encode_pending(time_ns, last_boundary=not due)
+        self._written(due, arrivals, finishes, preemptions)
 
     def _encode_pending(self, now_ns: int, last_boundary: bool = True) -> None:
-        """Encode and append the steady steps waiting (the caller holds _pending_lock),
+        """Compact, encode and append the steps waiting (the caller holds _pending_lock),
         in order; only the last ends a flush unit, so the writer writes the batch at
         once."""
         pending = self._pending
         self._batched_ns = now_ns
+        compactor = self._compactor
         sink = self.sink
         append, offsets, ends = sink.append, self._step_offsets, self._step_ends
         while pending:
-            fields = pending.popleft()
+            report, time_ns = pending.popleft()
             if self.error is not None:
                 continue  # recording stopped: what waits is dropped, as later steps are
             try:
-                body = encode_steady(*fields)
+                if not report.num_decodes and compactor.is_steady(report):
+                    body = encode_steady(
+                        report.step,
+                        time_ns,
+                        report.schedule_ns,
+                        report.update_ns,
+                        report.token_budget,
+                        len(report.scheduled),
+                        None,  # sample_counts: one sample each in a steady step
+                        None if compactor.redact else report.sampled_tokens,
+                        report.kv_events,
+                        report.free_blocks_after_schedule,
+                        report.free_blocks,
+                        report.work_ns,
+                    )
+                    rtype: int = RecordType.STEP
+                else:
+                    rtype, body = encode(compactor.compact(report, time_ns))
                 boundary = last_boundary if not pending else False
-                offsets.append(append(RecordType.STEP, body, boundary=boundary))
+                offsets.append(append(rtype, body, boundary=boundary))
                 ends.append(sink.offset)
             except Exception as e:
-                self._failed(fields[0], e)
+                self._failed(report.step, e)
 
     def _flush_pending(self) -> None:
-        """Append the steady steps waiting, before any other record (any thread)."""
+        """Append the steps waiting, before any other record (any thread)."""
         if self._pending:
             with self._pending_lock:
                 self._encode_pending(self._clock() - self._t0)
@@ -686,7 +711,7 @@ class Recorder:
         if self._bg is not None:
             self._bg.put(self._append_then, record, boundary, then, encoded)
         elif self._batch_ns:
-            with self._pending_lock:  # after the steady steps waiting, and in order
+            with self._pending_lock:  # after the steps waiting, and in order
                 self._encode_pending(self._now_ns())
                 self._append_then(record, boundary, then, encoded)
         else:
@@ -718,7 +743,7 @@ class Recorder:
     def _append(self, record: Record, boundary: bool = False) -> int:
         rtype, body = encode(record)
         if self._batch_ns:
-            with self._pending_lock:  # after the steady steps waiting, and in order
+            with self._pending_lock:  # after the steps waiting, and in order
                 self._encode_pending(self._now_ns())
                 return self.sink.append(rtype, body, boundary=boundary)
         return self.sink.append(rtype, body, boundary=boundary)
@@ -824,7 +849,7 @@ def open_recording(
             model=model,
             flush_interval_s=interval,
             background=background,
-            # Steady steps encoded together at the writer's own pace (its writes are
+            # Steps recorded together at the writer's own pace (its writes are
             # LIVE_WRITE_S apart at most as the engine steps): no later in the file.
             batch_s=0.0 if background else LIVE_WRITE_S,
         )
