@@ -42,7 +42,7 @@ class Background:
         self,
         name: str = "trace-encoder",
         max_queued: int = MAX_QUEUED,
-        tick: Callable[[], None] | None = None,
+        tick: Callable[[], object] | None = None,  # what it returns is not used
         tick_s: float = 0.0,
     ) -> None:
         if tick is not None and not tick_s > 0:

@@ -125,6 +125,11 @@ class TraceWriter:
         with self._side:
             self._flush()
 
+    def since_write(self) -> float:
+        """Seconds since the last flush (the recorder's flush timer wakes an interval
+        after it)."""
+        return self._clock() - self._last_flush
+
     def flush_buffered(self, min_age_s: float = 0.0) -> None:
         """`flush` if anything is buffered and nothing was written for `min_age_s`, from
         any thread: the recorder's flush timer, which writes out the steps of an engine
