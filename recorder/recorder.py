@@ -43,9 +43,9 @@ FLUSH_INTERVAL_S = 1.0
 # batches rather than at every step's end: one write(2) per step was about a fifth of the
 # recorder's cost on the simulated engine (docs/benchmarks.md, Recorder). The engine's
 # thread writes at the end of the first step LIVE_WRITE_S after the last write; the flush
-# timer (LIVE_FLUSH_S, ticking twice an interval) writes only after a tick with no write,
-# so only for an engine that stopped stepping (a timer's write costs a wake-up of its
-# thread besides). A step so reaches the file about LIVE_WRITE_S after it ends, and at
+# timer (LIVE_FLUSH_S, waking an interval after the last write) writes only when nothing
+# was written for half an interval, so only for an engine that stopped stepping (a
+# timer's write costs a wake-up of its thread besides). A step so reaches the file about LIVE_WRITE_S after it ends, and at
 # most LIVE_FLUSH_S (plus a wake-up), however the engine goes on or hangs; the viewer
 # looks for new records every 50 ms (tui.session.POLL_S). Its steps are recorded
 # at those writes, together (RecorderOptions.batch_s).
@@ -289,9 +289,10 @@ class Recorder:
         self.header = self._header(engine, options, start_ns)
         self._append(self.header, boundary=True)
         # Started after the header: from here on only its thread appends to the sink.
-        # The timer ticks twice an interval, and a tick writes out everything appended
-        # before it unless the sink wrote within the last tick: a record waits at most one
-        # interval (plus a wake-up) to reach the file.
+        # The timer wakes an interval after the sink's last write (the background thread:
+        # twice an interval) and writes out everything appended before it unless the sink
+        # wrote within half an interval: a record waits at most one interval (plus a
+        # wake-up) to reach the file.
         tick = None if options.flush_interval_s is None else self._timed_flush
         self._tick_s = tick_s = (options.flush_interval_s or 0.0) / 2
         self._bg = Background(tick=tick, tick_s=tick_s) if options.background else None
