@@ -45,10 +45,11 @@ FLUSH_INTERVAL_S = 1.0
 # thread writes at the end of the first step LIVE_WRITE_S after the last write; the flush
 # timer (LIVE_FLUSH_S, waking an interval after the last write) writes only when nothing
 # was written for half an interval, so only for an engine that stopped stepping (a
-# timer's write costs a wake-up of its thread besides). A step so reaches the file about LIVE_WRITE_S after it ends, and at
-# most LIVE_FLUSH_S (plus a wake-up), however the engine goes on or hangs; the viewer
-# looks for new records every 50 ms (tui.session.POLL_S). Its steps are recorded
-# at those writes, together (RecorderOptions.batch_s).
+# timer's write costs a wake-up of its thread besides). A step so reaches the file about
+# LIVE_WRITE_S after it ends, and at most LIVE_FLUSH_S (plus a wake-up), however the
+# engine goes on or hangs; the viewer looks for new records every 50 ms
+# (tui.session.POLL_S). Its steps are recorded at those writes, together
+# (RecorderOptions.batch_s).
 LIVE_FLUSH_S = 0.04
 LIVE_WRITE_S = 0.01
 # The default replay-work budget between snapshots: per pool block, and at least this much
@@ -474,8 +475,8 @@ class Recorder:
         twice an interval): an interval after the sink's last write, or after now. A
         record appended after that write then waits at most one interval (plus a
         wake-up), and an engine that writes every LIVE_WRITE_S wakes this thread about
-        once an interval, not twice (measured: 100-160 µs of CPU a wake here, and the
-        interpreter handed over and back)."""
+        once an interval, not twice (measured: 130-190 µs of CPU a wake at a load of
+        5-7 here, and the interpreter handed over and back)."""
         tick_s = self._tick_s
         if self._pending and self._now_ns() - self._batched_ns >= tick_s * 1e9:
             self._flush_pending()
@@ -483,11 +484,11 @@ class Recorder:
         flush = getattr(sink, "flush_buffered", None)
         if flush is not None and self.error is None:
             flush(tick_s)
-        since = getattr(sink, "since_write", None)
-        interval = 2 * tick_s
-        if since is None:
+        since_write = getattr(sink, "since_write", None)
+        if since_write is None:
             return tick_s
-        return max(interval - since(), tick_s / 4) if since() < interval else interval
+        interval, since = 2 * tick_s, since_write()
+        return max(interval - since, tick_s / 4) if since < interval else interval
 
     def drain(self) -> None:
         """Wait until every record so far is in the sink (in the background: appended)."""
