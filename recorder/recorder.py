@@ -487,8 +487,8 @@ class Recorder:
         since_write = getattr(sink, "since_write", None)
         if since_write is None:
             return tick_s
-        interval, since = 2 * tick_s, since_write()
-        return max(interval - since, tick_s / 4) if since < interval else interval
+        interval = 2 * tick_s
+        return min(interval, max(interval - since_write(), tick_s / 4))
 
     def drain(self) -> None:
         """Wait until every record so far is in the sink (in the background: appended)."""
