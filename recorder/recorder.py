@@ -488,7 +488,9 @@ class Recorder:
         if since_write is None:
             return tick_s
         interval = 2 * tick_s
-        return min(interval, max(interval - since_write(), tick_s / 4))
+        wait = interval - since_write()
+        # Nothing written for an interval (idle: nothing to write), or a clock gone back.
+        return interval if not 0 < wait <= interval else max(wait, tick_s / 4)
 
     def drain(self) -> None:
         """Wait until every record so far is in the sink (in the background: appended)."""
