@@ -752,3 +752,23 @@ def test_batching_needs_the_flush_timer_and_not_the_background() -> None:
         RecorderOptions(batch_s=0.01, flush_interval_s=1.0, background=True)
     with pytest.raises(ValueError, match="batch_s=-1"):
         RecorderOptions(batch_s=-1)
+
+
+def test_the_flush_timer_wakes_an_interval_after_the_last_write(tmp_path: Path) -> None:
+    """Without a background thread the timer asks to wake an interval after the sink's
+    last write (a record appended since then waits at most that), never later, and an
+    idle sink's timer once an interval, not more often."""
+    from engine.sim.driver import make_engine
+
+    now = [100.0]
+    writer = TraceWriter(tmp_path / "t.trace", live=False, clock=lambda: now[0])
+    engine = make_engine(load_workload(demo_workload_path()))
+    recorder = Recorder(engine, writer, RecorderOptions(flush_interval_s=1.0))
+    try:
+        writer.flush()  # the header: the last write, at 100.0; nothing is buffered after
+        # (age of the last write, wait): 5.0 is an idle sink, -1.0 a clock gone back.
+        for age, wait in ((0.0, 1.0), (0.3, 0.7), (0.99, 0.125), (5.0, 1.0), (-1.0, 1.0)):
+            now[0] = 100.0 + age
+            assert recorder._timed_flush() == pytest.approx(wait)
+    finally:
+        engine.close()
