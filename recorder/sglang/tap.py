@@ -457,7 +457,7 @@ class Tap(TapEngine):
         import threading
 
         timer_ns = 0
-        for thread in threading.enumerate():  # the Recorder's flush timer (recorder.background)
+        for thread in threading.enumerate():  # the Recorder's flush timer (its _Ticker)
             if thread.name == "trace-flush-timer" and thread.native_id is not None:
                 with open(f"/proc/self/task/{thread.native_id}/schedstat") as f:
                     timer_ns += int(f.read().split()[0])
