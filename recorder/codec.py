@@ -204,7 +204,9 @@ class _KVColumns(Struct[KVEvents]):
         ]
 
     def dec(self, v: Any) -> KVEvents:
-        kv = super().dec(v)
+        kv = self._plain(v) if type(v) is tuple and 4 <= len(v) <= 5 else None
+        if kv is None:
+            kv = super().dec(v)  # the general path, which names a column that is wrong
         kinds, sizes = kv.kinds, kv.sizes
         if len(sizes) != len(kinds) or sum(sizes) != len(kv.block_ids):
             raise Bad("event kinds, sizes and blocks do not add up")
@@ -219,6 +221,33 @@ class _KVColumns(Struct[KVEvents]):
         ):
             raise Bad("event refs, hashes or hit tokens do not match the event kinds")
         return kv
+
+    @staticmethod
+    def _plain(v: tuple[Any, ...]) -> KVEvents | None:
+        """The columns of a step with no prefix hits (the usual four or five), unpacked
+        without the general path's per-column codec calls: a live view decodes thousands
+        of steps a second. None when a column is not what it should be: the general path
+        then says which."""
+        kinds, refs, sizes, blocks = v[0], v[1], v[2], v[3]
+        hashes = v[4] if len(v) == 5 else b""
+        if not (
+            type(kinds) is bytes
+            and type(refs) is bytes
+            and type(sizes) is bytes
+            and type(blocks) is bytes
+            and type(hashes) is bytes
+        ):
+            return None
+        try:
+            return KVEvents(
+                unpack_ints(kinds),
+                unpack_ints(refs),
+                unpack_ints(sizes),
+                unpack_ints(blocks),
+                HASHES.dec(hashes) if hashes else (),
+            )
+        except Bad:
+            return None
 
 
 KV_EVENTS = _KVColumns(
@@ -285,7 +314,24 @@ HEADER = Body(
         (13, "kv_pool", STR),
     ],
 )
-STEP = Body(
+
+
+class _StepBody(Body[Step]):
+    """The step record's table, with a path of its own for a steady decode step's body
+    (the fields STEADY_FIELDS names but sample_counts, the usual record of a busy
+    engine): a live view decodes thousands of them a second, and the general loop calls
+    a codec per field."""
+
+    def decode(self, body: bytes) -> Step:
+        obj = unpack_body(body)
+        if type(obj) is dict and obj.keys() <= _PLAIN_KEYS:
+            step = _plain_step(obj)
+            if step is not None:
+                return step
+        return self.decode_map(obj)  # the general path, which names what is wrong
+
+
+STEP = _StepBody(
     Step,
     [
         (0, "step", UINT),
@@ -338,6 +384,43 @@ STEADY_FIELDS = (
     "work_ns",
 )
 _STEP_KEYS = {name: key for key, name, _ in STEP.fields}
+# The keys _plain_step decodes: a steady step's but sample_counts (14).
+_PLAIN_KEYS = frozenset((0, 1, 2, 3, 4, 6, 15, 18, 19, 20, 25))
+_UINTS = (0, 1, 2, 3, 4, 6, 19, 20, 25)  # its unsigned scalars (step is required)
+
+
+def _plain_step(obj: dict[Any, Any]) -> Step | None:
+    """The Step of a body whose keys are all in _PLAIN_KEYS, with every check the
+    general path makes; None when one fails (the general path then says which)."""
+    get = obj.get
+    scalars = [get(key, 0) for key in _UINTS]
+    if (
+        0 not in obj
+        or set(map(type, scalars)) != {int}
+        or min(scalars) < 0
+        or set(map(type, obj)) != {int}  # True == 1: the general path skips such keys
+    ):
+        return None
+    sampled = get(15)
+    kv = get(18)
+    try:
+        return Step(
+            step=scalars[0],
+            time_ns=scalars[1],
+            schedule_ns=scalars[2],
+            update_ns=scalars[3],
+            token_budget=scalars[4],
+            num_decodes=scalars[5],
+            sampled_tokens=None if sampled is None else INTS.dec(sampled),
+            kv_events=NO_KV_EVENTS if kv is None else KV_EVENTS.dec(kv),
+            free_blocks_after_schedule=scalars[6],
+            free_blocks=scalars[7],
+            work_ns=scalars[8],
+        )
+    except Bad:
+        return None
+
+
 # encode_steady writes these keys by hand: the table above is what they must be.
 assert [_STEP_KEYS[name] for name in STEADY_FIELDS] == [0, 1, 2, 3, 4, 6, 14, 15, 18, 19, 20, 25]
 

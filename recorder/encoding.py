@@ -56,6 +56,7 @@ _TYPECODES = {w: next(tc for tc in "BHILQ" if array(tc).itemsize == w) for w in 
 _STRUCT_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
 _WIDTH_BYTE = {w: bytes((w,)) for w in (1, 2, 4, 8)}
 _PACKERS: dict[tuple[int, int], Callable[..., bytes]] = {}
+_UNPACKERS: dict[tuple[int, int], Callable[..., tuple[int, ...]]] = {}
 
 
 class Bad(Exception):
@@ -242,6 +243,17 @@ def unpack_ints(data: bytes) -> tuple[int, ...]:
         raise Bad(f"integer array of {len(data) - 1} bytes is not a multiple of width {width}")
     if not _spend((len(data) - 1) // width):
         raise Bad(f"the record holds more than {MAX_RECORD_INTS} integers")
+    n = (len(data) - 1) // width
+    if n <= 1024:
+        # One cached C-level unpacker per length and width, reading the values straight
+        # into a tuple: no copy of the bytes, no array, no byte swapping (a step's KV
+        # columns are a few of these each, thousands of steps a second in a live view).
+        unpack = _UNPACKERS.get((n, width))
+        if unpack is None:
+            unpack = _UNPACKERS[(n, width)] = struct.Struct(
+                f"<{n}{_STRUCT_CODES[width]}"
+            ).unpack_from
+        return unpack(data, 1)  # type: ignore[no-any-return]
     if width == 1:
         return tuple(data[1:])  # bytes are read as their values: no array needed
     values = array(typecode)
@@ -526,7 +538,10 @@ class Body(Generic[T]):
         return encode
 
     def decode(self, body: bytes) -> T:
-        obj = unpack_body(body)
+        return self.decode_map(unpack_body(body))
+
+    def decode_map(self, obj: Any) -> T:
+        """decode() of the body's msgpack, unpacked already."""
         if type(obj) is not dict:
             raise Bad(f"expected a map, got {kind_of(obj)}")
         kwargs: dict[str, Any] = {}

@@ -146,6 +146,9 @@ class _Apply:
         s, rec = self.s, self.rec
         if rec.step != s.step + 1:
             raise Inconsistent(f"step {rec.step} applied after step {s.step}")
+        if not self.view and _steady(rec):
+            self._steady()
+            return None
         self._arrivals()
         try:
             decoders = leading_decodes(
@@ -168,6 +171,30 @@ class _Apply:
         if not self.view:
             return None
         return StepView(rec, entries, samples, tuple(self.kv_view), self.names)
+
+    def _steady(self) -> None:
+        """run() for a step in which the leading decodes are all that is scheduled, one
+        token each, and no request arrives, moves between queues or finishes (_steady):
+        most steps of a busy engine, which a live view applies thousands of a second.
+        The same checks and the same state as the general path, without its passes over
+        what the record does not hold."""
+        s, rec = self.s, self.rec
+        try:
+            decoders = leading_decodes(s.running, rec.num_decodes, ())
+        except ValueError as e:
+            raise Inconsistent(str(e)) from None
+        self._kv_events()
+        reqs = s.requests
+        for ref in decoders:
+            r = reqs[ref]
+            r.num_computed_tokens += 1
+            r.num_output_tokens += 1  # a decode follows a sample: never the first
+        tokens = rec.sampled_tokens
+        if tokens is not None and len(tokens) != len(decoders):
+            raise Inconsistent(f"{len(tokens)} sampled tokens, the counts say {len(decoders)}")
+        if len(s.free) != rec.free_blocks:
+            raise Inconsistent(f"{len(s.free)} free blocks, the record says {rec.free_blocks}")
+        s.step = rec.step
 
     # -- requests --------------------------------------------------------------------------
 
@@ -415,6 +442,24 @@ class _Apply:
             if not 0 < b < s.num_blocks or b in s.block_hashes:
                 raise Inconsistent(f"block {b} cannot be cached (outside the pool or cached)")
             s.block_hashes[b] = h
+
+
+def _steady(rec: Step) -> bool:
+    """Whether step `rec` holds nothing but its leading decodes (one token and one sample
+    each), its KV events and its counters: _Apply._steady applies it."""
+    return not (
+        rec.arrivals
+        or rec.admissions
+        or rec.preemptions
+        or rec.finishes
+        or rec.scheduled
+        or rec.other_samples
+        or rec.spec_accepted
+        or rec.decode_skips
+        or rec.sample_counts is not None
+        or rec.running is not None
+        or rec.waiting is not None
+    )
 
 
 def arrived(a: Arrival, step: int) -> RequestState:

@@ -73,7 +73,7 @@ def digest(
     `prefix_caching`: the run caches prefixes, so an admission with no hit is a miss.
     `cached_by`: block id -> the request that filled it last (History keeps it).
     `evictions`: _evictions(rec), when the caller has them already."""
-    arrived = {a.ref: a.request_id for a in rec.arrivals}
+    arrived = {a.ref: a.request_id for a in rec.arrivals} if rec.arrivals else {}
 
     def name(ref: int) -> str:
         return names.get(ref) or arrived.get(ref, f"#{ref}")
@@ -90,6 +90,16 @@ def digest(
             queries += lookups.get(a.ref, a.cached_tokens)
     if evictions is None:
         evictions = _evictions(rec)
+    if rec.arrivals or rec.admissions or rec.preemptions or rec.finishes or rec.evicted_slots:
+        events = tuple(
+            step_events(rec, name, lookups if prefix_caching else None, cached_by, evictions)
+        )
+    else:
+        # Most steps of a busy engine: decodes, and at most a block or two evicted. A
+        # live view digests every one of thousands a second, so the other kinds' empty
+        # passes are not made.
+        events = tuple(_evicted(rec.step, evictions, name, cached_by)) if evictions else ()
+    scheduled = rec.num_scheduled_tokens if rec.scheduled else rec.num_decodes
     return Digest(
         rec.step,
         rec.time_ns,
@@ -98,13 +108,13 @@ def digest(
         len(after.waiting),
         rec.free_blocks,
         len(rec.preemptions),
-        rec.num_scheduled_tokens,
-        tuple(step_events(rec, name, lookups if prefix_caching else None, cached_by, evictions)),
+        scheduled,
+        events,
         () if leading is None else unscheduled(rec, leading, after),
         hits,
         queries,
         # a token pool's (format 1.8) are slots, which are its blocks (block_size 1)
-        sum(len(blocks) for blocks, _ in evictions) + rec.evicted_slots,
+        (sum([len(blocks) for blocks, _ in evictions]) if evictions else 0) + rec.evicted_slots,
     )
 
 
@@ -176,6 +186,9 @@ def _whose(
     """(" (12 of t00, 3 of t01)", their ids): whose cached blocks they were, where known."""
     if not cached_by:
         return "", ()
+    if len(blocks) == 1:  # the usual eviction: one block, for one decode's allocation
+        who = cached_by.get(blocks[0])
+        return ("", ()) if who is None else (f" (1 of {who})", (who,))
     counts: dict[str, int] = {}
     for b in blocks:
         who = cached_by.get(b)
@@ -222,17 +235,7 @@ def step_events(
             cache = f", {a.cached_tokens} tokens cached" if a.cached_tokens else ""
         admits.append((rid, f"{rid} {verb}{cache}"))
     yield from _listed(s, "admit", admits, "admitted")
-    for blocks, ref in _evictions(rec) if evictions is None else evictions:
-        who = name(ref) if ref is not None else ""
-        n = len(blocks)
-        whose, owners = _whose(blocks, cached_by)
-        yield Event(
-            s,
-            "evict",
-            f"{n} cached {'block' if n == 1 else 'blocks'} evicted{whose}"
-            + (f" for {who}" if who else ""),
-            (*((who,) if who else ()), *owners),
-        )
+    yield from _evicted(s, _evictions(rec) if evictions is None else evictions, name, cached_by)
     if rec.evicted_slots:
         # a token pool (SGLang, format 1.8) counts its evictions without naming slots, and
         # its radix cache evicts for the batch, not for one request
@@ -263,6 +266,26 @@ def step_events(
         (aborts if bad else finishes).append((rid, text))
     yield from _listed(s, "finish", finishes, "finished")
     yield from _listed(s, "abort", aborts, "aborted or failed")
+
+
+def _evicted(
+    s: int,
+    evictions: list[tuple[tuple[int, ...], int | None]],
+    name: Callable[[int], str],
+    cached_by: Mapping[int, str] | None,
+) -> Iterable[Event]:
+    """The event lines of a step's evictions of cached blocks (_evictions)."""
+    for blocks, ref in evictions:
+        who = name(ref) if ref is not None else ""
+        n = len(blocks)
+        whose, owners = _whose(blocks, cached_by)
+        yield Event(
+            s,
+            "evict",
+            f"{n} cached {'block' if n == 1 else 'blocks'} evicted{whose}"
+            + (f" for {who}" if who else ""),
+            (*((who,) if who else ()), *owners),
+        )
 
 
 def _listed(step: int, kind: str, items: list[tuple[str, str]], verb: str) -> Iterable[Event]:
