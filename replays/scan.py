@@ -19,7 +19,7 @@ from recorder.schema import Step
 from replays.state import State
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per step a live view follows (frozen init costs 4x)
 class Digested:
     """A step record as another walk of the same trace (the TUI session's) has decoded
     and applied it, for a scan that has got just that far to count without reading it."""
