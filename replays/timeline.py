@@ -142,11 +142,11 @@ class Timeline:
 
     def record(self, step: int) -> Step:
         """The step record of `step`."""
-        self._check(step)
         rec = self._records.get(step)
-        if rec is not None:
+        if rec is not None:  # only steps in the trace are cached: no _check needed
             self._records.move_to_end(step)
             return rec
+        self._check(step)
         rec = cast(Step, self.reader.read_at(self._offsets[step - self.first_step]).record)
         if not isinstance(rec, Step) or rec.step != step:
             raise TraceError(
@@ -192,9 +192,12 @@ class Timeline:
         if self._cur is not None and self._cur_step == step - 1:
             # The next step (a walk forwards, a live view following): the working state
             # is always the cheapest start, and one step allocates too little for the
-            # collector to matter.
+            # collector to matter. _advance over one step, inline: a live view takes
+            # this path for every step an engine writes.
             state, self._cur = self._cur, None  # until applied, the state is nobody's
-            self._advance(state, step - 1, step, keep=keyframes)
+            apply(state, self.record(step), self._offsets[step - self.first_step])
+            if keyframes and step % self.keyframe_interval == 0 and step not in self._keyframes:
+                self._keep(step, state.copy())
             self._cur, self._cur_step = state, step
             return state
         # Walking backwards (a short move back), the steps just before this one come next:
@@ -297,7 +300,7 @@ class Timeline:
         return self._sorted_keys
 
     def _check(self, step: int) -> None:
-        if not self.first_step <= step <= self.last_step:
+        if not 0 <= step - self.first_step < len(self._offsets):
             raise IndexError(
                 f"step {step} is not in this trace ({self.first_step}..{self.last_step})"
             )

@@ -498,6 +498,9 @@ def names_before(
     """The ids of the requests step `rec` mentions, from the state before it (take them
     before the Timeline moves that state on). `evictions`: _evictions(rec), if made."""
     reqs = before.requests
+    if evictions is not None and not (rec.admissions or rec.preemptions or rec.finishes):
+        # a decode step's: only the requests whose allocations evicted cached blocks
+        return {ref: reqs[ref].request_id for _, ref in evictions if ref in reqs}
     return {ref: reqs[ref].request_id for ref in _mentioned(rec, evictions) if ref in reqs}
 
 
