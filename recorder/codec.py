@@ -97,7 +97,32 @@ class _Bias(Codec[tuple[tuple[int, float], ...]]):
         return tuple(out)
 
 
-SAMPLING = Struct(
+class _Sampling(Struct[SamplingParams]):
+    """SamplingParams, decoded once per distinct encoding: most requests of a run sample
+    alike, and building one checks every range (a third of decoding an arrival, which a
+    live view does for every request). Cached by value and by each value's type (True
+    equals 1, and is not an unsigned integer); bias pairs, whose types nest, are not."""
+
+    __slots__ = ("_seen",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._seen: dict[tuple[Any, ...], SamplingParams] = {}
+
+    def dec(self, v: Any) -> SamplingParams:
+        if type(v) is not tuple or len(v) > _BIAS_FIELD:
+            return super().dec(v)
+        key = (v, tuple(map(type, v)))
+        params = self._seen.get(key)
+        if params is None:
+            params = super().dec(v)
+            if len(self._seen) >= 256:
+                self._seen.clear()
+            self._seen[key] = params
+        return params
+
+
+SAMPLING = _Sampling(
     SamplingParams,
     [
         ("max_tokens", UINT),
@@ -118,6 +143,7 @@ SAMPLING = Struct(
     ],
     required=1,  # max_tokens: SamplingParams defaults it, the format does not
 )
+_BIAS_FIELD = SAMPLING.names.index("logit_bias")
 ARRIVAL = Struct(
     Arrival,
     [
@@ -204,9 +230,11 @@ class _KVColumns(Struct[KVEvents]):
         ]
 
     def dec(self, v: Any) -> KVEvents:
-        kv = self._plain(v) if type(v) is tuple and 4 <= len(v) <= 5 else None
-        if kv is None:
-            kv = super().dec(v)  # the general path, which names a column that is wrong
+        if type(v) is tuple and 4 <= len(v) <= 5:
+            plain = _plain_kv(v)
+            if plain is not None:
+                return plain
+        kv = super().dec(v)  # the general path, which names a column that is wrong
         kinds, sizes = kv.kinds, kv.sizes
         if len(sizes) != len(kinds) or sum(sizes) != len(kv.block_ids):
             raise Bad("event kinds, sizes and blocks do not add up")
@@ -222,32 +250,59 @@ class _KVColumns(Struct[KVEvents]):
             raise Bad("event refs, hashes or hit tokens do not match the event kinds")
         return kv
 
-    @staticmethod
-    def _plain(v: tuple[Any, ...]) -> KVEvents | None:
-        """The columns of a step with no prefix hits (the usual four or five), unpacked
-        without the general path's per-column codec calls: a live view decodes thousands
-        of steps a second. None when a column is not what it should be: the general path
-        then says which."""
-        kinds, refs, sizes, blocks = v[0], v[1], v[2], v[3]
-        hashes = v[4] if len(v) == 5 else b""
-        if not (
-            type(kinds) is bytes
-            and type(refs) is bytes
-            and type(sizes) is bytes
-            and type(blocks) is bytes
-            and type(hashes) is bytes
-        ):
-            return None
-        try:
-            return KVEvents(
-                unpack_ints(kinds),
-                unpack_ints(refs),
-                unpack_ints(sizes),
-                unpack_ints(blocks),
-                HASHES.dec(hashes) if hashes else (),
+
+# A step's KV event kinds and sizes, checked, by their encoding: (kinds, sizes, blocks,
+# events with a request, cached blocks). Decode steps repeat a few shapes (a block
+# allocated, cached, evicted), so most steps skip unpacking and checking them.
+_Shape = tuple[tuple[int, ...], tuple[int, ...], int, int, int]
+_SHAPES: dict[tuple[bytes, bytes], _Shape] = {}
+
+
+def _plain_kv(v: tuple[Any, ...]) -> KVEvents | None:
+    """The KV columns of a step with no prefix hits (the usual four or five), with the
+    general path's checks but without its per-column codec calls: a live view decodes
+    thousands of steps a second. None when anything is not what it should be: the
+    general path then says what."""
+    kinds_b, refs_b, sizes_b, blocks_b = v[0], v[1], v[2], v[3]
+    hashes_b = v[4] if len(v) == 5 else b""
+    if not (
+        type(kinds_b) is bytes
+        and type(refs_b) is bytes
+        and type(sizes_b) is bytes
+        and type(blocks_b) is bytes
+        and type(hashes_b) is bytes
+    ):
+        return None
+    key = (kinds_b, sizes_b)
+    shape = _SHAPES.get(key)
+    try:
+        if shape is None:
+            kinds, sizes = unpack_ints(kinds_b), unpack_ints(sizes_b)
+            if (
+                len(sizes) != len(kinds)
+                or (kinds and max(kinds) > _EVICTED)
+                or _PREFIX_HIT in kinds
+            ):
+                return None
+            shape = (
+                kinds,
+                sizes,
+                sum(sizes),
+                len(kinds) - kinds.count(_EVICTED),
+                sum([n for k, n in zip(kinds, sizes) if k == _CACHED]),
             )
-        except Bad:
-            return None
+            if len(kinds_b) <= 65:  # (short columns only: a bound on what is kept)
+                if len(_SHAPES) >= 1024:
+                    _SHAPES.clear()
+                _SHAPES[key] = shape
+        kinds, sizes, num_blocks, with_ref, cached = shape
+        refs, blocks = unpack_ints(refs_b), unpack_ints(blocks_b)
+        hashes = HASHES.dec(hashes_b) if hashes_b else ()
+    except Bad:
+        return None
+    if len(refs) != with_ref or len(blocks) != num_blocks or len(hashes) != cached:
+        return None
+    return KVEvents(kinds, refs, sizes, blocks, hashes)
 
 
 KV_EVENTS = _KVColumns(
@@ -404,19 +459,16 @@ def _plain_step(obj: dict[Any, Any]) -> Step | None:
     sampled = get(15)
     kv = get(18)
     try:
-        return Step(
-            step=scalars[0],
-            time_ns=scalars[1],
-            schedule_ns=scalars[2],
-            update_ns=scalars[3],
-            token_budget=scalars[4],
-            num_decodes=scalars[5],
-            sampled_tokens=None if sampled is None else INTS.dec(sampled),
-            kv_events=NO_KV_EVENTS if kv is None else KV_EVENTS.dec(kv),
-            free_blocks_after_schedule=scalars[6],
-            free_blocks=scalars[7],
-            work_ns=scalars[8],
-        )
+        step = Step(scalars[0], scalars[1], scalars[2], scalars[3], scalars[4])
+        step.num_decodes = scalars[5]
+        if sampled is not None:
+            step.sampled_tokens = INTS.dec(sampled)
+        if kv is not None:
+            step.kv_events = KV_EVENTS.dec(kv)
+        step.free_blocks_after_schedule = scalars[6]
+        step.free_blocks = scalars[7]
+        step.work_ns = scalars[8]
+        return step
     except Bad:
         return None
 
