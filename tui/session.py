@@ -50,8 +50,7 @@ if TYPE_CHECKING:  # the session only reads a link; the network code stays in tu
 SPEEDS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)  # steps per second
 DEFAULT_SPEED = 10
 WINDOW = 160  # steps of sparkline history around the cursor
-CATCHUP = 4096  # live: new steps digested one by one (for the log); more: skip ahead
-# (a frame every BUSY_FRAME_S at 10,000 steps a second is 2,000 steps: twice that)
+CATCHUP = 2048  # live: new steps digested one by one (for the log); more: skip ahead
 LOG_STEPS = 1024  # steps of events the log looks back over
 SLICE = 1024  # steps one slice of a breakpoint search covers before looking at commands
 POLL_S = 0.05  # live: how often to look for new records

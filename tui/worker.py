@@ -21,7 +21,7 @@ from tui.viewmodel import Frame
 
 FRAME_S = 1 / 20  # frames made due by time alone (a growing trace, playing) come this far
 # apart at least: drawing more often only takes time from reading. Keys are shown at once.
-BUSY_FRAME_S = 1 / 5  # ... and this far when building one took BUSY_SHARE of that or more
+BUSY_FRAME_S = 1 / 10  # ... and this far when building one took BUSY_SHARE of that or more
 BUSY_SHARE = 0.5
 Notify = Callable[[str, str], None]  # (severity, text): "information", "warning" or "error"
 
