@@ -421,6 +421,13 @@ def main() -> None:
         "--reader-only", action="store_true", help="live: the reader thread's cost alone"
     )
     parser.add_argument(
+        "--reader-steps",
+        type=int,
+        default=20_000,
+        help="live: steps the reader's work alone is measured over (two runs under "
+        "cachegrind, at two counts, give its instructions per step)",
+    )
+    parser.add_argument(
         "--code-from", metavar="TREE", help="import schedtop from this checkout instead"
     )
     args = parser.parse_args()
@@ -511,7 +518,7 @@ def reader_cost(tmp: Path, steps: int = 20_000, batch: int = 500) -> tuple[float
 def live_part(args: argparse.Namespace, tmp: Path) -> None:
     rates = [int(r) for r in args.rates.split(",")]
     live_source(int(max(rates) * (args.seconds + 4)))
-    per_step, skipped = reader_cost(tmp)
+    per_step, skipped = reader_cost(tmp, 100 + args.reader_steps)
     print(
         "2. live, the reader thread's work alone (no app; batches of 500 steps, a frame "
         f"after each): {per_step * 1e6:.0f} us CPU per step, {skipped} steps skipped: "

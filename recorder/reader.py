@@ -12,6 +12,7 @@ import os
 import stat
 import time
 from bisect import bisect_right
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +94,7 @@ class Seek:
 
 
 _Frame = tuple[int, bytes, int]  # type tag, body, offset of the next record
+SCANNED_BYTES = 4 << 20  # step bodies a tail scan keeps for read_at, at most
 
 
 class TraceReader:
@@ -127,6 +129,11 @@ class TraceReader:
         if _file is None:
             self._head = os.pread(self._f.fileno(), self.records_start, 0)
         self._last_tail_step: int | None = None
+        # Step frames a tail scan read and checked, by offset, until read_at takes them:
+        # a view following a growing file reads each new step right after indexing it,
+        # and would otherwise read and checksum it a second time. Bounded in bytes.
+        self._scanned: OrderedDict[int, _Frame] = OrderedDict()
+        self._scanned_bytes = 0
 
     @classmethod
     def from_bytes(cls, data: bytes, name: str = "<memory>") -> TraceReader:
@@ -226,9 +233,20 @@ class TraceReader:
                 break
         return out, offset
 
+    def _keep_scanned(self, offset: int, frame: _Frame) -> None:
+        self._scanned[offset] = frame
+        self._scanned_bytes += len(frame[1])
+        while self._scanned_bytes > SCANNED_BYTES:
+            _, (_, body, _) = self._scanned.popitem(last=False)
+            self._scanned_bytes -= len(body)
+
     def read_at(self, offset: int) -> Entry:
         """The record at `offset` (a record start, from the index)."""
-        frame = self._frame_at(offset)
+        frame = self._scanned.pop(offset, None) if self._scanned else None
+        if frame is not None:
+            self._scanned_bytes -= len(frame[1])
+        else:
+            frame = self._frame_at(offset)
         if frame is None:
             raise TraceError("no whole record here", offset)
         rtype, body, _ = frame
@@ -325,6 +343,8 @@ class TraceReader:
             rtype, _, after = frame
             if rtype == RecordType.STEP:
                 steps.append(offset)
+                if tail:
+                    self._keep_scanned(offset, frame)
             elif rtype == RecordType.SNAPSHOT:
                 snap_steps.append(next_step + len(steps) - 1)
                 snap_offsets.append(offset)
