@@ -26,8 +26,8 @@ _LISTED = 4  # events of one kind in one step listed one by one; more are summar
 # Event and Digest are not frozen: a live view makes one Digest and a few Events for
 # every step an engine writes, thousands a second, and a frozen dataclass's __init__
 # (object.__setattr__ per field) costs several times a plain one's. Never changed once
-# built, as engine.records.Step.
-@dataclass(slots=True)
+# built, as engine.records.Step, so they hash by value as frozen ones would.
+@dataclass(slots=True, unsafe_hash=True)
 class Event:
     """One line of the event log."""
 
@@ -37,7 +37,7 @@ class Event:
     requests: tuple[str, ...] = ()  # the ids of the requests it is about
 
 
-@dataclass(slots=True)  # not frozen (above)
+@dataclass(slots=True, unsafe_hash=True)  # not frozen (above)
 class Digest:
     """One step, reduced to what the sparklines and the event log show."""
 
