@@ -253,7 +253,7 @@ def unpack_ints(data: bytes) -> tuple[int, ...]:
             unpack = _UNPACKERS[(n, width)] = struct.Struct(
                 f"<{n}{_STRUCT_CODES[width]}"
             ).unpack_from
-        return unpack(data, 1)  # type: ignore[no-any-return]
+        return unpack(data, 1)
     if width == 1:
         return tuple(data[1:])  # bytes are read as their values: no array needed
     values = array(typecode)
@@ -329,7 +329,7 @@ class _Hashes(Codec[tuple[bytes, ...]]):
             unpack = _HASH_UNPACKERS.get((n, size))
             if unpack is None:
                 unpack = _HASH_UNPACKERS[(n, size)] = struct.Struct(form * n).unpack_from
-            return unpack(v, 1)  # type: ignore[no-any-return]
+            return unpack(v, 1)
         return tuple(map(_FIRST, struct.iter_unpack(form, memoryview(v)[1:])))
 
 
