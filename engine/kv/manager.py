@@ -18,6 +18,9 @@ def cdiv(a: int, b: int) -> int:
 
 
 NO_BLOCKS: list[KVBlock] = []  # shared "nothing allocated" result; never mutated
+# Bound once (an enum member read through its class is slow on Python 3.11).
+_QUEUED = (Status.WAITING, Status.PREEMPTED)
+_PREFIX_HIT = KVKind.PREFIX_HIT
 
 
 class KVCacheManager:
@@ -107,10 +110,7 @@ class KVCacheManager:
             request.num_computed_tokens + num_new_computed_tokens, self.max_model_len
         )
         watermark = 0
-        if has_scheduled_reqs and request.status in (
-            Status.WAITING,
-            Status.PREEMPTED,
-        ):
+        if has_scheduled_reqs and request.status in _QUEUED:
             watermark = self.watermark_blocks
         free = self.pool.num_free_blocks
         if full_sequence_must_fit:
@@ -128,7 +128,7 @@ class KVCacheManager:
             table.extend(new_computed)
             self.num_cached_block[rid] = len(table)
             self.pool.events.add(
-                KVKind.PREFIX_HIT,
+                _PREFIX_HIT,
                 request.ref,
                 [b.block_id for b in new_computed],
                 num_tokens=num_new_computed_tokens,
@@ -136,9 +136,8 @@ class KVCacheManager:
         num_new_blocks = cdiv(num_slots, self.block_size) - len(table)
         new_blocks: list[KVBlock] = []
         if num_new_blocks > 0:
-            new_blocks = self.pool.get_new_blocks(num_new_blocks)
+            new_blocks = self.pool.allocate(request.ref, num_new_blocks)
             table.extend(new_blocks)
-            self.pool.events.add(KVKind.ALLOCATED, request.ref, [b.block_id for b in new_blocks])
         if self.enable_caching:
             # Draft tokens may be rejected, so cache only up to the known tokens.
             self.cache_blocks(request, min(num_computed + num_new_tokens, request.num_tokens))
@@ -176,9 +175,8 @@ class KVCacheManager:
             pool = self.pool
             if need > pool.free_queue.num_free:
                 return None
-            new_blocks = pool.get_new_blocks(need)
+            new_blocks = pool.allocate(request.ref, need)
             table.extend(new_blocks)
-            pool.events.add(KVKind.ALLOCATED, request.ref, [b.block_id for b in new_blocks])
         quiet = len(table) * bs - self.num_lookahead_tokens
         if self.enable_caching:
             # cache_blocks and _set_quiet, inlined: a decode comes here each time it fills
@@ -229,9 +227,7 @@ class KVCacheManager:
         request.kv_quiet = -1
         if not table:
             return
-        ordered = table[::-1]
-        self.pool.free_blocks(ordered)
-        self.pool.events.add(KVKind.FREED, request.ref, [b.block_id for b in ordered])
+        self.pool.free_run(request.ref, table[::-1])
 
     def can_ever_fit(self, num_tokens: int) -> bool:
         """Whether `num_tokens` tokens fit in the pool with nothing else in it."""
