@@ -51,6 +51,12 @@ from engine.rules import (
 )
 
 _REF = attrgetter("ref")
+# Enum members read in the step's loops, bound once: on Python 3.11 `Status.RUNNING` goes
+# through EnumType.__getattr__'s hook, about 0.1 µs a read (a module global: under 0.01),
+# and the update's running filter read it once per running request.
+_RUNNING, _PREEMPTED = Status.RUNNING, Status.PREEMPTED
+_STOPPED, _CAPPED = Status.FINISHED_STOPPED, Status.FINISHED_LENGTH_CAPPED
+_DECODE = Kind.DECODE
 # The new block ids of a request that got none (most, most steps): one shared list, read
 # only, rather than a new one per request per step.
 _NO_BLOCK_IDS: list[int] = []
@@ -111,6 +117,7 @@ class _Pass:
         "computed_before",
         "explicit",
         "new_blocks",
+        "block_at",
         "spec_tokens",
         "admitted",
         "admissions",
@@ -132,6 +139,9 @@ class _Pass:
         # entry index -> record, for each entry that is not a one-token decode (Entries)
         self.explicit: dict[int, Scheduled] = {}
         self.new_blocks: dict[str, list[KVBlock]] = {}  # running requests that got blocks
+        # Their entries' indices, in the same order; None once a preemption took a
+        # scheduled request back (the indices after it moved).
+        self.block_at: list[int] | None = []
         self.spec_tokens: dict[str, list[int]] = {}
         self.admitted: list[Request] = []
         self.admissions: list[Admission] = []
@@ -248,7 +258,7 @@ class Scheduler:
         request = self.requests.get(request_id)
         if request is None:
             return False
-        if request.status == Status.RUNNING:
+        if request.status == _RUNNING:
             self.running.remove(request)
         else:
             self.waiting.remove(request)
@@ -333,9 +343,11 @@ class Scheduler:
         is_async = self.async_scheduling
         num_scheduled = p.num_scheduled
         new_blocks = p.new_blocks
+        # (Appending to it after a preemption set p.block_at to None is harmless.)
+        block_at = p.block_at if p.block_at is not None else []
         running_reqs = p.running_reqs
         before = p.computed_before.append
-        decode = Kind.DECODE
+        decode = _DECODE
         cursor = p.cursor
         budget = p.budget
         while cursor < len(running):
@@ -372,6 +384,7 @@ class Scheduler:
                     num_scheduled[rid] = 1
                     if got:
                         new_blocks[rid] = got
+                        block_at.append(len(running_reqs))
                     budget -= 1
                     running_reqs.append(req)
                     before(computed)
@@ -417,6 +430,7 @@ class Scheduler:
             num_scheduled[rid] = n
             if blocks:
                 new_blocks[rid] = blocks
+                block_at.append(len(running_reqs))
             budget -= n
             running_reqs.append(req)
             before(computed)
@@ -458,6 +472,7 @@ class Scheduler:
                     p.explicit = {i - (i > index): e for i, e in p.explicit.items() if i != index}
                 victim.num_computed_tokens -= given_back
                 p.new_blocks.pop(victim.request_id, None)
+                p.block_at = None
                 p.spec_tokens.pop(victim.request_id, None)
                 p.shortfalls[:] = [s for s in p.shortfalls if s.ref != victim.ref]
             p.preemptions.append(
@@ -487,7 +502,7 @@ class Scheduler:
     def _preempt(self, req: Request) -> None:
         """Recompute preemption: free the blocks, forget the computed tokens (S6)."""
         self.kv.free(req)
-        req.status = Status.PREEMPTED
+        req.status = _PREEMPTED
         req.num_computed_tokens = 0
         req.spec_token_ids = []
         req.num_preemptions += 1
@@ -555,8 +570,8 @@ class Scheduler:
             return False
         self.waiting.pop()
         self.running.append(req)
-        resumed = req.status == Status.PREEMPTED
-        req.status = Status.RUNNING
+        resumed = req.status == _PREEMPTED
+        req.status = _RUNNING
         req.num_computed_tokens = num_hits
         if req.num_cached_tokens < 0:
             req.num_cached_tokens = num_hits
@@ -614,9 +629,14 @@ class Scheduler:
         ids = list(islice(p.num_scheduled, k))
         new_block_ids = [_NO_BLOCK_IDS] * k
         if p.new_blocks:
-            at = dict(zip(ids, range(k)))
-            for rid, blocks in p.new_blocks.items():
-                new_block_ids[at[rid]] = [b.block_id for b in blocks]
+            # The entries' indices as the running pass kept them (a dict of all k ids
+            # to find a few cost more than the rest of this method).
+            at = p.block_at
+            if at is None:
+                index = dict(zip(ids, range(k)))
+                at = [index[rid] for rid in p.new_blocks]
+            for i, blocks in zip(at, p.new_blocks.values()):
+                new_block_ids[i] = [b.block_id for b in blocks]
         # computed_before is shared with the step's entries (_advance): both read only.
         cached = CachedRequestData(ids, new_block_ids, p.computed_before)
         scheduled = self._advance(p)
@@ -667,7 +687,7 @@ class Scheduler:
         befores = p.computed_before[:]
         explicit = p.explicit
         spec = p.spec_tokens
-        decode = Kind.DECODE
+        decode = _DECODE
         # num_scheduled's order: the running requests scheduled, then the admitted ones.
         k = len(p.running_reqs)
         for i, (req, n) in enumerate(zip(p.admitted, islice(p.num_scheduled.values(), k, None))):
@@ -755,7 +775,7 @@ class Scheduler:
                     if proposal:
                         proposed.append(SpecProposed(req.ref, len(proposal)))
         if finished_any:
-            self.running = [r for r in self.running if r.status == Status.RUNNING]
+            self.running = [r for r in self.running if r.status == _RUNNING]
         outcome = Outcome(
             tuple(self._finishes),
             tuple(self._finished_reqs),
@@ -855,7 +875,7 @@ class Scheduler:
             if not tokens:
                 counts.append(0)
                 continue
-            was_running = req.status == Status.RUNNING
+            was_running = req.status == _RUNNING
             had_placeholders = req.num_output_placeholders > 0
             num_new = len(tokens)
             if req.first_token_step < 0:
@@ -877,7 +897,7 @@ class Scheduler:
                     self.waiting.remove(req)
                 self._finish(req, req.status)
         if finished_running:
-            self.running = [r for r in self.running if r.status == Status.RUNNING]
+            self.running = [r for r in self.running if r.status == _RUNNING]
         outcome = Outcome(
             tuple(self._finishes),
             tuple(self._finished_reqs),
@@ -905,15 +925,15 @@ class Scheduler:
         """Whether `tok`, just appended, ends the request; if so its status says how."""
         params = req.sampling_params
         if tok == req.eos_token_id and not params.ignore_eos:
-            req.status = Status.FINISHED_STOPPED
+            req.status = _STOPPED
         elif params.stop_token_ids and tok in params.stop_token_ids:
-            req.status = Status.FINISHED_STOPPED
+            req.status = _STOPPED
             req.stop_reason = tok
         elif (
             len(req.all_token_ids) >= self.max_model_len
             or len(req.output_token_ids) >= params.max_tokens
         ):
-            req.status = Status.FINISHED_LENGTH_CAPPED
+            req.status = _CAPPED
         else:
             return False
         return True
