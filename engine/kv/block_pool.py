@@ -33,9 +33,9 @@ class KVBlock:
         self.ref_cnt = 0  # block tables holding this block
         self.block_hash: bytes | None = None  # set once the block is full and cached
         # Its neighbours in the free queue; prev_free is None when it is not queued (and
-        # next_free then means nothing).
+        # next_free then means nothing: never None, so that walks need no test for it).
         self.prev_free: KVBlock | None = None
-        self.next_free: KVBlock | None = None
+        self.next_free: KVBlock = self
 
     def __repr__(self) -> str:
         h = self.block_hash.hex()[:8] if self.block_hash else None
@@ -71,7 +71,6 @@ class FreeBlockQueue:
         tail = self._tail
         block = self._head.next_free
         while block is not tail:
-            assert block is not None
             yield block
             block = block.next_free
 
@@ -85,7 +84,6 @@ class FreeBlockQueue:
         tail = self._tail
         block = self._head.next_free
         while block is not tail:
-            assert block is not None
             put(block.block_id)
             block = block.next_free
         return out
@@ -99,7 +97,6 @@ class FreeBlockQueue:
             raise ValueError(f"cannot take {n} blocks: only {self.num_free} free")
         head = self._head
         block = head.next_free
-        assert block is not None
         ids: list[int] = []
         blocks: list[KVBlock] = []
         for _ in range(n):
@@ -107,7 +104,6 @@ class FreeBlockQueue:
             blocks.append(block)
             block.prev_free = None
             block = block.next_free
-            assert block is not None
         head.next_free = block
         block.prev_free = head
         self.num_free -= n
@@ -115,7 +111,7 @@ class FreeBlockQueue:
 
     def remove(self, block: KVBlock) -> None:
         before, after = block.prev_free, block.next_free
-        if before is None or after is None or block.block_id < 0:
+        if before is None or block.block_id < 0:
             raise ValueError(f"block {block.block_id} is not in the free queue")
         before.next_free = after
         after.prev_free = before
@@ -139,7 +135,6 @@ class FreeBlockQueue:
         """Put `blocks` at the head, in list order (the first one is evicted first)."""
         before = self._head
         first = before.next_free
-        assert first is not None
         for block in blocks:
             before.next_free = block
             block.prev_free = before
@@ -198,12 +193,27 @@ class BlockPool:
         return blocks
 
     def _take(self, n: int) -> tuple[list[int], list[KVBlock]]:
-        ids, blocks = self.free_queue.popleft_run(n)
+        queue = self.free_queue
+        if n > queue.num_free:
+            raise ValueError(f"cannot take {n} blocks: only {queue.num_free} free")
+        # FreeBlockQueue.popleft_run's walk, with each block's first reference and the
+        # eviction test in the same pass: one loop a run, not two.
+        head = queue._head
+        block = head.next_free
+        ids: list[int] = []
+        blocks: list[KVBlock] = []
         evicted: list[KVBlock] = []
-        for block in blocks:
+        for _ in range(n):
+            ids.append(block.block_id)
+            blocks.append(block)
+            block.prev_free = None
+            block.ref_cnt = 1
             if block.block_hash is not None:
                 evicted.append(block)
-            block.ref_cnt = 1
+            block = block.next_free
+        head.next_free = block
+        block.prev_free = head
+        queue.num_free -= n
         if evicted:
             self.events.add(
                 _EVICTED,
