@@ -276,9 +276,34 @@ class BlockPool:
         self.free_queue.append_n(last)
 
     def free_run(self, ref: int, ordered: list[KVBlock]) -> None:
-        """free_blocks for request `ref`'s table, in the order given, with its FREED event."""
-        self.free_blocks(ordered)
-        self.events.add(_FREED, ref, [b.block_id for b in ordered])
+        """free_blocks for request `ref`'s table, in the order given, with its FREED
+        event: one walk reads the ids and links the hashed blocks at the tail as it
+        goes (the queue ends up as free_blocks leaves it: the unhashed ones go to the
+        head after, at the other end)."""
+        queue = self.free_queue
+        caching = self.enable_caching
+        tail = queue._tail
+        last = tail.prev_free
+        assert last is not None
+        ids: list[int] = []
+        first: list[KVBlock] = []
+        queued = 0
+        for block in ordered:
+            ids.append(block.block_id)
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                if block.block_hash is None or not caching:
+                    first.append(block)
+                else:
+                    last.next_free = block
+                    block.prev_free = last
+                    last = block
+                    queued += 1
+        last.next_free = tail
+        tail.prev_free = last
+        queue.num_free += queued
+        queue.prepend_n(first)
+        self.events.add(_FREED, ref, ids)
 
     def check_invariants(self, tables: dict[str, list[KVBlock]]) -> None:
         """Raise AssertionError when the pool and the block tables disagree (K8)."""
