@@ -380,6 +380,18 @@ def leading_decodes(entries: Sequence[Scheduled]) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class SlotWrite:
+    """(1.9, a token pool's slot map) Token slots written into a request's row (SGLang's
+    req_to_token) from `position` on: an admission's radix-cache prefix, or the radix
+    cache's own slots replacing a prefilled prompt's duplicates. In a snapshot, a whole
+    row (position 0)."""
+
+    ref: int  # request
+    position: int  # the first token position written
+    runs: tuple[int, ...]  # the slots, as runs: start, length, start, length, ...
+
+
+@dataclass(frozen=True, slots=True)
 class Admission:
     """A waiting request that entered running."""
 
@@ -629,6 +641,16 @@ class Step:
     # (1.8) slots the radix cache evicted (freed back to the pool) during the step; a
     # count only: the trace tracks no slot, so there are no blocks to name
     evicted_slots: int = 0
+    # (1.9, Header.slot_map) the token pool slot by slot, as runs (start, length, ...):
+    # the slots the step's scheduled entries were given (one a token, in entry order),
+    # slots written into rows, slots freed before those allocations (in the schedule:
+    # evictions, retractions) and after them (results: releases, duplicates), and the
+    # radix cache's evictable slots at the end of the step
+    slot_allocs: tuple[int, ...] = ()
+    slot_writes: tuple[SlotWrite, ...] = ()
+    slots_freed_first: tuple[int, ...] = ()
+    slots_freed: tuple[int, ...] = ()
+    evictable_slots: int = 0
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -701,6 +723,11 @@ class Snapshot:
     free_queue: tuple[int, ...]  # free block ids, head (reused first) to tail
     cached_block_ids: tuple[int, ...]  # blocks holding a hash, ascending
     cached_hashes: tuple[bytes, ...]  # their hashes, in the same order
+    # (1.9, Header.slot_map) the token pool: each running request's row, the free slots
+    # (runs) and the evictable count
+    slot_rows: tuple[SlotWrite, ...] = ()
+    free_slot_runs: tuple[int, ...] = ()
+    evictable_slots: int = 0
 
 
 # -- client (schedtop serve) ----------------------------------------------------------------

@@ -57,6 +57,7 @@ from recorder.schema import (
     SamplingParams,
     Scheduled,
     Shortfall,
+    SlotWrite,
     Snapshot,
     SpecAccepted,
     SpecProposed,
@@ -170,6 +171,7 @@ SCHEDULED = Struct(
     ],
 )
 ADMISSION = Struct(Admission, [("ref", UINT), ("cached_tokens", UINT), ("resumed", BOOL)])
+SLOT_WRITE = Struct(SlotWrite, [("ref", UINT), ("position", UINT), ("runs", INTS)])
 PREEMPTION = Struct(
     Preemption,
     [
@@ -367,6 +369,7 @@ HEADER = Body(
         (11, "snapshot_work", UINT),
         (12, "arrival_origin_ns", Opt(INT)),
         (13, "kv_pool", STR),
+        (14, "slot_map", BOOL),
     ],
 )
 
@@ -419,6 +422,11 @@ STEP = _StepBody(
         (27, "cached_slots", UINT),
         (28, "decode_skips", INTS),
         (29, "evicted_slots", UINT),
+        (30, "slot_allocs", INTS),
+        (31, "slot_writes", Items(SLOT_WRITE)),
+        (32, "slots_freed_first", INTS),
+        (33, "slots_freed", INTS),
+        (34, "evictable_slots", UINT),
     ],
 )
 # The fields of a steady decode step's record (StepCompactor._decodes_only), in field
@@ -585,6 +593,9 @@ SNAPSHOT = Body(
         (5, "free_queue", INTS),
         (6, "cached_block_ids", INTS),
         (7, "cached_hashes", HASHES),
+        (8, "slot_rows", Items(SLOT_WRITE)),
+        (9, "free_slot_runs", INTS),
+        (10, "evictable_slots", UINT),
     ],
 )
 FOOTER = Body(

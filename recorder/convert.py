@@ -116,6 +116,10 @@ class StepCompactor:
             or rep.free_slots
             or rep.cached_slots
             or rep.evicted_slots
+            or rep.slot_allocs
+            or rep.slot_writes
+            or rep.slots_freed_first
+            or rep.slots_freed
             or n != len(self.running)
             or rep.running != self.running
             or rep.waiting != self.waiting

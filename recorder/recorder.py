@@ -179,6 +179,7 @@ class RecorderOptions:
     snapshot_budget: float = 0.0
     model: str | None = None  # the header's model, instead of the engine's own description
     kv_pool: str = "blocks"  # "tokens": SGLang's token pool (docs/trace-format.md, 1.5)
+    slot_map: bool = False  # the token pool's steps track every slot (format 1.9)
     # Another engine's own knobs, in the header's config beside schedtop's names for its
     # (recorder.sglang: SGLang's schedule policy, page size...).
     own_config: Mapping[str, Any] = field(default_factory=dict)
@@ -783,6 +784,7 @@ class Recorder:
             snapshot_work=self.snapshot_work,
             arrival_origin_ns=self._arrival_origin_ns,
             kv_pool=options.kv_pool,
+            slot_map=options.slot_map,
         )
 
     def _footer(self, stopped: str = "") -> Footer:

@@ -42,6 +42,7 @@ from engine.records import (
     SamplingParams,
     Scheduled,
     Shortfall,
+    SlotWrite,
     Snapshot,
     SpecAccepted,
     SpecProposed,
@@ -70,6 +71,7 @@ __all__ = [
     "FORMAT_MINOR",
     "NO_KV_EVENTS",
     "Admission",
+    "SlotWrite",
     "Arrival",
     "Client",
     "End",
@@ -101,7 +103,7 @@ __all__ = [
 ]
 
 FORMAT_MAJOR = 1  # a reader refuses traces with a newer major version
-FORMAT_MINOR = 8  # minor versions only add fields and record types, which readers skip
+FORMAT_MINOR = 9  # minor versions only add fields and record types, which readers skip
 # 1.1: SpecProposed entries and Timing.propose_ns (speculative decoding); CLIENT records
 #      (schedtop serve)
 # 1.2: Header.snapshot_work (snapshots placed by replay work as well as by step count)
@@ -113,6 +115,9 @@ FORMAT_MINOR = 8  # minor versions only add fields and record types, which reade
 # 1.6: Client.parent_id (one CLIENT record per choice of a request with n > 1)
 # 1.7: Step.decode_skips (implicit decodes that pass over running requests)
 # 1.8: Step.evicted_slots (SGLang's radix-cache evictions, a count of slots a step)
+# 1.9: Header.slot_map, Step.slot_allocs/slot_writes/slots_freed_first/slots_freed/
+#      evictable_slots, Snapshot.slot_rows/free_slot_runs/evictable_slots (SGLang's token
+#      pool slot by slot)
 
 Scalar = str | int | float | bool | None
 
@@ -151,6 +156,9 @@ class Header:
     # (1.5) "blocks": the block map is the engine's; "tokens": a token pool (SGLang) whose
     # slots the trace does not track one by one (no KV events; Step.free_slots instead)
     kv_pool: str = "blocks"
+    # (1.9) a token pool whose steps track every slot (Step.slot_allocs ...): the TUI
+    # draws it slot by slot
+    slot_map: bool = False
 
     def __post_init__(self) -> None:
         # a crafted header must fail as a TraceError here, not as a ZeroDivisionError later

@@ -42,6 +42,7 @@ from recorder.schema import (
     Status,
     Step,
 )
+from replays.slots import SlotPool, SlotsInconsistent, expand
 from replays.state import Inconsistent, State
 
 _ERRORS = (KeyError, IndexError, ValueError, TypeError, OverflowError)
@@ -161,10 +162,14 @@ class _Apply:
         self._kv_events()
         self._admissions()
         self._preemptions()
+        if s.slots is not None:
+            self._slots(s.slots, decoders)
         entries = self._scheduled(decoders)
         samples = self._samples(decoders)
         self._finishes()
         self._queues()
+        if s.slots is not None:
+            self._slots_checked(s.slots)
         if len(s.free) != rec.free_blocks:
             raise Inconsistent(f"{len(s.free)} free blocks, the record says {rec.free_blocks}")
         s.step = rec.step
@@ -333,6 +338,48 @@ class _Apply:
                 )
             else:
                 s.waiting = waiting_after_fcfs(s.waiting, arrived, preempted, gone)
+
+    # -- a token pool slot by slot (format 1.9) ----------------------------------------------
+
+    def _slots(self, pool: SlotPool, decoders: list[int]) -> None:
+        """In the order SGLang did it: retracted rows go, the schedule's frees (evictions,
+        retractions), its allocations (each entry's tokens at its positions), then the
+        writes into rows and the frees after the schedule (results: releases, the radix
+        cache's duplicates). Rows are SGLang's req_to_token rows: admission opens one."""
+        rec, reqs = self.rec, self.s.requests
+        for p in rec.preemptions:
+            pool.rows.pop(p.victim, None)
+        for a in rec.admissions:
+            pool.rows.setdefault(a.ref, [])
+        pool.release(rec.slots_freed_first)
+        slots = expand(rec.slot_allocs, pool.size)
+        want = len(decoders) + sum(e.num_tokens for e in rec.scheduled)
+        if slots and len(slots) != want:
+            raise SlotsInconsistent(f"{len(slots)} slots allocated for {want} scheduled tokens")
+        if slots:
+            pool.take(slots)
+            at = 0
+            for ref in decoders:
+                pool.place(ref, reqs[ref].num_computed_tokens, slots[at : at + 1])
+                at += 1
+            for e in rec.scheduled:
+                pool.place(e.ref, e.num_computed_before, slots[at : at + e.num_tokens])
+                at += e.num_tokens
+        for w in rec.slot_writes:
+            pool.write(w.ref, w.position, w.runs)
+        pool.release(rec.slots_freed)
+
+    def _slots_checked(self, pool: SlotPool) -> None:
+        rec = self.rec
+        for f in rec.finishes:
+            pool.rows.pop(f.ref, None)
+        pool.evictable = rec.evictable_slots
+        if pool.num_free != rec.free_slots - rec.evictable_slots:
+            raise SlotsInconsistent(
+                f"{pool.num_free} free slots, the record says "
+                f"{rec.free_slots - rec.evictable_slots} "
+                f"({rec.free_slots} free or evictable, {rec.evictable_slots} evictable)"
+            )
 
     # -- the block map ----------------------------------------------------------------------
 

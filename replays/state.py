@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from recorder.errors import TraceError
 from recorder.schema import MAX_BLOCKS, Header, RequestState, Snapshot, Status
 from replays.freequeue import FreeQueue
+from replays.slots import SlotPool
 
 POLICIES = ("fcfs", "priority")
 
@@ -41,6 +42,9 @@ class State:
     free: FreeQueue  # free blocks, head first
     ref_cnts: list[int]  # per block id
     block_hashes: dict[int, bytes] = field(default_factory=dict)  # cached blocks' hashes
+    # (1.9) a token pool tracked slot by slot (Header.slot_map); None: the block map is
+    # the pool (or a token pool the trace does not track)
+    slots: SlotPool | None = None
 
     @classmethod
     def initial(cls, header: Header) -> State:
@@ -63,6 +67,7 @@ class State:
             [],
             FreeQueue(n, range(1, n)),
             [0] * n,
+            slots=SlotPool.initial(n) if header.slot_map else None,
         )
 
     @classmethod
@@ -99,6 +104,11 @@ class State:
             FreeQueue(n, snap.free_queue),
             ref_cnts,
             dict(zip(snap.cached_block_ids, snap.cached_hashes)),
+            slots=(
+                SlotPool.from_snapshot(n, snap.slot_rows, snap.free_slot_runs, snap.evictable_slots)
+                if header.slot_map
+                else None
+            ),
         )
         # The ref counts were counted from the tables, the free queue's blocks checked
         # distinct and the cached blocks in the pool just above: only ownership is left.
@@ -118,6 +128,7 @@ class State:
             self.free.copy(),
             list(self.ref_cnts),
             dict(self.block_hashes),
+            None if self.slots is None else self.slots.copy(),
         )
 
     def request_id(self, ref: int) -> str:
@@ -134,6 +145,7 @@ class State:
 
     def to_snapshot(self) -> Snapshot:
         cached = sorted(self.block_hashes.items())
+        pool = self.slots
         return Snapshot(
             step=self.step,
             next_ref=self.next_ref,
@@ -143,6 +155,9 @@ class State:
             free_queue=tuple(self.free),
             cached_block_ids=tuple(b for b, _ in cached),
             cached_hashes=tuple(h for _, h in cached),
+            slot_rows=() if pool is None else pool.snapshot_rows(),
+            free_slot_runs=() if pool is None else pool.free_runs(),
+            evictable_slots=0 if pool is None else pool.evictable,
         )
 
     def check_invariants(self, free: Sequence[int] | None = None) -> None:

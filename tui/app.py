@@ -246,6 +246,7 @@ class SchedtopApp(App[None]):
         blocks.highlight = self._selected_ref()
         detail = self._pane(BlockDetail)
         detail.frame = frame
+        detail.pool = frame.blocks.pool
         detail.per_cell = blocks.geometry.per_cell
         detail.aggregate = blocks.geometry.zoom == "fit"
         self._pane(Sparklines).vm = frame.sparks
@@ -298,8 +299,13 @@ class SchedtopApp(App[None]):
         titles = {
             "#requests-pane": (f"requests {count}{head} · sorted by {order}", " · ".join(below)),
             "#blocks-pane": (
-                f"KV blocks {vm.num_blocks - 1} × {vm.block_size} tokens · "
-                f"{self._pane(BlockMap).title}",
+                (
+                    f"token pool (SGLang) {vm.num_blocks - 1} slots · "
+                    + self._pane(BlockMap).title.replace("block", "slot")
+                    if vm.pool == "tokens"
+                    else f"KV blocks {vm.num_blocks - 1} × {vm.block_size} tokens · "
+                    f"{self._pane(BlockMap).title}"
+                ),
                 "",
             ),
             "#batch-pane": (

@@ -24,6 +24,7 @@ from recorder.schema import (
     Status,
 )
 from replays.reducer import StepView
+from replays.slots import SlotPool
 from replays.state import State
 from tui.format import short_id
 from tui.history import Digest, Event
@@ -119,6 +120,10 @@ class BlockMapVM:
     tables: Mapping[int, tuple[int, ...]]  # each request's block table, by ref
     hashes: Mapping[int, bytes]  # blocks that hold a prefix hash
     free_links: Sequence[int]  # the free queue's next-links (index num_blocks: its head)
+    # "tokens": SGLang's token pool slot by slot (format 1.9): a "block" is one token slot,
+    # CACHED the radix cache's slots that no running request uses (evictable), and the
+    # free slots have no order (free_links empty)
+    pool: str = "blocks"
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +257,10 @@ def _header(state: State, step: StepInput | None, ctx: Context) -> HeaderVM:
         running=len(state.running),
         waiting=len(state.waiting),
         max_num_seqs=ctx.max_num_seqs,
-        free_blocks=len(state.free),
+        # a token pool's (format 1.9): the slots a new request could get, free or evictable
+        free_blocks=(
+            len(state.free) if state.slots is None else state.slots.num_free + state.slots.evictable
+        ),
         usable_blocks=state.num_blocks - 1,
         tokens_per_s=ctx.tokens_per_s,
         mode=ctx.mode,
@@ -410,6 +418,8 @@ def reasons(state: State, view: StepView) -> dict[int, str]:
 
 
 def _blocks(state: State) -> BlockMapVM:
+    if state.slots is not None:
+        return _slots(state.slots)
     n = state.num_blocks
     cls = bytearray([FREE]) * n
     cls[0] = NULL
@@ -439,6 +449,46 @@ def _blocks(state: State) -> BlockMapVM:
         MappingProxyType(tables),
         MappingProxyType(dict(hashes)),
         _frozen(state.free.next[:]),
+    )
+
+
+def _slots(pool: SlotPool) -> BlockMapVM:
+    """SGLang's token pool as a block map of one-token blocks: a slot in a running
+    request's row is USED (SHARED when several rows hold it: a radix-cache prefix), a free
+    one FREE, and any other the radix cache's (CACHED: evictable, or kept for a request
+    that is not running)."""
+    n = pool.size
+    cls = bytearray([CACHED]) * n
+    cls[0] = NULL
+    free = pool.free
+    owner = array("i", [-1]) * n
+    index = array("i", [-1]) * n
+    shared: dict[int, tuple[int, ...]] = {}
+    tables: dict[int, tuple[int, ...]] = {}
+    for i in range(1, n):
+        if free[i]:
+            cls[i] = FREE
+    for ref in sorted(pool.rows):
+        tables[ref] = tuple(s for s in pool.rows[ref] if s)
+        for i, b in enumerate(pool.rows[ref]):
+            if not b:
+                continue
+            if owner[b] < 0:
+                owner[b], index[b], cls[b] = ref, i, USED
+            else:
+                shared[b] = (*shared.get(b, (owner[b],)), ref)
+                cls[b] = SHARED
+    return BlockMapVM(
+        n,
+        1,
+        bytes(cls),
+        _frozen(owner),
+        _frozen(index),
+        MappingProxyType(shared),
+        MappingProxyType(tables),
+        MappingProxyType({}),
+        (),
+        "tokens",
     )
 
 
@@ -652,6 +702,8 @@ def block_info(frame: Frame, block: int) -> BlockInfo | None:
 
 def free_rank(vm: BlockMapVM, block: int) -> int | None:
     """How many free blocks are handed out before `block` (None: it is not free)."""
+    if not vm.free_links:  # a token pool's free slots have no order
+        return None
     links, tail = vm.free_links, vm.num_blocks + 1
     node, rank = links[vm.num_blocks], 0
     while node != tail and rank <= vm.num_blocks:

@@ -152,6 +152,36 @@ def evict(original: Any, cache: Any, *args: Any, **kwargs: Any) -> Any:
     return out
 
 
+def free(original: Any, allocator: Any, free_index: Any, *args: Any, **kwargs: Any) -> Any:
+    tap = _TAP if _TAP is not None and _TAP.stopped is None else None
+    # a free inside a free group only queues the slots: they are free at its end, which
+    # frees them all through here again
+    record = (
+        tap is not None
+        and tap.slot_map
+        and allocator.free_group is None
+        and allocator is tap.sched.token_to_kv_pool_allocator
+    )
+    out = original(allocator, free_index, *args, **kwargs)
+    if record and free_index.numel():
+        assert tap is not None
+        c0 = _cpu()
+        tap.guard(tap.on_free, free_index)
+        tap.cpu_ns += _cpu() - c0
+    return out
+
+
+def checkpoint_into_tree(original: Any, cache: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
+    tap = _TAP if _TAP is not None and _TAP.stopped is None else None
+    before = int(req.kv.cache_protected_len)
+    out = original(cache, req, *args, **kwargs)
+    if tap is not None and tap.slot_map:
+        c0 = _cpu()
+        tap.guard(tap.on_checkpoint, req, before)
+        tap.cpu_ns += _cpu() - c0
+    return out
+
+
 def install() -> None:
     global _cpu
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -178,3 +208,13 @@ def install() -> None:
         "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache._evict", evict, around
     )
     HookRegistry.register("sglang.srt.mem_cache.radix_cache.RadixCache.evict", evict, around)
+    # the slot map (format 1.9): every slot given back to the pool's allocator, and every
+    # row the radix cache rewrites when it takes a request's tokens
+    HookRegistry.register(
+        "sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator.free", free, around
+    )
+    HookRegistry.register(
+        "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint_into_tree",
+        checkpoint_into_tree,
+        around,
+    )

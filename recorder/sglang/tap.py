@@ -36,6 +36,7 @@ from engine.records import (
     Sample,
     SamplingParams,
     Scheduled,
+    SlotWrite,
     Snapshot,
     Status,
     Step,
@@ -44,6 +45,7 @@ from engine.rules import queue_stop
 from recorder.recorder import Recorder, RecorderOptions, TapEngine
 from recorder.writer import TraceWriter
 from replays.reducer import apply
+from replays.slots import to_runs
 from replays.state import State
 
 log = logging.getLogger("schedtop.recorder.sglang")
@@ -81,6 +83,12 @@ class _Step:
     decided: bool = False  # a get_next_batch_to_run has run for it
     start_ns: int = 0  # monotonic, when its get_next_batch_to_run began
     evicted: int = 0  # slots the radix cache evicted since the step began (format 1.8)
+    # the slot map (format 1.9): slots given to the scheduled entries, written into rows,
+    # freed in the schedule (before the allocations) and after it, as runs
+    allocs: list[int] = dataclasses.field(default_factory=list)
+    writes: list[SlotWrite] = dataclasses.field(default_factory=list)
+    freed_first: list[int] = dataclasses.field(default_factory=list)
+    freed: list[int] = dataclasses.field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(
@@ -141,6 +149,24 @@ def _sampling(req: Any) -> SamplingParams:
     )
 
 
+def tensor_runs(t: Any) -> list[int]:
+    """A 1-D tensor of slot ids as runs (start, length, ...): the short ones in Python, the
+    long ones (a prompt's) in a few tensor operations, whatever their length."""
+    n = int(t.numel())
+    if n <= 64:
+        return list(to_runs(t.tolist()))
+    import torch
+
+    t = t.reshape(-1)
+    breaks = torch.nonzero(t[1:] - t[:-1] != 1).reshape(-1) + 1
+    starts = torch.cat((breaks.new_zeros(1), breaks))
+    ends = torch.cat((breaks, breaks.new_full((1,), n)))
+    out: list[int] = []
+    for start, length in zip(t[starts].tolist(), (ends - starts).tolist()):
+        out += (start, length)
+    return out
+
+
 class Tap(TapEngine):
     """All the recording state, kept apart from SGLang's scheduler attributes."""
 
@@ -164,6 +190,10 @@ class Tap(TapEngine):
         self.recorder: Recorder | None = None
         self.state: State | None = None
         self.check = os.environ.get("SCHEDTOP_STRICT") == "1"
+        # the slot map (format 1.9): SGLang's token pool slot by slot, where one slot is
+        # one token (page_size 1); in_schedule: inside get_next_batch_to_run
+        self.slot_map = config.block_size == 1 and int(sched.server_args.page_size or 1) == 1
+        self.in_schedule = False
         # What recording costs, for the overhead bench (SCHEDTOP_COST_FILE): the scheduler
         # thread's CPU time in the hooks (hooks._cpu counts it), written out whenever the
         # scheduler goes idle with the flush timer's CPU time and the whole process's.
@@ -185,6 +215,7 @@ class Tap(TapEngine):
             snapshot_interval=int(os.environ.get("SCHEDTOP_SNAPSHOT_INTERVAL", "4096")),
             snapshot_work=0,
             kv_pool="tokens",
+            slot_map=tap.slot_map,
             own_config=extra,
             # SGLang's engine SIGKILLs its scheduler process at shutdown, and a hung one is
             # killed too: the timer keeps the file at most this far behind the steps.
@@ -227,6 +258,11 @@ class Tap(TapEngine):
         elif step.decided:  # an idle loop: nothing to record yet, keep what came
             step.decided = False
         step = self.step
+        # slots freed since the last schedule and still in the step being built came
+        # before this schedule's allocations
+        step.freed_first += step.freed
+        step.freed.clear()
+        self.in_schedule = True
         if not step:  # an idle loop's wait is not the step's work
             step.start_ns = time.monotonic_ns()
         for req in self.sched.waiting_queue:  # queued by a path the add hook does not see
@@ -284,14 +320,19 @@ class Tap(TapEngine):
 
     def after_schedule(self, batch: Any, schedule_ns: int) -> None:
         step = self.step
+        self.in_schedule = False
         step.decided = True
         step.schedule_ns += schedule_ns
         if batch is not None:
             mode = batch.forward_mode
             if mode.is_decode():
                 self._decodes(batch.reqs)
+                if self.slot_map:
+                    self._allocs(batch, None)
             elif mode.is_extend():
                 self._extends(batch, bool(mode.is_mixed()))
+                if self.slot_map:
+                    self._allocs(batch, [int(r.extend_len) for r in batch.reqs])
         refs = self.refs
         step.waiting = [refs[r.rid] for r in self.sched.waiting_queue if r.rid in refs]
         step.waiting_stop = None
@@ -302,6 +343,49 @@ class Tap(TapEngine):
                 why = Reason.MAX_NUM_SEQS
             if why is not None:  # the rest wait as schedtop's scheduler would say (S7)
                 step.waiting_stop = queue_stop(why)
+
+    def _allocs(self, batch: Any, lens: list[int] | None) -> None:
+        """The slots SGLang gave the batch (its out_cache_loc: each request's new tokens'
+        slots, in batch order, as the entries were recorded), less those of requests the
+        trace no longer has."""
+        loc = batch.out_cache_loc
+        refs = self.refs
+        keep = [r.rid in refs for r in batch.reqs]
+        if lens is None:
+            lens = [1] * len(keep)
+        if sum(lens) != int(loc.numel()):
+            raise ValueError(f"{int(loc.numel())} slots allocated for {sum(lens)} tokens")
+        if not all(keep):
+            import torch
+
+            parts, at = [], 0
+            for n, kept in zip(lens, keep):
+                if kept:
+                    parts.append(loc[at : at + n])
+                at += n
+            loc = torch.cat(parts) if parts else loc[:0]
+        self.step.allocs += tensor_runs(loc)
+
+    def on_free(self, free_index: Any) -> None:
+        """Slots back in SGLang's free list (a request released, the radix cache's
+        duplicates, evictions, retractions)."""
+        runs = tensor_runs(free_index)
+        if self.in_schedule:
+            self.step.freed_first += runs
+        else:
+            self.step.freed += runs
+
+    def on_checkpoint(self, req: Any, protected_before: int) -> None:
+        """The radix cache took a request's computed tokens: its row from the protected
+        prefix on now holds the cache's slots (its own, or the cache's where it held the
+        same tokens already; those duplicates were freed)."""
+        ref = self.refs.get(req.rid)
+        after = int(req.kv.cache_protected_len)
+        if ref is None or after <= protected_before or req.kv.req_pool_idx is None:
+            return
+        row = self.sched.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
+        runs = tensor_runs(row[protected_before:after])
+        self.step.writes.append(SlotWrite(ref, protected_before, tuple(runs)))
 
     def _decodes(self, reqs: Any) -> None:
         refs, computed, scheduled = self.refs, self.computed, self.step.scheduled
@@ -327,6 +411,9 @@ class Tap(TapEngine):
             before = int(req.prefix_len)
             if status != Status.RUNNING:  # admitted: from waiting, or back after a retraction
                 step.admissions.append(Admission(ref, before, resumed=status == Status.PREEMPTED))
+                if before and self.slot_map:  # its radix-cache prefix: the cache's slots
+                    row = self.sched.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
+                    step.writes.append(SlotWrite(ref, 0, tuple(tensor_runs(row[:before]))))
                 self.status[ref] = Status.RUNNING
                 self.running.append(ref)
             n = int(req.extend_len)
@@ -432,6 +519,11 @@ class Tap(TapEngine):
             free_slots=free + evictable,
             cached_slots=evictable + protected,
             evicted_slots=step.evicted,
+            slot_allocs=tuple(step.allocs),
+            slot_writes=tuple(step.writes),
+            slots_freed_first=tuple(step.freed_first),
+            slots_freed=tuple(step.freed),
+            evictable_slots=evictable if self.slot_map else 0,
             # from its get_next_batch_to_run to this record: the batch scheduled, its
             # forward launched, the results before the next processed (format 1.4)
             work_ns=max(time.monotonic_ns() - step.start_ns, 1),
