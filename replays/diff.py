@@ -48,6 +48,11 @@ BOOKKEEPING_FIELDS = frozenset(
         "free_slots",
         "cached_slots",
         "evicted_slots",
+        "slot_allocs",
+        "slot_writes",
+        "slots_freed_first",
+        "slots_freed",
+        "evictable_slots",
     }
 )
 _DECISIONS = tuple(name for name in _COMPARED if name not in BOOKKEEPING_FIELDS)

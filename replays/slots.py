@@ -25,7 +25,7 @@ def expand(runs: Sequence[int], size: int) -> list[int]:
     out: list[int] = []
     for i in range(0, len(runs), 2):
         start, n = runs[i], runs[i + 1]
-        if not (0 < start and start + n <= size):
+        if not (start > 0 and start + n <= size):
             raise SlotsInconsistent(f"slots {start}..{start + n - 1} outside the pool")
         out.extend(range(start, start + n))
     return out

@@ -163,6 +163,43 @@ def test_sglang_traces_account_for_every_request(recorded: dict[str, Any]) -> No
     assert all(0 < n <= pool.num_blocks - 1 for n in evicted)
 
 
+def test_sglang_traces_map_every_slot(recorded: dict[str, Any]) -> None:
+    """Format 1.9: each step's slot runs rebuild SGLang's token pool slot by slot. The
+    reducer checks every step's free slots against the allocator's count (free_slots less
+    the evictable ones); here, in addition, the slots the running requests' rows hold are
+    exactly the pool less what a new request could get (free or evictable), and the TUI's
+    map shows that many held."""
+    from tui.viewmodel import SHARED, USED, _blocks
+
+    for name, result in recorded.items():
+        with TraceReader(Path(result["trace"])) as reader:
+            header = reader.header
+            assert header.slot_map, name
+            state = State.initial(header)
+            steps = []
+            for entry in reader.entries():
+                rec = entry.record
+                if not isinstance(rec, Step):
+                    continue
+                apply(state, rec)
+                steps.append(rec)
+                assert state.slots is not None
+                held = {s for row in state.slots.rows.values() for s in row if s}
+                assert len(held) == header.num_blocks - 1 - rec.free_slots, (name, rec.step)
+                assert state.slots.evictable == rec.evictable_slots <= rec.cached_slots
+                if rec.step % 16 == 0:
+                    vm = _blocks(state)
+                    assert vm.pool == "tokens"
+                    assert vm.cls.count(USED) + vm.cls.count(SHARED) == len(held)
+        allocated = sum(n for s in steps for n in s.slot_allocs[1::2])
+        assert allocated == sum(s.num_scheduled_tokens for s in steps), name
+        assert any(w.position == 0 for s in steps for w in s.slot_writes) or name != "shapes"
+    _, retract = steps_of(Path(recorded["retract"]["trace"]))
+    for s in retract:  # what the radix cache evicted went back through the allocator
+        assert sum(s.slots_freed_first[1::2]) + sum(s.slots_freed[1::2]) >= s.evicted_slots
+    assert any(s.preemptions and s.slots_freed_first for s in retract), "retractions free"
+
+
 def test_a_killed_sglang_scheduler_leaves_a_readable_trace(recorded: dict[str, Any]) -> None:
     """SGLang SIGKILLs its scheduler at shutdown: no footer. The flush timer put the steps
     in the file while the batch still decoded (the scheduler never went idle, when the

@@ -452,22 +452,22 @@ def _blocks(state: State) -> BlockMapVM:
     )
 
 
+_FREE_CLASS = bytes.maketrans(b"\x00\x01", bytes([CACHED, FREE]))
+
+
 def _slots(pool: SlotPool) -> BlockMapVM:
     """SGLang's token pool as a block map of one-token blocks: a slot in a running
     request's row is USED (SHARED when several rows hold it: a radix-cache prefix), a free
     one FREE, and any other the radix cache's (CACHED: evictable, or kept for a request
     that is not running)."""
     n = pool.size
-    cls = bytearray([CACHED]) * n
+    # free or not, per slot, in one C-level pass (pools hold hundreds of thousands)
+    cls = bytearray(pool.free.translate(_FREE_CLASS))
     cls[0] = NULL
-    free = pool.free
     owner = array("i", [-1]) * n
     index = array("i", [-1]) * n
     shared: dict[int, tuple[int, ...]] = {}
     tables: dict[int, tuple[int, ...]] = {}
-    for i in range(1, n):
-        if free[i]:
-            cls[i] = FREE
     for ref in sorted(pool.rows):
         tables[ref] = tuple(s for s in pool.rows[ref] if s)
         for i, b in enumerate(pool.rows[ref]):

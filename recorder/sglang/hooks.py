@@ -153,6 +153,7 @@ def evict(original: Any, cache: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def free(original: Any, allocator: Any, free_index: Any, *args: Any, **kwargs: Any) -> Any:
+    c0 = _cpu()
     tap = _TAP if _TAP is not None and _TAP.stopped is None else None
     # a free inside a free group only queues the slots: they are free at its end, which
     # frees them all through here again
@@ -162,23 +163,26 @@ def free(original: Any, allocator: Any, free_index: Any, *args: Any, **kwargs: A
         and allocator.free_group is None
         and allocator is tap.sched.token_to_kv_pool_allocator
     )
+    c1 = _cpu()
     out = original(allocator, free_index, *args, **kwargs)
-    if record and free_index.numel():
-        assert tap is not None
-        c0 = _cpu()
-        tap.guard(tap.on_free, free_index)
-        tap.cpu_ns += _cpu() - c0
+    c2 = _cpu()
+    if tap is not None:
+        if record and free_index.numel():
+            tap.guard(tap.on_free, free_index)
+        tap.cpu_ns += c1 - c0 + _cpu() - c2
     return out
 
 
 def checkpoint_into_tree(original: Any, cache: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
+    c0 = _cpu()
     tap = _TAP if _TAP is not None and _TAP.stopped is None else None
     before = int(req.kv.cache_protected_len)
+    c1 = _cpu()
     out = original(cache, req, *args, **kwargs)
+    c2 = _cpu()
     if tap is not None and tap.slot_map:
-        c0 = _cpu()
         tap.guard(tap.on_checkpoint, req, before)
-        tap.cpu_ns += _cpu() - c0
+        tap.cpu_ns += c1 - c0 + _cpu() - c2
     return out
 
 
