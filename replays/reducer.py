@@ -42,7 +42,7 @@ from recorder.schema import (
     Status,
     Step,
 )
-from replays.slots import SlotPool, SlotsInconsistent, expand
+from replays.slots import SlotPool, SlotsInconsistent
 from replays.state import Inconsistent, State
 
 _ERRORS = (KeyError, IndexError, ValueError, TypeError, OverflowError)
@@ -352,12 +352,11 @@ class _Apply:
         for a in rec.admissions:
             pool.rows.setdefault(a.ref, [])
         pool.release(rec.slots_freed_first)
-        slots = expand(rec.slot_allocs, pool.size)
-        want = len(decoders) + sum(e.num_tokens for e in rec.scheduled)
-        if slots and len(slots) != want:
-            raise SlotsInconsistent(f"{len(slots)} slots allocated for {want} scheduled tokens")
-        if slots:
-            pool.take(slots)
+        if rec.slot_allocs:
+            slots = pool.take(rec.slot_allocs)
+            want = len(decoders) + sum(e.num_tokens for e in rec.scheduled)
+            if len(slots) != want:
+                raise SlotsInconsistent(f"{len(slots)} slots allocated for {want} scheduled tokens")
             at = 0
             for ref in decoders:
                 pool.place(ref, reqs[ref].num_computed_tokens, slots[at : at + 1])

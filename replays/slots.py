@@ -96,25 +96,38 @@ class SlotPool:
         if not 0 < slot < self.size:
             raise SlotsInconsistent(f"slot {slot} outside the pool (1..{self.size - 1})")
 
-    def release(self, runs: Sequence[int]) -> None:
-        """Slots back to the free list."""
-        free = self.free
-        for s in expand(runs, self.size):
-            self._check(s)
-            if free[s]:
-                raise SlotsInconsistent(f"slot {s} freed, but it is free")
-            free[s] = 1
-        self.num_free += sum(runs[1::2])
+    def _run(self, runs: Sequence[int], i: int) -> tuple[int, int]:
+        start, n = runs[i], runs[i + 1]
+        if not (start > 0 and start + n <= self.size):
+            raise SlotsInconsistent(f"slots {start}..{start + n - 1} outside the pool")
+        return start, n
 
-    def take(self, slots: Sequence[int]) -> None:
-        """Free slots handed out."""
+    def release(self, runs: Sequence[int]) -> None:
+        """Slots back to the free list (a run at a time: a finished request's hundreds
+        of slots are a few runs once sorted)."""
+        if len(runs) % 2:
+            raise SlotsInconsistent(f"slot runs of odd length {len(runs)}")
         free = self.free
-        for s in slots:
-            self._check(s)
-            if not free[s]:
-                raise SlotsInconsistent(f"slot {s} handed out, but it is not free")
-            free[s] = 0
-        self.num_free -= len(slots)
+        for i in range(0, len(runs), 2):
+            start, n = self._run(runs, i)
+            if free.count(1, start, start + n):
+                raise SlotsInconsistent(f"slots {start}..{start + n - 1} freed, but one is free")
+            free[start : start + n] = b"\x01" * n
+            self.num_free += n
+
+    def take(self, runs: Sequence[int]) -> list[int]:
+        """Free slots handed out: the slots, in order."""
+        slots = expand(runs, self.size)
+        free = self.free
+        for i in range(0, len(runs), 2):
+            start, n = runs[i], runs[i + 1]
+            if free.count(0, start, start + n):
+                raise SlotsInconsistent(
+                    f"slots {start}..{start + n - 1} handed out, but one is not free"
+                )
+            free[start : start + n] = bytes(n)
+            self.num_free -= n
+        return slots
 
     def place(self, ref: int, position: int, slots: Sequence[int]) -> None:
         """`slots` become the row's from `position` on (a gap before it, which a write

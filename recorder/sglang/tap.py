@@ -85,10 +85,13 @@ class _Step:
     evicted: int = 0  # slots the radix cache evicted since the step began (format 1.8)
     # the slot map (format 1.9): slots given to the scheduled entries, written into rows,
     # freed in the schedule (before the allocations) and after it, as runs
+    # (the freed slots as SGLang's tensors, sorted into runs when the step is written:
+    # which slot is free is all the reducer needs, and a request's decode slots, which
+    # interleave with the others', are a few runs once sorted with theirs)
     allocs: list[int] = dataclasses.field(default_factory=list)
     writes: list[SlotWrite] = dataclasses.field(default_factory=list)
-    freed_first: list[int] = dataclasses.field(default_factory=list)
-    freed: list[int] = dataclasses.field(default_factory=list)
+    freed_first: list[Any] = dataclasses.field(default_factory=list)
+    freed: list[Any] = dataclasses.field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(
@@ -165,6 +168,16 @@ def tensor_runs(t: Any) -> list[int]:
     for start, length in zip(t[starts].tolist(), (ends - starts).tolist()):
         out += (start, length)
     return out
+
+
+def _sorted_runs(tensors: list[Any]) -> tuple[int, ...]:
+    """Freed slots (tensors), sorted, as runs."""
+    if not tensors:
+        return ()
+    import torch
+
+    t = tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+    return tuple(tensor_runs(torch.sort(t).values))
 
 
 class Tap(TapEngine):
@@ -368,12 +381,10 @@ class Tap(TapEngine):
 
     def on_free(self, free_index: Any) -> None:
         """Slots back in SGLang's free list (a request released, the radix cache's
-        duplicates, evictions, retractions)."""
-        runs = tensor_runs(free_index)
-        if self.in_schedule:
-            self.step.freed_first += runs
-        else:
-            self.step.freed += runs
+        duplicates, evictions, retractions). A copy: the tensor may be a view of a row
+        that SGLang reuses before the step is written."""
+        freed = self.step.freed_first if self.in_schedule else self.step.freed
+        freed.append(free_index.reshape(-1).clone())
 
     def on_checkpoint(self, req: Any, protected_before: int) -> None:
         """The radix cache took a request's computed tokens: its row from the protected
@@ -521,8 +532,8 @@ class Tap(TapEngine):
             evicted_slots=step.evicted,
             slot_allocs=tuple(step.allocs),
             slot_writes=tuple(step.writes),
-            slots_freed_first=tuple(step.freed_first),
-            slots_freed=tuple(step.freed),
+            slots_freed_first=_sorted_runs(step.freed_first),
+            slots_freed=_sorted_runs(step.freed),
             evictable_slots=evictable if self.slot_map else 0,
             # from its get_next_batch_to_run to this record: the batch scheduled, its
             # forward launched, the results before the next processed (format 1.4)
