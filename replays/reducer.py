@@ -357,13 +357,22 @@ class _Apply:
             want = len(decoders) + sum(e.num_tokens for e in rec.scheduled)
             if len(slots) != want:
                 raise SlotsInconsistent(f"{len(slots)} slots allocated for {want} scheduled tokens")
-            at = 0
+            rows, at = pool.rows, 0
+            # a decode's slot goes at the end of its row: appended, the hot case
             for ref in decoders:
-                pool.place(ref, reqs[ref].num_computed_tokens, slots[at : at + 1])
+                row, pos = rows[ref], reqs[ref].num_computed_tokens
+                if pos == len(row):
+                    row.append(slots[at])
+                else:
+                    pool.place(ref, pos, slots[at : at + 1])
                 at += 1
             for e in rec.scheduled:
-                pool.place(e.ref, e.num_computed_before, slots[at : at + e.num_tokens])
-                at += e.num_tokens
+                row, pos, n = rows[e.ref], e.num_computed_before, e.num_tokens
+                if n == 1 and pos == len(row):
+                    row.append(slots[at])
+                else:
+                    pool.place(e.ref, pos, slots[at : at + n])
+                at += n
         for w in rec.slot_writes:
             pool.write(w.ref, w.position, w.runs)
         pool.release(rec.slots_freed)

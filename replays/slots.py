@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import add, itemgetter
 
 from recorder.errors import TraceError
 from recorder.schema import SlotWrite
@@ -22,11 +23,19 @@ def expand(runs: Sequence[int], size: int) -> list[int]:
     (each run checked inside it before it is expanded: a trace may be hostile)."""
     if len(runs) % 2:
         raise SlotsInconsistent(f"slot runs of odd length {len(runs)}")
+    if not runs:
+        return []
+    starts, lens = runs[0::2], runs[1::2]
+    # C-level checks: decode slots interleave across requests, so most runs are one slot
+    if min(starts) < 1 or max(map(add, starts, lens)) > size:
+        bad = next(i for i in range(len(starts)) if not 0 < starts[i] <= size - lens[i])
+        raise SlotsInconsistent(
+            f"slots {starts[bad]}..{starts[bad] + lens[bad] - 1} outside the pool"
+        )
+    if lens.count(1) == len(lens):
+        return list(starts)
     out: list[int] = []
-    for i in range(0, len(runs), 2):
-        start, n = runs[i], runs[i + 1]
-        if not (start > 0 and start + n <= size):
-            raise SlotsInconsistent(f"slots {start}..{start + n - 1} outside the pool")
+    for start, n in zip(starts, lens):
         out.extend(range(start, start + n))
     return out
 
@@ -45,6 +54,13 @@ def to_runs(slots: Iterable[int]) -> tuple[int, ...]:
     if start >= 0:
         out += (start, prev - start + 1)
     return tuple(out)
+
+
+def _values(free: bytearray, slots: list[int]) -> tuple[int, ...]:
+    """free[s] for each slot, in one C-level call."""
+    if len(slots) < 2:
+        return (free[slots[0]],) if slots else ()
+    return itemgetter(*slots)(free)  # type: ignore[no-any-return]
 
 
 @dataclass(slots=True)
@@ -96,37 +112,31 @@ class SlotPool:
         if not 0 < slot < self.size:
             raise SlotsInconsistent(f"slot {slot} outside the pool (1..{self.size - 1})")
 
-    def _run(self, runs: Sequence[int], i: int) -> tuple[int, int]:
-        start, n = runs[i], runs[i + 1]
-        if not (start > 0 and start + n <= self.size):
-            raise SlotsInconsistent(f"slots {start}..{start + n - 1} outside the pool")
-        return start, n
-
     def release(self, runs: Sequence[int]) -> None:
-        """Slots back to the free list (a run at a time: a finished request's hundreds
-        of slots are a few runs once sorted)."""
-        if len(runs) % 2:
-            raise SlotsInconsistent(f"slot runs of odd length {len(runs)}")
+        """Slots back to the free list."""
+        slots = expand(runs, self.size)
         free = self.free
-        for i in range(0, len(runs), 2):
-            start, n = self._run(runs, i)
-            if free.count(1, start, start + n):
-                raise SlotsInconsistent(f"slots {start}..{start + n - 1} freed, but one is free")
-            free[start : start + n] = b"\x01" * n
-            self.num_free += n
+        if 1 in _values(free, slots):
+            bad = next(s for s in slots if free[s])
+            raise SlotsInconsistent(f"slot {bad} freed, but it is free")
+        for s in slots:
+            free[s] = 1
+        self.num_free += len(slots)
+        if len(set(slots)) != len(slots):
+            raise SlotsInconsistent("a slot freed twice in one step")
 
     def take(self, runs: Sequence[int]) -> list[int]:
         """Free slots handed out: the slots, in order."""
         slots = expand(runs, self.size)
         free = self.free
-        for i in range(0, len(runs), 2):
-            start, n = runs[i], runs[i + 1]
-            if free.count(0, start, start + n):
-                raise SlotsInconsistent(
-                    f"slots {start}..{start + n - 1} handed out, but one is not free"
-                )
-            free[start : start + n] = bytes(n)
-            self.num_free -= n
+        if 0 in _values(free, slots):
+            bad = next(s for s in slots if not free[s])
+            raise SlotsInconsistent(f"slot {bad} handed out, but it is not free")
+        for s in slots:
+            free[s] = 0
+        self.num_free -= len(slots)
+        if len(set(slots)) != len(slots):
+            raise SlotsInconsistent("a slot handed out twice in one step")
         return slots
 
     def place(self, ref: int, position: int, slots: Sequence[int]) -> None:

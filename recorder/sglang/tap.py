@@ -392,7 +392,11 @@ class Tap(TapEngine):
         same tokens already; those duplicates were freed)."""
         ref = self.refs.get(req.rid)
         after = int(req.kv.cache_protected_len)
+        # a finished request's row goes with its finish: nothing to write (its slots stay
+        # the cache's, or were freed, which on_free has)
         if ref is None or after <= protected_before or req.kv.req_pool_idx is None:
+            return
+        if req.finished():
             return
         row = self.sched.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
         runs = tensor_runs(row[protected_before:after])
