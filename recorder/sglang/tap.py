@@ -205,7 +205,11 @@ class Tap(TapEngine):
         self.check = os.environ.get("SCHEDTOP_STRICT") == "1"
         # the slot map (format 1.9): SGLang's token pool slot by slot, where one slot is
         # one token (page_size 1); in_schedule: inside get_next_batch_to_run
-        self.slot_map = config.block_size == 1 and int(sched.server_args.page_size or 1) == 1
+        # (SCHEDTOP_SLOT_MAP=0 leaves it out: it about doubles the recorder's CPU time)
+        self.slot_map = (
+            int(sched.server_args.page_size or 1) == 1
+            and os.environ.get("SCHEDTOP_SLOT_MAP", "1") != "0"
+        )
         self.in_schedule = False
         # What recording costs, for the overhead bench (SCHEDTOP_COST_FILE): the scheduler
         # thread's CPU time in the hooks (hooks._cpu counts it), written out whenever the
