@@ -9,7 +9,9 @@ for room is a preemption with cause RETRACTED, and goes back to the waiting queu
 
 SGLang's KV pool is token-granular and its prefix cache a radix tree, so the trace's
 block map stays empty (no KV events; header kv_pool "tokens"): the pool's occupancy is
-each step's free_slots and cached_slots (docs/trace-format.md, 1.5). The tap keeps the
+each step's free_slots and cached_slots (docs/trace-format.md, 1.5), and with page_size 1
+the slot map says which slot is whose (1.9: slots given, freed, written into rows by the
+radix cache; docs/trace-format.md section 16). The tap keeps the
 state the records build (schedtop's own reducer, applied as it writes them), which gives
 the snapshots and checks every record before it is written.
 """
