@@ -85,6 +85,25 @@ def replay_work(step: Step) -> int:
     )
 
 
+def steady_body(report: Step, time_ns: int, redact: bool) -> bytes:
+    """The record of a steady step (`StepCompactor.is_steady`), straight from the report:
+    the bytes the general encoder would write for it, without building its Step."""
+    return encode_steady(
+        report.step,
+        time_ns,
+        report.schedule_ns,
+        report.update_ns,
+        report.token_budget,
+        len(report.scheduled),
+        None,  # sample_counts: one sample each in a steady step
+        None if redact else report.sampled_tokens,
+        report.kv_events,
+        report.free_blocks_after_schedule,
+        report.free_blocks,
+        report.work_ns,
+    )
+
+
 class RecordedEngine(Protocol):
     """What a Recorder reads of the engine it records: schedtop's EngineCore, or the tap
     inside another engine's scheduler (recorder.vllm, recorder.sglang), which answers for
@@ -580,23 +599,9 @@ class Recorder:
     def _write_steady(self, report: Step, time_ns: int) -> None:
         """_record_steady's work for a steady `report` on the engine's thread, with no
         list of fields in between: the record's bytes straight from the report."""
-        n = len(report.scheduled)
-        kv = report.kv_events
-        due = self._due(1 + n + len(kv.block_ids), report.schedule_ns + report.update_ns)
-        body = encode_steady(
-            report.step,
-            time_ns,
-            report.schedule_ns,
-            report.update_ns,
-            report.token_budget,
-            n,
-            None,  # sample_counts: one sample each in a steady step
-            None if self._compactor.redact else report.sampled_tokens,
-            kv,
-            report.free_blocks_after_schedule,
-            report.free_blocks,
-            report.work_ns,
-        )
+        work = 1 + len(report.scheduled) + len(report.kv_events.block_ids)
+        due = self._due(work, report.schedule_ns + report.update_ns)
+        body = steady_body(report, time_ns, self._compactor.redact)
         self._index_step(self.sink.append(RecordType.STEP, body, boundary=not due))
         self._written(due)
 
@@ -649,20 +654,7 @@ class Recorder:
                 continue  # recording stopped: what waits is dropped, as later steps are
             try:
                 if not report.num_decodes and compactor.is_steady(report):
-                    body = encode_steady(
-                        report.step,
-                        time_ns,
-                        report.schedule_ns,
-                        report.update_ns,
-                        report.token_budget,
-                        len(report.scheduled),
-                        None,  # sample_counts: one sample each in a steady step
-                        None if compactor.redact else report.sampled_tokens,
-                        report.kv_events,
-                        report.free_blocks_after_schedule,
-                        report.free_blocks,
-                        report.work_ns,
-                    )
+                    body = steady_body(report, time_ns, compactor.redact)
                     rtype: int = RecordType.STEP
                 else:
                     rtype, body = encode(compactor.compact(report, time_ns))
