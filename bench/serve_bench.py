@@ -76,6 +76,8 @@ class Server:
             "0",
             "--trace-dir",
             str(trace_dir),
+            # more `schedtop serve` options for an experiment, e.g. "--num-threads 2"
+            *os.environ.get("SCHEDTOP_BENCH_SERVE_ARGS", "").split(),
         ]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(
