@@ -89,25 +89,20 @@ class FreeBlockQueue:
         return out
 
     def popleft_n(self, n: int) -> list[KVBlock]:
-        return self.popleft_run(n)[1]
-
-    def popleft_run(self, n: int) -> tuple[list[int], list[KVBlock]]:
-        """Take `n` blocks from the head: their ids and the blocks, head first."""
+        """Take `n` blocks from the head, head first."""
         if n > self.num_free:
             raise ValueError(f"cannot take {n} blocks: only {self.num_free} free")
         head = self._head
         block = head.next_free
-        ids: list[int] = []
         blocks: list[KVBlock] = []
         for _ in range(n):
-            ids.append(block.block_id)
             blocks.append(block)
             block.prev_free = None
             block = block.next_free
         head.next_free = block
         block.prev_free = head
         self.num_free -= n
-        return ids, blocks
+        return blocks
 
     def remove(self, block: KVBlock) -> None:
         before, after = block.prev_free, block.next_free
@@ -196,7 +191,7 @@ class BlockPool:
         queue = self.free_queue
         if n > queue.num_free:
             raise ValueError(f"cannot take {n} blocks: only {queue.num_free} free")
-        # FreeBlockQueue.popleft_run's walk, with each block's first reference and the
+        # FreeBlockQueue.popleft_n's walk, with each block's first reference and the
         # eviction test in the same pass: one loop a run, not two.
         head = queue._head
         block = head.next_free
@@ -260,26 +255,12 @@ class BlockPool:
                 cached[h] = {entry.block_id: entry, bid: block}
         self.events.add(_CACHED, ref, ids, hashes)
 
-    def free_blocks(self, ordered: Iterable[KVBlock]) -> None:
-        """Drop one reference from each block. Blocks reaching 0 go back to the queue:
-        unhashed ones at the head (reused first), hashed ones at the tail (kept longest)."""
-        first: list[KVBlock] = []
-        last: list[KVBlock] = []
-        for block in ordered:
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                if block.block_hash is None or not self.enable_caching:
-                    first.append(block)
-                else:
-                    last.append(block)
-        self.free_queue.prepend_n(first)
-        self.free_queue.append_n(last)
-
     def free_run(self, ref: int, ordered: list[KVBlock]) -> None:
-        """free_blocks for request `ref`'s table, in the order given, with its FREED
-        event: one walk reads the ids and links the hashed blocks at the tail as it
-        goes (the queue ends up as free_blocks leaves it: the unhashed ones go to the
-        head after, at the other end)."""
+        """Drop one reference from each block of request `ref`'s table, in the order
+        given, with its FREED event. Blocks reaching 0 go back to the queue: unhashed ones
+        at the head (reused first), hashed ones at the tail (kept longest). One walk reads
+        the ids and links the hashed blocks at the tail as it goes; the unhashed ones go
+        to the head after it."""
         queue = self.free_queue
         caching = self.enable_caching
         tail = queue._tail
