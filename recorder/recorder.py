@@ -613,23 +613,9 @@ class Recorder:
         where each call costs several times what it does in a loop: measured in context
         (docs/benchmarks.md, Recorder), the first step of a batch took 66 µs to encode
         and the next ones 22, 17, 15, 14; so a step costs the engine's thread only this."""
-        # replay_work of the compacted record, from the report: compacting moves leading
+        # The compacted record's replay work is the report's: compacting moves leading
         # entries into num_decodes and leaves the other counts alone.
-        arrivals, finishes, preemptions = (
-            len(report.arrivals),
-            len(report.finishes),
-            len(report.preemptions),
-        )
-        work = (
-            1
-            + report.num_decodes
-            + len(report.scheduled)
-            + len(report.kv_events.block_ids)
-            + arrivals
-            + finishes
-            + preemptions
-        )
-        due = self._due(work, report.schedule_ns + report.update_ns)
+        due = self._due(replay_work(report), report.schedule_ns + report.update_ns)
         pending = self._pending
         pending.append((report, time_ns))
         # A snapshot follows a due step: the batch goes first, its last record without a
@@ -637,7 +623,7 @@ class Recorder:
         if due or time_ns - self._batched_ns >= self._batch_ns or len(pending) >= MAX_BATCH:
             with self._pending_lock:
                 self._encode_pending(time_ns, last_boundary=not due)
-        self._written(due, arrivals, finishes, preemptions)
+        self._written(due, len(report.arrivals), len(report.finishes), len(report.preemptions))
 
     def _encode_pending(self, now_ns: int, last_boundary: bool = True) -> None:
         """Compact, encode and append the steps waiting (the caller holds _pending_lock),
