@@ -397,6 +397,10 @@ class History:
         """Digest the run of missing steps that starts at `start`."""
         made = 0
         prev_time = self._time_before(timeline, start)
+        end = start
+        while end < hi and end + 1 not in self._digests:
+            end += 1
+        timeline.read_ahead(start, end)
         s = start
         while s <= hi and s not in self._digests:
             before = timeline.state(s - 1)
