@@ -25,7 +25,7 @@ from pathlib import Path
 from recorder.errors import TraceError
 from recorder.paths import SUFFIX
 from recorder.reader import Cut, Entry, Scan, TraceIndex, TraceReader
-from recorder.schema import End, Footer, RecordType, Step
+from recorder.schema import End, Footer, Record, RecordType, Step
 from recorder.segments import SegmentFile, check_same_engine, is_run_dir, list_segments
 
 _SHIFT = 40  # bits of a virtual offset that are the offset inside its segment
@@ -212,13 +212,15 @@ class SegmentedReader(TraceReader):
             seg, local = self._segs[i], self._segs[i].records_start
 
     def read_at(self, offset: int) -> Entry:
+        return Entry(offset, self.record_at(offset))
+
+    def record_at(self, offset: int) -> Record:
         i, seg, local = self._locate(offset)
         try:
-            entry = seg.read_at(local)
+            return seg.record_at(local)
         except TraceError as e:
             e.path = str(seg.path)
             raise
-        return Entry(offset, entry.record)
 
     def index(self) -> TraceIndex:
         if self._index is None:

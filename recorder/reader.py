@@ -242,6 +242,11 @@ class TraceReader:
 
     def read_at(self, offset: int) -> Entry:
         """The record at `offset` (a record start, from the index)."""
+        return Entry(offset, self.record_at(offset))
+
+    def record_at(self, offset: int) -> Record:
+        """read_at(offset).record, without the Entry (a live view reads thousands of
+        records a second, and a frozen dataclass costs a microsecond to build)."""
         frame = self._scanned.pop(offset, None) if self._scanned else None
         if frame is not None:
             self._scanned_bytes -= len(frame[1])
@@ -253,7 +258,7 @@ class TraceReader:
         record = decode(rtype, body, offset)
         if record is None:
             raise TraceError(f"record of unknown type {rtype}", offset)
-        return Entry(offset, record)
+        return record
 
     # -- the index and seeking -----------------------------------------------------------------
 

@@ -147,7 +147,7 @@ class Timeline:
             self._records.move_to_end(step)
             return rec
         self._check(step)
-        rec = cast(Step, self.reader.read_at(self._offsets[step - self.first_step]).record)
+        rec = cast(Step, self.reader.record_at(self._offsets[step - self.first_step]))
         if not isinstance(rec, Step) or rec.step != step:
             raise TraceError(
                 f"the index says step {step} is here", self._offsets[step - self.first_step]
@@ -166,12 +166,12 @@ class Timeline:
         CPU's caches (a steady step's decode took twice as long interleaved)."""
         lo = max(lo, self.first_step)
         hi = min(hi, self.last_step, lo + self.max_cached_records // 2 - 1)
-        records, offsets, read_at = self._records, self._offsets, self.reader.read_at
+        records, offsets, record_at = self._records, self._offsets, self.reader.record_at
         for step in range(lo, hi + 1):
             if step in records:
                 continue
             try:
-                rec = read_at(offsets[step - self.first_step]).record
+                rec = record_at(offsets[step - self.first_step])
             except TraceError:
                 return
             if not isinstance(rec, Step) or rec.step != step:
