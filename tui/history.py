@@ -77,6 +77,35 @@ def digest(
     `prefix_caching`: the run caches prefixes, so an admission with no hit is a miss.
     `cached_by`: block id -> the request that filled it last (History keeps it).
     `evictions`: _evictions(rec), when the caller has them already."""
+    if not (
+        rec.arrivals
+        or rec.admissions
+        or rec.preemptions
+        or rec.finishes
+        or rec.scheduled
+        or rec.evicted_slots
+    ):
+        return _decodes_only(
+            rec, names, after, prev_time_ns, engine_time, leading, cached_by, evictions
+        )
+    return digest_any(
+        rec, names, after, prev_time_ns, engine_time, leading, prefix_caching, cached_by, evictions
+    )
+
+
+def digest_any(
+    rec: Step,
+    names: Mapping[int, str],
+    after: State,
+    prev_time_ns: int | None,
+    engine_time: bool = False,
+    leading: tuple[int, ...] | None = None,
+    prefix_caching: bool = False,
+    cached_by: Mapping[int, str] | None = None,
+    evictions: list[tuple[tuple[int, ...], int | None]] | None = None,
+) -> Digest:
+    """digest() of any step, by the general passes (tests check the decodes-only lane
+    against it)."""
     arrived = {a.ref: a.request_id for a in rec.arrivals} if rec.arrivals else {}
 
     def name(ref: int) -> str:
@@ -119,6 +148,61 @@ def digest(
         queries,
         # a token pool's (format 1.8) are slots, which are its blocks (block_size 1)
         (sum([len(blocks) for blocks, _ in evictions]) if evictions else 0) + rec.evicted_slots,
+    )
+
+
+def _decodes_only(
+    rec: Step,
+    names: Mapping[int, str],
+    after: State,
+    prev_time_ns: int | None,
+    engine_time: bool,
+    leading: tuple[int, ...] | None,
+    cached_by: Mapping[int, str] | None,
+    evictions: list[tuple[tuple[int, ...], int | None]] | None,
+) -> Digest:
+    """digest() of a step that admits, preempts, schedules and finishes nothing (no
+    arrival either): its decodes and evictions are all it has (most steps of a busy
+    engine, which a live view digests thousands of a second). The same Digest, without
+    the other kinds' empty passes."""
+    if evictions is None:
+        evictions = _evictions(rec)
+    if evictions:
+
+        def name(ref: int) -> str:
+            return names.get(ref) or f"#{ref}"
+
+        events = tuple(_evicted(rec.step, evictions, name, cached_by))
+        evicted = sum([len(blocks) for blocks, _ in evictions])
+    else:
+        events, evicted = (), 0
+    if leading is None:
+        left: tuple[tuple[int, int], ...] = ()
+    elif len(leading) == len(after.requests):
+        # every request was scheduled: the leading decodes are distinct requests that
+        # are all still there (nothing finished), so counting them is the set test
+        left = ()
+    else:
+        left = unscheduled(rec, leading, after)
+    if engine_time:
+        step_ns = rec.schedule_ns + rec.update_ns
+    else:
+        work = rec.work_ns
+        step_ns = work if prev_time_ns is None or work else max(0, rec.time_ns - prev_time_ns)
+    return Digest(
+        rec.step,
+        rec.time_ns,
+        step_ns,
+        len(after.running),
+        len(after.waiting),
+        rec.free_blocks,
+        0,
+        rec.num_decodes,
+        events,
+        left,
+        0,
+        0,
+        evicted,
     )
 
 
