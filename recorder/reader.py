@@ -218,10 +218,26 @@ class TraceReader:
     ) -> tuple[list[Entry], int]:
         """The whole records of type `rtype` from byte `start` on (default: the first after
         the header), decoding no others, and where the last whole record ends (the next
-        call's `start` when following a growing file with `tail`)."""
+        call's `start` when following a growing file with `tail`). The bodies of the
+        other records are passed over unread (their checksums are left to the readers
+        that decode them): a live view looks for CLIENT records between every batch of
+        steps, which it reads and checks once already."""
         offset = self.records_start if start is None else start
         out: list[Entry] = []
-        while (frame := self._frame_at(offset, tail=tail)) is not None:
+        f = self._f
+        size = os.fstat(f.fileno()).st_size
+        while True:
+            f.seek(offset)
+            head = f.read(FRAME_SIZE)
+            if len(head) == FRAME_SIZE:
+                length, kind, _ = FRAME.unpack(head)
+                after = offset + FRAME_SIZE + length
+                if kind not in (rtype, RecordType.END, 0) and after <= size:
+                    offset = after  # (its length and checksum: for the readers that decode it)
+                    continue
+            frame = self._frame_at(offset, tail=tail)  # checks it, or finds where it is cut
+            if frame is None:
+                break
             kind, body, after = frame
             if kind == rtype:
                 record = decode(kind, body, offset)

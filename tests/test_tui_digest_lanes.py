@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from recorder.errors import TraceError
+from recorder.framing import FRAME_SIZE
 from recorder.multi import open_trace
+from recorder.schema import RecordType
 from replays.timeline import Timeline
 from tests.helpers import open_reader
 from tui import history
@@ -51,9 +53,10 @@ def _check_lane(tl: Timeline) -> None:
 
 def test_a_batch_read_ahead_gives_the_records_one_by_one_reads_give(tmp_path: Path) -> None:
     path = TRACES[0]
-    with Timeline(open_reader(path)) as one, Timeline(
-        open_reader(path), max_cached_records=64
-    ) as ahead:
+    with (
+        Timeline(open_reader(path)) as one,
+        Timeline(open_reader(path), max_cached_records=64) as ahead,
+    ):
         ahead.read_ahead(ahead.first_step, ahead.last_step)  # clamped to half the cache
         assert len(ahead._records) == 32
         for s in range(one.first_step, one.last_step + 1):
@@ -78,3 +81,25 @@ def test_a_read_ahead_stops_at_a_bad_record_and_the_walk_raises_there(tmp_path: 
         with pytest.raises(TraceError, match="checksum"):
             h.fill(tl, tl.first_step, tl.first_step + 30)
         assert h.get(bad_step - 1) is not None and h.get(bad_step) is None
+
+
+def test_records_of_passes_over_other_records_and_stops_where_a_record_is_cut(
+    tmp_path: Path,
+) -> None:
+    src = TRACES[0]
+    data = src.read_bytes()
+    with open_reader(src) as whole:
+        starts = [offset for offset, _, _ in whole.frames()]
+        found, end = whole.records_of(RecordType.STEP)
+        assert [e.offset for e in found] == list(whole.index().step_offsets)
+        assert whole.finished
+    cut_at = starts[len(starts) // 2]
+    for cut in (cut_at + 3, cut_at + FRAME_SIZE + 2):  # in its frame header, in its body
+        part = tmp_path / f"part-{cut}.trace"
+        part.write_bytes(data[:cut])
+        with open_reader(part) as reader:
+            found, end = reader.records_of(RecordType.CLIENT, tail=True)
+            assert (found, end) == ([], cut_at)
+            assert reader.cut is None and not reader.finished
+            found, end = reader.records_of(RecordType.CLIENT, start=end, tail=True)
+            assert (found, end) == ([], cut_at)
