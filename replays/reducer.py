@@ -292,14 +292,17 @@ class _Apply:
         total = num_entries if counts is None else sum(counts)
         if tokens is not None and len(tokens) != total:
             raise Inconsistent(f"{len(tokens)} sampled tokens, the counts say {total}")
-        refs = [*decoders, *(e.ref for e in rec.scheduled)]
-        todo = zip(refs[len(decoders) :], repeat(1)) if counts is None else zip(refs, counts)
-        for ref, count in todo:
-            _sampled(reqs[ref], count, step)
+        if counts is None:  # the leading decodes' are counted: the rest sample one each
+            for e in rec.scheduled:
+                _sampled(reqs[e.ref], 1, step)
+        else:
+            for ref, count in zip([*decoders, *(e.ref for e in rec.scheduled)], counts):
+                _sampled(reqs[ref], count, step)
         for x in rec.other_samples:
             _sampled(reqs[x.ref], x.count, step)
         if not self.view:
             return ()
+        refs = [*decoders, *(e.ref for e in rec.scheduled)]
         out: list[Sample] = []
         at = 0
         for ref, count in zip(refs, repeat(1) if counts is None else counts):

@@ -485,8 +485,8 @@ class History:
         while end < hi and end + 1 not in self._digests:
             end += 1
         timeline.read_ahead(start, end)
-        s = start
-        while s <= hi and s not in self._digests:
+        digests, capacity = self._digests, self.capacity
+        for s in range(start, end + 1):
             before = timeline.state(s - 1)
             rec = timeline.record(s)
             evictions = _evictions(rec)  # once: the names and the digest both need them
@@ -494,12 +494,14 @@ class History:
             leading = decoders(rec, before)
             after = timeline.state(s, keyframes_from is None or s >= keyframes_from)
             d = self._digest(rec, names, after, prev_time, leading, evictions)
-            self._put(d)
+            digests[s] = d  # _put(d): a new step, so already the most recent
+            if len(digests) > capacity:
+                digests.popitem(last=False)
             if seen is not None:
                 seen(rec, d, after)
+            self.made += 1
             prev_time = d.time_ns
             made += 1
-            s += 1
         return made
 
     def add_step(
