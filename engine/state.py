@@ -4,8 +4,8 @@ engine.records, which the recorder writes as it is and replays rebuild from a tr
 
 from __future__ import annotations
 
-from itertools import compress, repeat
-from operator import attrgetter, is_not
+from itertools import compress
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from engine.records import RequestState, Snapshot, trace_hashes
@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 
 _HASH = attrgetter("block_hash")
+_ID = attrgetter("block_id")
 
 
 def snapshot(sched: Scheduler) -> Snapshot:
@@ -44,9 +45,11 @@ def snapshot(sched: Scheduler) -> Snapshot:
     # cleared when it is evicted: engine.kv.block_pool), and block i is blocks[i]: so a
     # pass in C over the pool lists the cached blocks in id order. Sorting (id, hash)
     # pairs from the map cost most of a snapshot (8 ms of 10 at 12,000 cached blocks),
-    # and its 12,000 tuples set off young collections on the engine's thread.
-    hashes = list(map(_HASH, kv.pool.blocks))
-    cached = list(map(is_not, hashes, repeat(None)))
+    # and its 12,000 tuples set off young collections on the engine's thread. A hash is
+    # a digest, never empty, so its truth says whether the block is cached; the ids are
+    # the blocks' own ints (a range's would be made anew, one object each above 256).
+    blocks = kv.pool.blocks
+    hashes = list(map(_HASH, blocks))
     return Snapshot(
         step=sched.step_index - 1,
         next_ref=sched.next_ref,
@@ -54,6 +57,6 @@ def snapshot(sched: Scheduler) -> Snapshot:
         running=tuple(r.ref for r in sched.running),
         waiting=tuple(r.ref for r in sched.waiting),
         free_queue=tuple(kv.pool.free_queue.ids()),
-        cached_block_ids=tuple(compress(range(len(hashes)), cached)),
-        cached_hashes=trace_hashes(list(compress(hashes, cached))),
+        cached_block_ids=tuple(map(_ID, compress(blocks, hashes))),
+        cached_hashes=trace_hashes(list(compress(hashes, hashes))),
     )
