@@ -352,6 +352,38 @@ REQUEST_SNAP = Struct(
     ],
 )
 
+
+class _RequestItems(Items[RequestState]):
+    """A snapshot's requests: the bytes Items writes, made a column at a time. Item by
+    item (a structure's encoder, a msgpack call each) they were a fifth of a snapshot's
+    cost at 256 requests; here the only per-request call is the block table's pack_ints.
+    decode is Items'."""
+
+    __slots__ = ()
+
+    def enc(self, v: tuple[RequestState, ...]) -> bytes:
+        n = len(v)
+        item = self.item
+        if n < 2 or n > 0xFFFF:
+            return super().enc(v)
+        cols = list(zip(*map(item._values, v)))
+        cols[_BLOCK_IDS] = tuple(map(pack_ints, cols[_BLOCK_IDS]))
+        rows: list[Any] = list(zip(*cols))
+        if _TRIMMED in cols[-1]:
+            # Struct.enc leaves out trailing fields at their defaults (-1: not yet).
+            rows = [row if row[-1] != _TRIMMED else item.enc(r) for row, r in zip(rows, v)]
+        # One array of the items is an array header and then each item as Items writes
+        # it: the header (3 bytes for 16 to 65,535 items) is cut off.
+        return _packer.pack(rows)[1 if n < 16 else 3 :]  # type: ignore[no-any-return]
+
+
+_BLOCK_IDS = REQUEST_SNAP.names.index("block_ids")
+_TRIMMED = REQUEST_SNAP.defaults[-1]
+# Every field after the required ones defaults to -1, and block_ids is the only field
+# with a codec of its own: what _RequestItems.enc relies on.
+assert set(REQUEST_SNAP.defaults[REQUEST_SNAP.required :]) == {_TRIMMED} == {-1}
+assert [i for i, _ in REQUEST_SNAP._custom] == [_BLOCK_IDS]
+
 HEADER = Body(
     Header,
     [
@@ -587,7 +619,7 @@ SNAPSHOT = Body(
     [
         (0, "step", INT),
         (1, "next_ref", UINT),
-        (2, "requests", Items(REQUEST_SNAP)),
+        (2, "requests", _RequestItems(REQUEST_SNAP)),
         (3, "running", INTS),
         (4, "waiting", INTS),
         (5, "free_queue", INTS),

@@ -17,6 +17,7 @@ from engine.records import Reason as EngineReason
 from engine.request import Status as EngineStatus
 from recorder import codec
 from recorder.codec import decode, encode, pack_ints, unpack_ints
+from recorder.encoding import Items
 from recorder.errors import TraceError
 from recorder.schema import (
     Admission,
@@ -357,3 +358,38 @@ def test_the_steady_encoder_writes_the_bytes_of_the_general_one(fields: tuple) -
 def test_an_encoder_of_fields_out_of_order_is_refused() -> None:
     with pytest.raises(ValueError, match="field order"):
         codec.STEP.encoder_of(("time_ns", "step"))
+
+
+_request_state = st.builds(
+    RequestState,
+    ref=st.integers(0, 70000),
+    request_id=st.text(max_size=12),
+    status=st.integers(0, 3),
+    num_prompt_tokens=_counts,
+    num_output_tokens=_counts,
+    num_computed_tokens=_counts,
+    block_ids=st.lists(st.integers(0, 70000), max_size=70).map(tuple),
+    num_preemptions=st.integers(0, 5),
+    priority=st.integers(-5, 5),
+    arrival_time=st.floats(0, 1e9),
+    num_cached_tokens=st.integers(-1, 100),
+    max_tokens=st.integers(1, 1000),
+    # Trailing fields at their default (-1) are left out of an item: the rows so end at
+    # different lengths.
+    arrival_step=st.integers(-1, 3),
+    first_scheduled_step=st.integers(-1, 3),
+    first_token_step=st.integers(-1, 3),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_request_state, max_size=40))
+def test_snapshot_requests_are_written_as_items_one_by_one_would_be(
+    requests: list[RequestState],
+) -> None:
+    """A snapshot's requests are encoded a column at a time: the bytes of the generic
+    item list (one structure and msgpack call per request), so every reader reads them."""
+    fast = {name: c for _, name, c in codec.SNAPSHOT.fields}["requests"]
+    generic = Items(codec.REQUEST_SNAP)
+    assert fast.enc(tuple(requests)) == generic.enc(tuple(requests))
+    assert fast.dec(fast.enc(tuple(requests))) == tuple(requests)
