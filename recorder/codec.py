@@ -357,7 +357,7 @@ REQUEST_SNAP = Struct(
 class _RequestItems(Items[RequestState]):
     """A snapshot's requests: the bytes Items writes, made a column at a time. Item by
     item (a structure's encoder, a msgpack call each) they were a fifth of a snapshot's
-    cost at 256 requests; here the only per-request call is the block table's pack_ints.
+    cost at 256 requests; here the only per-request call packs the block table.
     decode is Items'."""
 
     __slots__ = ()
@@ -368,7 +368,7 @@ class _RequestItems(Items[RequestState]):
         if n < 2 or n > 0xFFFF:
             return super().enc(v)
         cols = list(zip(*map(item._values, v)))
-        cols[_BLOCK_IDS] = tuple(map(pack_ints, cols[_BLOCK_IDS]))
+        cols[_BLOCK_IDS] = tuple(map(_short_ints, cols[_BLOCK_IDS]))  # pack_ints' bytes
         rows: list[Any] = list(zip(*cols))
         if _TRIMMED in cols[-1]:
             # Struct.enc leaves out trailing fields at their defaults (-1: not yet).
@@ -603,10 +603,12 @@ def encode_steady(
 
 
 def _short_ints(values: tuple[int, ...]) -> bytes:
-    """pack_ints of a decode step's refs or block ids (at most 64 values, or so: one per
-    request crossing a block boundary), with one test of the top value and one C call:
-    pack_ints' steps (the record's integer budget, which no steady record has begun, the
-    width loop, the packer's look-up by a tuple) took twice what packing them does."""
+    """pack_ints of a short column (a decode step's refs or block ids, one per request
+    crossing a block boundary; a snapshot's block tables), with one test of the top
+    value and one C call: pack_ints' steps (the record's integer budget, the width loop,
+    the packer's look-up by a tuple) took twice what packing 32 values does. A column of
+    at most 64 needs no budget (the frame's size limit bounds the record); longer ones
+    go to pack_ints."""
     n = len(values)
     top = max(values) if 0 < n <= 64 else -1
     if 0 <= top < 0x100:
