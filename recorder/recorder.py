@@ -303,7 +303,10 @@ class Recorder:
         # oldest first. The engine's thread appends; whoever encodes them (the engine's
         # thread or the flush timer's) holds the lock, which keeps the records in order:
         # every other record is appended under it, after what waits.
-        self._pending: deque[tuple[Step, int]] = deque()
+        # A steady step waits as its record's fields (STEADY_FIELDS), any other as
+        # (report, time_ns); `_general_pending` says one of the latter waits.
+        self._pending: deque[tuple[Any, ...]] = deque()
+        self._general_pending = False
         self._pending_lock = threading.Lock()
         self._batch_ns = int(options.batch_s * 1e9)
         self._batched_ns = 0  # when the last batch was encoded (the steps' clock)
@@ -617,11 +620,36 @@ class Recorder:
         # entries into num_decodes and leaves the other counts alone.
         due = self._due(replay_work(report), report.schedule_ns + report.update_ns)
         pending = self._pending
-        pending.append((report, time_ns))
-        # A snapshot follows a due step: the batch goes first, its last record without a
-        # boundary (the snapshot ends the flush unit).
-        if due or time_ns - self._batched_ns >= self._batch_ns or len(pending) >= MAX_BATCH:
-            with self._pending_lock:
+        compactor = self._compactor
+        with self._pending_lock:
+            # A steady step waits as its record's fields: the report's entries hold every
+            # running request, and 64 reports kept alive cost the engine's collector and
+            # allocator about 40k instructions a step (measured: docs/benchmarks.md). The
+            # compactor's queues are up to date only while no other step waits (a steady
+            # one changes nothing in them); the lock keeps the flush timer's encoding out.
+            if not self._general_pending and not report.num_decodes and compactor.is_steady(report):
+                pending.append(
+                    (
+                        report.step,
+                        time_ns,
+                        report.schedule_ns,
+                        report.update_ns,
+                        report.token_budget,
+                        len(report.scheduled),
+                        None,  # sample_counts: one sample each in a steady step
+                        None if compactor.redact else report.sampled_tokens,
+                        report.kv_events,
+                        report.free_blocks_after_schedule,
+                        report.free_blocks,
+                        report.work_ns,
+                    )
+                )
+            else:
+                self._general_pending = True
+                pending.append((report, time_ns))
+            # A snapshot follows a due step: the batch goes first, its last record without
+            # a boundary (the snapshot ends the flush unit).
+            if due or time_ns - self._batched_ns >= self._batch_ns or len(pending) >= MAX_BATCH:
                 self._encode_pending(time_ns, last_boundary=not due)
         self._written(due, len(report.arrivals), len(report.finishes), len(report.preemptions))
 
@@ -634,21 +662,26 @@ class Recorder:
         compactor = self._compactor
         sink = self.sink
         append, offsets, ends = sink.append, self._step_offsets, self._step_ends
+        self._general_pending = False  # (the caller holds the lock: none will wait)
         while pending:
-            report, time_ns = pending.popleft()
+            waiting = pending.popleft()
             if self.error is not None:
                 continue  # recording stopped: what waits is dropped, as later steps are
             try:
-                if not report.num_decodes and compactor.is_steady(report):
-                    body = steady_body(report, time_ns, compactor.redact)
-                    rtype: int = RecordType.STEP
+                rtype: int = RecordType.STEP
+                if len(waiting) != 2:  # a steady step's fields
+                    body = encode_steady(*waiting)
                 else:
-                    rtype, body = encode(compactor.compact(report, time_ns))
+                    report, time_ns = waiting
+                    if not report.num_decodes and compactor.is_steady(report):
+                        body = steady_body(report, time_ns, compactor.redact)
+                    else:
+                        rtype, body = encode(compactor.compact(report, time_ns))
                 boundary = last_boundary if not pending else False
                 offsets.append(append(rtype, body, boundary=boundary))
                 ends.append(sink.offset)
             except Exception as e:
-                self._failed(report.step, e)
+                self._failed(waiting[0] if len(waiting) != 2 else waiting[0].step, e)
 
     def _flush_pending(self) -> None:
         """Append the steps waiting, before any other record (any thread)."""
