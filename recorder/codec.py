@@ -618,7 +618,7 @@ def _short_ints(values: tuple[int, ...]) -> bytes:
         if pack is None:
             pack = _U16_SHORT[n] = struct.Struct(f"<{n}H").pack
         try:
-            return _TWO_BYTES + pack(*values)  # type: ignore[no-any-return]
+            return _TWO_BYTES + pack(*values)
         except struct.error:  # a negative value: pack_ints says so
             pass
     return pack_ints(values)
