@@ -59,6 +59,10 @@ class Request:
     # while num_computed_tokens + new tokens <= kv_quiet, the KV manager's allocate_running
     # would do nothing (the manager keeps it)
     kv_quiet: int = field(default=-1, init=False, repr=False)
+    # block_hashes cut to the records' HASH_BYTES, as CACHED events carry them: cut once
+    # per block when hashed (BlockHasher keeps it), not each time a step caches the block.
+    # A hasher that keeps only block_hashes leaves it short; the KV manager cuts the rest.
+    short_hashes: list[bytes] = field(default_factory=list, init=False, repr=False)
     # per output token, when its sampling asks for logprobs (None otherwise: no list kept)
     logprobs: list[TokenLogprobs] | None = None
     all_token_ids: list[int] = field(init=False)  # prompt + outputs

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from engine.records import NO_KV_EVENTS, KVEvent, KVEvents, KVKind, trace_hashes
+from engine.records import NO_KV_EVENTS, KVEvent, KVEvents, KVKind
 
 _CACHED, _EVICTED, _PREFIX_HIT = KVKind.CACHED, KVKind.EVICTED, KVKind.PREFIX_HIT
 
@@ -29,16 +29,14 @@ class KVEventLog:
         "hit_tokens",
     )
 
-    # CACHED hashes come whole (the engine's) and are cut to the records' HASH_BYTES at
-    # freeze; a log fed hashes cut already (recorder.vllm's) sets this False.
-    whole_hashes = True
-
     def __init__(self) -> None:
         self.kinds: list[KVKind] = []  # one per event
         self.refs: list[int] = []  # one per event but EVICTED: whose table changed
         self.sizes: list[int] = []  # blocks per event
         self.block_ids: list[int] = []  # every event's blocks, back to back
-        self.cached_hashes: list[bytes] = []  # the hashes of CACHED events, back to back
+        # the hashes of CACHED events, back to back, cut to the records' HASH_BYTES by
+        # whoever adds them (the engine's block hasher cuts each once, when it hashes it)
+        self.cached_hashes: list[bytes] = []
         self.evicted_hashes: list[bytes] = []  # the dropped hashes of EVICTED events
         self.hit_tokens: list[int] = []  # one per PREFIX_HIT: tokens covered
 
@@ -75,8 +73,7 @@ class KVEventLog:
         self.hit_tokens += other.hit_tokens
 
     def freeze(self) -> KVEvents:
-        """The step's record (evicted hashes are left out: a reducer knows them; the
-        cached ones are cut to the records' HASH_BYTES)."""
+        """The step's record (evicted hashes are left out: a reducer knows them)."""
         if not self.kinds:
             return NO_KV_EVENTS
         return KVEvents(
@@ -84,7 +81,7 @@ class KVEventLog:
             tuple(self.refs),
             tuple(self.sizes),
             tuple(self.block_ids),
-            trace_hashes(self.cached_hashes) if self.whole_hashes else tuple(self.cached_hashes),
+            tuple(self.cached_hashes),
             tuple(self.hit_tokens),
         )
 

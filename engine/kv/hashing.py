@@ -8,6 +8,8 @@ import struct
 from hashlib import sha256
 from typing import TYPE_CHECKING
 
+from engine.records import HASH_BYTES
+
 if TYPE_CHECKING:
     from engine.request import Request
 
@@ -36,6 +38,7 @@ class BlockHasher:
 
     def __call__(self, request: Request) -> None:
         hashes = request.block_hashes
+        short = request.short_hashes
         tokens = request.all_token_ids
         bs = self.block_size
         pack = self._pack
@@ -47,6 +50,7 @@ class BlockHasher:
         while start + bs <= len(tokens):
             parent = sha256(parent + pack(*tokens[start : start + bs])).digest()
             hashes.append(parent)
+            short.append(parent[:HASH_BYTES])
             start += bs
         # Nothing to hash before the next block is full: the request skips the call until then.
         request.hash_due = start + bs

@@ -9,12 +9,21 @@ from __future__ import annotations
 
 from engine.kv.block_pool import BlockPool, KVBlock
 from engine.kv.events import KVEventLog
-from engine.records import KVKind
+from engine.records import KVKind, trace_hashes
 from engine.request import Request, Status
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _short_hashes(request: Request, done: int, full: int) -> list[bytes]:
+    """Blocks done..full's hashes as their CACHED event carries them: BlockHasher cut them
+    when it hashed them; hashes it did not make (another hasher's) are cut here, once."""
+    short = request.short_hashes
+    if len(short) < full:
+        short += trace_hashes(request.block_hashes[len(short) : full])
+    return short[done:full]
 
 
 NO_BLOCKS: list[KVBlock] = []  # shared "nothing allocated" result; never mutated
@@ -192,7 +201,12 @@ class KVCacheManager:
                 if full > len(hashes):
                     full = len(hashes)
                 if full > done:
-                    self.pool.cache_full_blocks(request.ref, table[done:full], hashes[done:full])
+                    self.pool.cache_full_blocks(
+                        request.ref,
+                        table[done:full],
+                        hashes[done:full],
+                        _short_hashes(request, done, full),
+                    )
                     self.num_cached_block[rid] = done = full
             filled = (done + 1) * bs - 1
             if filled < quiet:
@@ -215,7 +229,12 @@ class KVCacheManager:
         if done >= full:
             return
         table = self.req_to_blocks[rid]
-        self.pool.cache_full_blocks(request.ref, table[done:full], request.block_hashes[done:full])
+        self.pool.cache_full_blocks(
+            request.ref,
+            table[done:full],
+            request.block_hashes[done:full],
+            _short_hashes(request, done, full),
+        )
         self.num_cached_block[rid] = full
         self._set_quiet(request, table)
 
