@@ -187,6 +187,24 @@ class BlockPool:
         self.events.add(_ALLOCATED, ref, ids)
         return blocks
 
+    def allocate_one(self, ref: int) -> KVBlock:
+        """allocate() of one block, without the run's lists and loop."""
+        queue = self.free_queue
+        if not queue.num_free:
+            raise ValueError("cannot take 1 block: none free")
+        head = queue._head
+        block = head.next_free
+        after = block.next_free
+        head.next_free = after
+        after.prev_free = head
+        block.prev_free = None
+        block.ref_cnt = 1
+        queue.num_free -= 1
+        if block.block_hash is not None:
+            self.events.add(_EVICTED, None, [block.block_id], [self._uncache(block)])
+        self.events.add_one(_ALLOCATED, ref, block.block_id)
+        return block
+
     def _take(self, n: int) -> tuple[list[int], list[KVBlock]]:
         queue = self.free_queue
         if n > queue.num_free:
@@ -262,6 +280,19 @@ class BlockPool:
                 else:
                     self.cached[h] = {entry.block_id: entry, block.block_id: block}
         self.events.add(_CACHED, ref, ids, trace_hashes(hashes) if short is None else short)
+
+    def cache_block(self, ref: int, block: KVBlock, h: bytes, short: bytes) -> None:
+        """cache_full_blocks for one block (`short`: its hash cut), without the run's
+        slices and loop: a decode caches one block each time it fills one."""
+        assert block.block_hash is None, f"block {block.block_id} is already cached"
+        block.block_hash = h
+        entry = self.cached.setdefault(h, block)
+        if entry is not block:  # the hash was there already
+            if isinstance(entry, dict):
+                entry[block.block_id] = block
+            else:
+                self.cached[h] = {entry.block_id: entry, block.block_id: block}
+        self.events.add_one(_CACHED, ref, block.block_id, short)
 
     def free_run(self, ref: int, ordered: list[KVBlock]) -> None:
         """Drop one reference from each block of request `ref`'s table, in the order

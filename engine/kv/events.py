@@ -62,6 +62,17 @@ class KVEventLog:
         elif kind is _PREFIX_HIT:
             self.hit_tokens.append(num_tokens)
 
+    def add_one(self, kind: KVKind, ref: int, block_id: int, cached_hash: bytes = b"") -> None:
+        """add() for one block of a request (not EVICTED, not PREFIX_HIT): a decode's new
+        block or its filled one, without add's list walks and tests. `cached_hash`, the
+        cut hash, only for CACHED."""
+        self.block_ids.append(block_id)
+        self.sizes.append(1)
+        self.kinds.append(kind)
+        self.refs.append(ref)
+        if kind is _CACHED:
+            self.cached_hashes.append(cached_hash)
+
     def extend(self, other: KVEventLog) -> None:
         """Append another log's events, in order."""
         self.kinds += other.kinds

@@ -184,8 +184,13 @@ class KVCacheManager:
             pool = self.pool
             if need > pool.free_queue.num_free:
                 return None
-            new_blocks = pool.allocate(request.ref, need)
-            table.extend(new_blocks)
+            if need == 1:  # a decode's next block (most calls that allocate)
+                block = pool.allocate_one(request.ref)
+                table.append(block)
+                new_blocks = [block]
+            else:
+                new_blocks = pool.allocate(request.ref, need)
+                table.extend(new_blocks)
         quiet = len(table) * bs - self.num_lookahead_tokens
         if self.enable_caching:
             # cache_blocks and _set_quiet, inlined: a decode comes here each time it fills
@@ -200,7 +205,13 @@ class KVCacheManager:
                 hashes = request.block_hashes
                 if full > len(hashes):
                     full = len(hashes)
-                if full > done:
+                if full == done + 1:  # a decode that filled its last block (most calls)
+                    short = request.short_hashes
+                    if len(short) < full:
+                        _short_hashes(request, done, full)  # extends `short`
+                    self.pool.cache_block(request.ref, table[done], hashes[done], short[done])
+                    self.num_cached_block[rid] = done = full
+                elif full > done:
                     self.pool.cache_full_blocks(
                         request.ref,
                         table[done:full],
