@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine.kv.block_pool import BlockPool
-from engine.kv.events import KVKind
+from engine.kv.events import KVEventLog, KVKind
 from engine.kv.hashing import BlockHasher
 from engine.kv.manager import KVCacheManager
 from engine.request import Request
@@ -120,3 +120,63 @@ def test_watermark_applies_only_when_admitting_beside_running_requests() -> None
     r = make_req("r", list(range(36)))  # 9 blocks = every usable block
     assert kv.allocate_slots(r, 36, has_scheduled_reqs=True) is None
     assert kv.allocate_slots(r, 36, has_scheduled_reqs=False) is not None
+
+
+def _cached_pool() -> BlockPool:
+    """A pool whose head block (1) holds a cached hash, the next one (2) none."""
+    pool = BlockPool(5, enable_caching=True)
+    blocks = pool.allocate(0, 2)
+    pool.cache_full_blocks(0, blocks[:1], [b"h" * 32])
+    pool.free_run(0, blocks[::-1])
+    pool.free_queue.remove(blocks[0])  # the cached block went to the tail; put it first
+    pool.free_queue.prepend_n([blocks[0]])
+    pool.events = KVEventLog()
+    return pool
+
+
+def test_allocate_one_is_allocate_of_one_block_evicting_first() -> None:
+    one, run = _cached_pool(), _cached_pool()
+    got = one.allocate_one(7)
+    assert [got.block_id] == [b.block_id for b in run.allocate(7, 1)]
+    assert got.block_id == 1 and got.ref_cnt == 1 and got.block_hash is None
+    assert list(one.events) == list(run.events)
+    assert [e.kind for e in one.events] == [KVKind.EVICTED, KVKind.ALLOCATED]
+    assert b"h" * 32 not in one.cached and free_ids(one) == free_ids(run)
+
+
+def test_cache_block_is_cache_full_blocks_of_one() -> None:
+    one, run = BlockPool(4, enable_caching=True), BlockPool(4, enable_caching=True)
+    for pool in (one, run):
+        pool.allocate(0, 3)
+        pool.events = KVEventLog()
+    h = bytes(range(32))
+    one.cache_block(5, one.blocks[1], h, h[:8])
+    run.cache_full_blocks(5, [run.blocks[1]], [h])
+    assert list(one.events) == list(run.events)
+    # The same hash again (two requests computed one block): both blocks are kept.
+    one.cache_block(5, one.blocks[2], h, h[:8])
+    run.cache_full_blocks(5, [run.blocks[2]], [h])
+    assert list(one.events) == list(run.events)
+    assert [b.block_id for _, b in one.cached_blocks()] == [1, 2]
+
+
+def test_cached_events_carry_cut_hashes_whoever_hashed_the_blocks() -> None:
+    """BlockHasher cuts each hash once; a hasher that keeps only block_hashes (a replay's)
+    gets them cut by the manager: the CACHED events are the same."""
+
+    def whole_only(req: Request) -> None:
+        BlockHasher(4)(req)
+        req.short_hashes.clear()
+
+    logs = []
+    for hasher in (BlockHasher(4), whole_only):
+        kv = KVCacheManager(block_size=4, num_blocks=10, max_model_len=100)
+        r = Request("r", list(range(15)), block_hasher=hasher)
+        kv.allocate_slots(r, 15)
+        r.num_computed_tokens = 15
+        r.append_output_token_ids(99)  # fills block 4, hashed by the same hasher
+        kv.allocate_running(r, 1)
+        logs.append([(e.kind, e.block_ids, e.hashes) for e in kv.take_events()])
+    cached = [h for kind, _, hs in logs[0] if kind == KVKind.CACHED for h in hs]
+    assert len(cached) == 4 and all(len(h) == 8 for h in cached)
+    assert logs[0] == logs[1]
