@@ -13,7 +13,8 @@ each step's free_slots and cached_slots (docs/trace-format.md, 1.5), and with pa
 the slot map says which slot is whose (1.9: slots given, freed, written into rows by the
 radix cache; docs/trace-format.md section 16). The tap keeps the
 state the records build (schedtop's own reducer, applied as it writes them), which gives
-the snapshots and checks every record before it is written.
+the snapshots and checks every record before it is written; the slot map alone is checked
+only under SCHEDTOP_STRICT, and a snapshot's token pool is read from SGLang's.
 """
 
 from __future__ import annotations
@@ -190,6 +191,7 @@ class Tap(TapEngine):
         self.config = config
         self.description = description  # (engine, model) for the trace's header
         self.refs: dict[str, int] = {}  # SGLang request id -> ref, while live
+        self.reqs: dict[int, Any] = {}  # ref -> SGLang's Req, while live (snapshots' rows)
         self.seen_outputs: dict[int, int] = {}  # ref -> output tokens recorded
         self.running: list[int] = []  # admitted, not finished or retracted, in order
         self.status: dict[int, int] = {}  # ref -> Status (WAITING, RUNNING, PREEMPTED)
@@ -241,7 +243,13 @@ class Tap(TapEngine):
             flush_interval_s=flush_s,
         )
         tap.recorder = Recorder(tap, writer, options)
-        tap.state = State.initial(tap.recorder.header)
+        state = State.initial(tap.recorder.header)
+        # The slot map is applied to the tap's state only to check it (SCHEDTOP_STRICT):
+        # it was most of the reducer's time a step, and a snapshot reads SGLang's own pool
+        # instead (live_slots), which holds the same slots at a step's end.
+        if not tap.check:
+            state.slots = None
+        tap.state = state
         log.info("schedtop: recording SGLang's scheduler into %s", path)
         return tap
 
@@ -320,6 +328,7 @@ class Tap(TapEngine):
         ref = self.next_ref
         self.next_ref += 1
         self.refs[req.rid] = ref
+        self.reqs[ref] = req
         self.status[ref] = Status.WAITING
         self.computed[ref] = 0
         self.seen_outputs[ref] = len(req.output_ids)
@@ -472,6 +481,7 @@ class Tap(TapEngine):
             self.pending_finishes.append(Finish(ref, Status.FINISHED_ABORTED, message))
 
     def _forget(self, ref: int) -> None:
+        self.reqs.pop(ref, None)
         self.abort_received.pop(ref, None)
         self.status.pop(ref, None)
         self.computed.pop(ref, None)
@@ -588,4 +598,30 @@ class Tap(TapEngine):
 
     def snapshot(self) -> Snapshot:
         assert self.state is not None
-        return self.state.to_snapshot()
+        snap = self.state.to_snapshot()
+        if not self.slot_map:
+            return snap
+        rows, free, evictable = self.live_slots()
+        live = dataclasses.replace(
+            snap, slot_rows=rows, free_slot_runs=free, evictable_slots=evictable
+        )
+        if self.state.slots is not None and live != snap:  # strict: the trace's own pool
+            raise ValueError(f"SGLang's token pool after step {snap.step} is not the trace's")
+        return live
+
+    def live_slots(self) -> tuple[tuple[SlotWrite, ...], tuple[int, ...], int]:
+        """SGLang's token pool as a snapshot holds it: each running request's row up to its
+        computed tokens, the allocator's free slots (sorted, as runs), the radix cache's
+        evictable count. Read at a step's end, as the step's record was."""
+        assert self.state is not None
+        sched = self.sched
+        table = sched.req_to_token_pool.req_to_token
+        requests = self.state.requests
+        rows = []
+        for ref in sorted(self.state.running):
+            idx = self.reqs[ref].kv.req_pool_idx
+            row = table[idx, : requests[ref].num_computed_tokens]
+            rows.append(SlotWrite(ref, 0, tuple(tensor_runs(row))))
+        pool = sched.token_to_kv_pool_allocator
+        free = _sorted_runs([pool.free_pages, pool.release_pages])
+        return tuple(rows), free, int(sched.tree_cache.evictable_size())
