@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 import os
 import time
 from collections.abc import Callable
@@ -67,6 +68,7 @@ _FINISHED = {
 ABORT_RECEIVED = "abort received before step "
 # PrefillAdder.add_one_req's results (AddReqResult) for the request it left waiting
 _WAIT_REASON = {"NO_TOKEN": Reason.KV_BLOCKS, "OTHER": Reason.TOKEN_BUDGET}
+_RID = operator.attrgetter("rid")
 
 
 @dataclasses.dataclass
@@ -74,7 +76,12 @@ class _Step:
     """What the step being built has seen so far."""
 
     arrivals: list[Arrival] = dataclasses.field(default_factory=list)
-    scheduled: list[Scheduled] = dataclasses.field(default_factory=list)
+    # a decode batch's requests, in batch order, and their tokens computed before it: no
+    # Scheduled built for them when they are the running queue's head, in order (the
+    # record's implicit decodes, as the compactor would make them)
+    decodes: list[int] = dataclasses.field(default_factory=list)
+    decodes_before: list[int] = dataclasses.field(default_factory=list)
+    scheduled: list[Scheduled] = dataclasses.field(default_factory=list)  # any other entry
     admissions: list[Admission] = dataclasses.field(default_factory=list)
     preemptions: list[Preemption] = dataclasses.field(default_factory=list)
     finishes: list[Finish] = dataclasses.field(default_factory=list)
@@ -98,7 +105,12 @@ class _Step:
 
     def __bool__(self) -> bool:
         return bool(
-            self.arrivals or self.scheduled or self.preemptions or self.finishes or self.samples
+            self.arrivals
+            or self.decodes
+            or self.scheduled
+            or self.preemptions
+            or self.finishes
+            or self.samples
         )
 
 
@@ -194,6 +206,7 @@ class Tap(TapEngine):
         self.reqs: dict[int, Any] = {}  # ref -> SGLang's Req, while live (snapshots' rows)
         self.seen_outputs: dict[int, int] = {}  # ref -> output tokens recorded
         self.running: list[int] = []  # admitted, not finished or retracted, in order
+        self.last_running: tuple[int, ...] = ()  # the last record's running queue
         self.status: dict[int, int] = {}  # ref -> Status (WAITING, RUNNING, PREEMPTED)
         self.computed: dict[int, int] = {}  # ref -> tokens computed, as the trace has it
         self.attempts: dict[str, str] = {}  # rid -> PrefillAdder's last result this step
@@ -418,13 +431,14 @@ class Tap(TapEngine):
         self.step.writes.append(SlotWrite(ref, protected_before, tuple(runs)))
 
     def _decodes(self, reqs: Any) -> None:
-        refs, computed, scheduled = self.refs, self.computed, self.step.scheduled
-        for req in reqs:
-            ref = refs.get(req.rid)
-            if ref is None:  # finished already (its late result was recorded)
-                continue
-            scheduled.append(Scheduled(ref, 1, Kind.DECODE, computed[ref]))
-            computed[ref] += 1
+        step, refs, computed = self.step, self.refs, self.computed
+        # requests that finished already (their late result was recorded) have no ref
+        decodes = [r for r in map(refs.get, map(_RID, reqs)) if r is not None]
+        before = list(map(computed.__getitem__, decodes))
+        step.decodes += decodes
+        step.decodes_before += before
+        for ref, n in zip(decodes, before):
+            computed[ref] = n + 1
 
     def _extends(self, batch: Any, mixed: bool) -> None:
         step, refs = self.step, self.refs
@@ -515,14 +529,24 @@ class Tap(TapEngine):
         step = self.step
         self.step = _Step()
         gone = {f.ref for f in step.finishes}
-        entries = tuple(step.scheduled)
+        num_decodes, entries = self._entries(step)
         tokens: list[int] = []
         per_entry: list[int] = []
-        for e in entries:
-            got = step.samples.pop(e.ref, [])
+        samples = step.samples
+        for ref in step.decodes if num_decodes else ():
+            got = samples.pop(ref, ())
             per_entry.append(len(got))
-            tokens.extend(got)
-        others = tuple(Sample(ref, len(t), tuple(t)) for ref, t in step.samples.items())
+            tokens += got
+        for e in entries:
+            got = samples.pop(e.ref, ())
+            per_entry.append(len(got))
+            tokens += got
+        others = tuple(Sample(ref, len(t), tuple(t)) for ref, t in samples.items())
+        running, waiting = tuple(self.running), tuple(step.waiting)
+        if gone:
+            running = tuple(r for r in running if r not in gone)
+            waiting = tuple(r for r in waiting if r not in gone)
+        self.last_running = running
         sched = self.sched
         free = int(sched.token_to_kv_pool_allocator.available_size())
         cache = sched.tree_cache
@@ -534,6 +558,7 @@ class Tap(TapEngine):
             update_ns=step.update_ns,
             token_budget=self.config.max_num_batched_tokens,
             arrivals=tuple(step.arrivals),
+            num_decodes=num_decodes,
             scheduled=entries,
             admissions=tuple(step.admissions),
             preemptions=tuple(step.preemptions),
@@ -545,8 +570,8 @@ class Tap(TapEngine):
             # the block map is not tracked (kv_pool "tokens"): every block stays free
             free_blocks_after_schedule=self.config.num_blocks - 1,
             free_blocks=self.config.num_blocks - 1,
-            running=tuple(r for r in self.running if r not in gone),
-            waiting=tuple(r for r in step.waiting if r not in gone),
+            running=running,
+            waiting=waiting,
             free_slots=free + evictable,
             cached_slots=evictable + protected,
             evicted_slots=step.evicted,
@@ -572,6 +597,24 @@ class Tap(TapEngine):
             recorder.flush()  # idle: a reader sees every step so far
             if self.cost_file is not None:
                 self.write_cost(self.cost_file)
+
+    def _entries(self, step: _Step) -> tuple[int, tuple[Scheduled, ...]]:
+        """The step's implicit decodes and explicit entries: its decodes are implicit when
+        they are the last record's running queue's head, in order, and no abort took a
+        request out of it (the compactor's own rule, so the record is the same)."""
+        decodes = step.decodes
+        if not decodes:
+            return 0, tuple(step.scheduled)
+        n = len(decodes)
+        if (
+            not step.scheduled
+            and tuple(decodes) == self.last_running[:n]
+            and not any(f.status == Status.FINISHED_ABORTED for f in step.finishes)
+        ):
+            return n, ()
+        dec = Kind.DECODE
+        explicit = (Scheduled(r, 1, dec, b) for r, b in zip(decodes, step.decodes_before))
+        return 0, (*explicit, *step.scheduled)
 
     def write_cost(self, path: Path) -> None:
         """The recorder's CPU time so far, beside its process's, as one JSON object that
