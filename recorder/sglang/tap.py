@@ -252,8 +252,12 @@ class Tap(TapEngine):
             slot_map=tap.slot_map,
             own_config=extra,
             # SGLang's engine SIGKILLs its scheduler process at shutdown, and a hung one is
-            # killed too: the timer keeps the file at most this far behind the steps.
-            flush_interval_s=flush_s,
+            # killed too: the timer keeps the file at most this far behind the steps, the
+            # steps' batches included. Steps are encoded in batches (a quarter of that):
+            # right after a forward pass the recorder's code is out of the CPU's caches, and
+            # a batch pays for that once, not once a step.
+            flush_interval_s=flush_s * 3 / 4,
+            batch_s=flush_s / 4,
         )
         tap.recorder = Recorder(tap, writer, options)
         state = State.initial(tap.recorder.header)
