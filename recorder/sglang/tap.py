@@ -371,9 +371,14 @@ class Tap(TapEngine):
         if batch is not None:
             mode = batch.forward_mode
             if mode.is_decode():
-                self._decodes(batch.reqs)
+                reqs = batch.reqs
+                known = self._decodes(reqs)
                 if self.slot_map:
-                    self._allocs(batch, None)
+                    loc = batch.out_cache_loc
+                    if known == len(reqs) == int(loc.numel()):  # one slot each, all kept
+                        step.allocs += tensor_runs(loc)
+                    else:
+                        self._allocs(batch, None)
             elif mode.is_extend():
                 self._extends(batch, bool(mode.is_mixed()))
                 if self.slot_map:
@@ -434,7 +439,8 @@ class Tap(TapEngine):
         runs = tensor_runs(row[protected_before:after])
         self.step.writes.append(SlotWrite(ref, protected_before, tuple(runs)))
 
-    def _decodes(self, reqs: Any) -> None:
+    def _decodes(self, reqs: Any) -> int:
+        """Records a decode batch; how many of its requests the trace still has."""
         step, refs, computed = self.step, self.refs, self.computed
         # requests that finished already (their late result was recorded) have no ref
         decodes = [r for r in map(refs.get, map(_RID, reqs)) if r is not None]
@@ -443,6 +449,7 @@ class Tap(TapEngine):
         step.decodes_before += before
         for ref, n in zip(decodes, before):
             computed[ref] = n + 1
+        return len(decodes)
 
     def _extends(self, batch: Any, mixed: bool) -> None:
         step, refs = self.step, self.refs
@@ -510,15 +517,22 @@ class Tap(TapEngine):
     def on_result(self, batch: Any, update_ns: int) -> None:
         step = self.step
         step.update_ns += update_ns
+        get, seen_outputs, samples = self.refs.get, self.seen_outputs, step.samples
         for req in batch.reqs:
-            ref = self.refs.get(req.rid)
+            ref = get(req.rid)
             if ref is None:
                 continue
-            seen = self.seen_outputs[ref]
+            seen = seen_outputs[ref]
             out = req.output_ids
-            if len(out) > seen:
-                step.samples.setdefault(ref, []).extend(map(int, out[seen:]))
-                self.seen_outputs[ref] = len(out)
+            n = len(out)
+            if n > seen:
+                new = list(map(int, out[seen:]))
+                had = samples.get(ref)
+                if had is None:
+                    samples[ref] = new
+                else:
+                    had += new
+                seen_outputs[ref] = n
             if req.finished():
                 reason = type(req.finished_reason).__name__
                 status = _FINISHED.get(reason, Status.FINISHED_ERROR)
