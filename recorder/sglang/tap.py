@@ -25,6 +25,7 @@ import operator
 import os
 import time
 from collections.abc import Callable
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,9 @@ ABORT_RECEIVED = "abort received before step "
 # PrefillAdder.add_one_req's results (AddReqResult) for the request it left waiting
 _WAIT_REASON = {"NO_TOKEN": Reason.KV_BLOCKS, "OTHER": Reason.TOKEN_BUDGET}
 _RID = operator.attrgetter("rid")
+_OUTPUTS = operator.attrgetter("num_output_tokens")
+# Freed slots up to this many are copied out as a Python list (on_free)
+_FEW_SLOTS = 512
 
 
 @dataclasses.dataclass
@@ -185,12 +189,17 @@ def tensor_runs(t: Any) -> list[int]:
     return out
 
 
-def _sorted_runs(tensors: list[Any]) -> tuple[int, ...]:
-    """Freed slots (tensors), sorted, as runs."""
-    if not tensors:
+def _sorted_runs(parts: list[Any]) -> tuple[int, ...]:
+    """Freed slots (lists, or tensors where there were many), sorted, as runs."""
+    if not parts:
         return ()
+    if all(type(p) is list for p in parts):
+        slots = parts[0] if len(parts) == 1 else list(chain.from_iterable(parts))
+        slots.sort()  # the tap's own copies
+        return to_runs(slots)
     import torch
 
+    tensors = [torch.tensor(p, dtype=torch.int64) if type(p) is list else p for p in parts]
     t = tensors[0] if len(tensors) == 1 else torch.cat(tensors)
     return tuple(tensor_runs(torch.sort(t).values))
 
@@ -206,7 +215,8 @@ class Tap(TapEngine):
         self.reqs: dict[int, Any] = {}  # ref -> SGLang's Req, while live (snapshots' rows)
         self.seen_outputs: dict[int, int] = {}  # ref -> output tokens recorded
         self.running: list[int] = []  # admitted, not finished or retracted, in order
-        self.last_running: tuple[int, ...] = ()  # the last record's running queue
+        self.last_running: tuple[int, ...] = ()  # the last record's queues
+        self.last_waiting: tuple[int, ...] = ()
         self.status: dict[int, int] = {}  # ref -> Status (WAITING, RUNNING, PREEMPTED)
         self.computed: dict[int, int] = {}  # ref -> tokens computed, as the trace has it
         self.attempts: dict[str, str] = {}  # rid -> PrefillAdder's last result this step
@@ -419,9 +429,12 @@ class Tap(TapEngine):
     def on_free(self, free_index: Any) -> None:
         """Slots back in SGLang's free list (a request released, the radix cache's
         duplicates, evictions, retractions). A copy: the tensor may be a view of a row
-        that SGLang reuses before the step is written."""
+        that SGLang reuses before the step is written: a list where the slots are few
+        (an eviction's leaf, a request's decode tail), which costs less than a tensor's
+        copy and sorts in Python at the step's end for less than torch's operations."""
         freed = self.step.freed_first if self.in_schedule else self.step.freed
-        freed.append(free_index.reshape(-1).clone())
+        flat = free_index.reshape(-1)
+        freed.append(flat.tolist() if len(flat) <= _FEW_SLOTS else flat.clone())
 
     def on_checkpoint(self, req: Any, protected_before: int) -> None:
         """The radix cache took a request's computed tokens: its row from the protected
@@ -564,7 +577,17 @@ class Tap(TapEngine):
         if gone:
             running = tuple(r for r in running if r not in gone)
             waiting = tuple(r for r in waiting if r not in gone)
-        self.last_running = running
+        # nothing but the running queue's head decoding, one sample each, the queues as
+        # they were: the reducer's steady path gives the tap's state the same change
+        steady = (
+            num_decodes
+            and not (entries or step.arrivals or step.admissions or step.preemptions)
+            and not (step.finishes or others)
+            and per_entry.count(1) == len(per_entry)
+            and running == self.last_running
+            and waiting == self.last_waiting
+        )
+        self.last_running, self.last_waiting = running, waiting
         sched = self.sched
         free = int(sched.token_to_kv_pool_allocator.available_size())
         cache = sched.tree_cache
@@ -603,8 +626,7 @@ class Tap(TapEngine):
             work_ns=max(time.monotonic_ns() - step.start_ns, 1),
         )
         self.next_step += 1
-        assert self.state is not None
-        apply(self.state, record)  # the state the trace builds; raises on a bad record
+        self._apply(record, step.decodes if steady else None)
         recorder = self.recorder
         if recorder is None:
             return
@@ -615,6 +637,26 @@ class Tap(TapEngine):
             recorder.flush()  # idle: a reader sees every step so far
             if self.cost_file is not None:
                 self.write_cost(self.cost_file)
+
+    def _apply(self, record: Step, steady: list[int] | None) -> None:
+        """The record applied to the tap's state, the state the trace builds (raises on a
+        record that does not fit it). A steady step (`steady`: its decoding requests)
+        goes through the reducer's steady path as a record of its decodes and samples
+        alone: the same change to the requests and queues, for a fraction of the general
+        path's time, unless a request samples its first token (the overlap scheduler's
+        first sample comes with its first decode), which the steady path does not mark
+        (under SCHEDTOP_STRICT every record goes in full, its slot map checked)."""
+        state = self.state
+        assert state is not None
+        reqs = state.requests
+        if steady and state.slots is None and all(map(_OUTPUTS, map(reqs.__getitem__, steady))):
+            record = Step(
+                record.step,
+                num_decodes=record.num_decodes,
+                sampled_tokens=record.sampled_tokens,
+                free_blocks=record.free_blocks,
+            )
+        apply(state, record)
 
     def _entries(self, step: _Step) -> tuple[int, tuple[Scheduled, ...]]:
         """The step's implicit decodes and explicit entries: its decodes are implicit when
