@@ -25,7 +25,7 @@ import operator
 import os
 import time
 from collections.abc import Callable
-from itertools import chain
+from itertools import chain, repeat
 from pathlib import Path
 from typing import Any
 
@@ -561,17 +561,13 @@ class Tap(TapEngine):
         self.step = _Step()
         gone = {f.ref for f in step.finishes}
         num_decodes, entries = self._entries(step)
-        tokens: list[int] = []
-        per_entry: list[int] = []
         samples = step.samples
-        for ref in step.decodes if num_decodes else ():
-            got = samples.pop(ref, ())
-            per_entry.append(len(got))
-            tokens += got
-        for e in entries:
-            got = samples.pop(e.ref, ())
-            per_entry.append(len(got))
-            tokens += got
+        refs = step.decodes if num_decodes else []
+        if entries:
+            refs = refs + [e.ref for e in entries]
+        got = list(map(samples.pop, refs, repeat((), len(refs))))  # each entry's, in order
+        per_entry = list(map(len, got))
+        tokens = tuple(chain.from_iterable(got))
         others = tuple(Sample(ref, len(t), tuple(t)) for ref, t in samples.items())
         running, waiting = tuple(self.running), tuple(step.waiting)
         if gone:
@@ -606,7 +602,7 @@ class Tap(TapEngine):
             waiting_stop=step.waiting_stop,
             finishes=tuple(step.finishes),
             sample_counts=tuple(per_entry),
-            sampled_tokens=tuple(tokens),
+            sampled_tokens=tokens,
             other_samples=others,
             # the block map is not tracked (kv_pool "tokens"): every block stays free
             free_blocks_after_schedule=self.config.num_blocks - 1,
@@ -682,6 +678,7 @@ class Tap(TapEngine):
         import json
         import threading
 
+        started = time.thread_time_ns()
         timer_ns = 0
         for thread in threading.enumerate():  # the Recorder's flush timer (its _Ticker)
             if thread.name == "trace-flush-timer" and thread.native_id is not None:
@@ -698,6 +695,8 @@ class Tap(TapEngine):
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(cost))
         os.replace(tmp, path)
+        # the bench's accounting is not recording's: its time leaves the next count
+        self.cpu_ns -= time.thread_time_ns() - started
 
     def snapshot(self) -> Snapshot:
         assert self.state is not None
