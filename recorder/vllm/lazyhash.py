@@ -77,9 +77,13 @@ def short(h: bytes | LazyHash) -> bytes:
 
 
 def computed(step: Step) -> Step:
-    """`step` with its KV events' hashes all bytes (for those who read records in the
-    engine's process, as tests do: a LazyHash compares by identity)."""
+    """`step` with its KV events built (recorder.vllm.kv.PendingKV) and their hashes all
+    bytes (for those who read records in the engine's process, as tests do: a LazyHash
+    compares by identity)."""
     events = step.kv_events
+    get = getattr(events, "get", None)  # a PendingKV's (KVEvents has no `get`)
+    if get is not None:
+        events = get()
     if all(type(h) is bytes for h in events.hashes):
-        return step
+        return step if events is step.kv_events else replace(step, kv_events=events)
     return replace(step, kv_events=replace(events, hashes=tuple(map(bytes, events.hashes))))

@@ -55,7 +55,7 @@ from recorder.vllm.checks import (
     env_number,
     request_problem,
 )
-from recorder.vllm.kv import FULL, IDLE, LEAN, MIXED, STOPPED, CutHashLog, KVReq, KVTaps
+from recorder.vllm.kv import FULL, IDLE, LEAN, MIXED, STOPPED, KVReq, KVTaps
 from recorder.vllm.lazyhash import computed, whole
 from recorder.writer import TraceWriter
 
@@ -217,6 +217,9 @@ class Tap(KVTaps, TapEngine):
         from vllm.v1.request import RequestStatus
 
         self.sched_running_status = RequestStatus.RUNNING
+        # Run the KV operations at each step's end on the engine thread, as the
+        # recording did before they moved off it (tests compare the two).
+        self.kv_inline = False
         # The last step was steady: every running request has sampled and is past its
         # prefill, and stays so until it finishes (only admissions add to running).
         self.decoding = False
@@ -408,7 +411,9 @@ class Tap(KVTaps, TapEngine):
         ref = self.next_ref
         self.next_ref += 1
         self.refs[rid] = ref
-        self.kvreqs[rid] = KVReq(ref)
+        st = KVReq(ref)
+        self.kvreqs[rid] = st
+        self.defer((self.wreqs.__setitem__, (rid, st)))
         self.live[rid] = request
         self.progress[ref] = [self.next_step, -1, -1, -1]
         self.awaiting_first.add(ref)
@@ -432,7 +437,7 @@ class Tap(KVTaps, TapEngine):
                     tuple(sp.stop_token_ids or ()),
                 ),
                 prompt,
-                tuple(map(whole, self.block_hashes(request, full)[:full])) if self.redact else None,
+                tuple(map(whole, self.prompt_hashes(st, request, full))) if self.redact else None,
             )
         )
 
@@ -490,7 +495,8 @@ class Tap(KVTaps, TapEngine):
         if ref is not None:
             self.progress.pop(ref, None)
             self.awaiting_first.discard(ref)
-        self.kvreqs.pop(rid, None)
+        if self.kvreqs.pop(rid, None) is not None:
+            self.defer((self.wreqs.pop, (rid, None)))
 
     def pass_mode(self, running: list[Any]) -> int:
         """How this schedule() is tapped. LEAN, without the allocate_slots tap, when no
@@ -574,7 +580,8 @@ class Tap(KVTaps, TapEngine):
         self.step.start_ns = time.monotonic_ns()
         self.set_mode(self.pass_mode(running))
         self.lean_order.clear()
-        self.pre_kv = None
+        self.waiting_ops = None
+        self.defer = self.ops.append
         self.lean_free = self.free_queue.num_free_blocks
 
     def after_schedule(self, out: Any, seconds: float, launched: bool = True) -> None:
@@ -584,19 +591,15 @@ class Tap(KVTaps, TapEngine):
         assert step is not None
         sched = self.sched
         lean = self.mode == LEAN
-        mixed = self.mode == MIXED or self.pre_kv is not None
+        mixed = self.mode == MIXED or self.waiting_ops is not None
         if mixed:
             self.mixed_steps += 1
-            if not self.mixed_events(out):
-                self.stop("vLLM's allocations in a step do not match its SchedulerOutput")
-                return
+            self.mixed_events(out)
             self._settle(step, out)
         self.mode = IDLE
         if lean:
             self.lean_steps += 1
-            if not self.lean_events(out):
-                self.stop("vLLM's allocations in a step do not match its SchedulerOutput")
-                return
+            self.lean_events(out)
             counts = out.num_scheduled_tokens
             total = out.total_num_scheduled_tokens
             step.scheduled = counts  # read only from here on: no preemption in LEAN
@@ -843,14 +846,18 @@ class Tap(KVTaps, TapEngine):
         steady = step.entries is None
         if not steady:
             self._update_running(step)
-        kv_events = self.kv.freeze()
+        # Built by whoever reads them first: the encoding thread, as a rule.
+        kv_events: Any = self.freeze_kv()
+        if self.kv_inline:
+            self.run_ops()
         record = None if steady else self._general_record(step, update_ns, kv_events, work_ns)
         self.decoding = steady
-        if self.kv:  # frozen into the record: the next step starts a new log
-            self.kv = CutHashLog()
         self.next_step += 1
         recorder = self.recorder
         if recorder is None or self.stopped is not None:
+            return
+        if self.kv_failed is not None:
+            self.stop(self.kv_failed)
             return
         if record is None:
             self._steady_record(recorder, step, update_ns, kv_events, work_ns)
@@ -923,6 +930,7 @@ class Tap(KVTaps, TapEngine):
         )
 
     def snapshot(self) -> Snapshot:
+        self.run_ops()  # the mirror as of now (the encoding thread may not be there yet)
         sched = self.sched
         refs = self.refs
         reqs = []
