@@ -401,7 +401,12 @@ class Recorder:
             free_blocks,
             work_ns,
         ]
-        if self._downstream is not NULL_SINK or num_decodes != len(self._compactor.running):
+        # In the background with no on_step_record, the compactor is the encoding
+        # thread's: _append_steady checks the step there, in order.
+        deferred = self._bg is not None and self.on_step_record is None
+        if self._downstream is not NULL_SINK or (
+            not deferred and num_decodes != len(self._compactor.running)
+        ):
             # Not a steady step after all: the compactor says what is wrong with it.
             self.on_step(_steady_step(fields))
             return
@@ -420,13 +425,14 @@ class Recorder:
         if self._compactor.redact:
             fields[_TOKENS] = None
         # The work is replay_work's for this record: 1 + the decodes + the blocks moved.
-        due = self._due(
-            1 + fields[_DECODES] + len(fields[_KV].block_ids), fields[_SCHED] + fields[_UPDATE]
-        )
+        # Counted only when snapshots are placed by work: recorder.vllm's KV events are
+        # built on the encoding thread, and reading them here would build them on this one.
+        work = 1 + fields[_DECODES] + len(fields[_KV].block_ids) if self.snapshot_work else 0
+        due = self._due(work, fields[_SCHED] + fields[_UPDATE])
         if self.on_step_record is not None:
             self.on_step_record(_steady_step(fields))
         if self._bg is not None:
-            self._bg.put(self._append_steady, fields, not due)
+            self._bg.put(self._append_steady, fields, not due, self.on_step_record is None)
         elif self._batch_ns:
             with self._pending_lock:  # after the steps waiting, and in order
                 self._encode_pending(self._now_ns())
@@ -435,10 +441,15 @@ class Recorder:
             self._append_steady(fields, not due)
         self._written(due)
 
-    def _append_steady(self, fields: list[Any], boundary: bool) -> None:
+    def _append_steady(self, fields: list[Any], boundary: bool, check: bool = False) -> None:
+        """`check`: on the thread that owns the compactor, whether the step is steady
+        after all (else the compactor says what is wrong with it, as on_steady_step)."""
         try:
-            body = encode_steady(*fields)
-            self._index_step(self.sink.append(RecordType.STEP, body, boundary=boundary))
+            if check and fields[_DECODES] != len(self._compactor.running):
+                rtype, body = encode(self._compactor.compact(_steady_step(fields), fields[_TIME]))
+            else:
+                rtype, body = RecordType.STEP, encode_steady(*fields)
+            self._index_step(self.sink.append(rtype, body, boundary=boundary))
         except Exception as e:
             self._failed(fields[0], e)
 
@@ -567,6 +578,15 @@ class Recorder:
         if self._batch_ns and self.on_step_record is None:
             self._batch(report, time_ns)
             return
+        if self._bg is not None and self.on_step_record is None:
+            # Nobody sees the compacted record now: compacting it is the encoding thread's
+            # job too (the compactor is then that thread's alone). Its replay work is the
+            # report's (see _batch).
+            work = replay_work(report) if self.snapshot_work else 0
+            due = self._due(work, report.schedule_ns + report.update_ns)
+            self._bg.put(self._encode_report, report, time_ns, not due)
+            self._written(due, len(report.arrivals), len(report.finishes), len(report.preemptions))
+            return
         compactor = self._compactor
         # Most steps of a busy engine: the path of on_steady_step, which costs what the
         # record holds (no Step built, no general encoder over its 28 fields).
@@ -592,12 +612,26 @@ class Recorder:
             )
             return
         step = compactor.compact(report, time_ns)
-        snapshot_due = self._due(replay_work(step), step.schedule_ns + step.update_ns)
+        work = replay_work(step) if self.snapshot_work else 0  # as in _record_steady
+        snapshot_due = self._due(work, step.schedule_ns + step.update_ns)
         if self.on_step_record is not None:
             self.on_step_record(step)
         self._put(step, not snapshot_due, self._index_step)
         counts = (len(report.arrivals), len(report.finishes), len(report.preemptions))
         self._written(snapshot_due, *counts)
+
+    def _encode_report(self, report: Step, time_ns: int, boundary: bool) -> None:
+        """Compact, encode and append one step (on the encoding thread)."""
+        try:
+            compactor = self._compactor
+            if not report.num_decodes and compactor.is_steady(report):
+                rtype: int = RecordType.STEP
+                body = steady_body(report, time_ns, compactor.redact)
+            else:
+                rtype, body = encode(compactor.compact(report, time_ns))
+            self._index_step(self.sink.append(rtype, body, boundary=boundary))
+        except Exception as e:
+            self._failed(report.step, e)
 
     def _write_steady(self, report: Step, time_ns: int) -> None:
         """_record_steady's work for a steady `report` on the engine's thread, with no
