@@ -85,10 +85,10 @@ def replay_work(step: Step) -> int:
     )
 
 
-def steady_body(report: Step, time_ns: int, redact: bool) -> bytes:
-    """The record of a steady step (`StepCompactor.is_steady`), straight from the report:
-    the bytes the general encoder would write for it, without building its Step."""
-    return encode_steady(
+def steady_fields(report: Step, time_ns: int, redact: bool) -> tuple[Any, ...]:
+    """The fields of a steady step's record (`StepCompactor.is_steady`), straight from the
+    report, in encode_steady's order: a batch can keep these instead of the report."""
+    return (
         report.step,
         time_ns,
         report.schedule_ns,
@@ -102,6 +102,12 @@ def steady_body(report: Step, time_ns: int, redact: bool) -> bytes:
         report.free_blocks,
         report.work_ns,
     )
+
+
+def steady_body(report: Step, time_ns: int, redact: bool) -> bytes:
+    """The record of a steady step: the bytes the general encoder would write for it,
+    without building its Step."""
+    return encode_steady(*steady_fields(report, time_ns, redact))
 
 
 class RecordedEngine(Protocol):
@@ -662,22 +668,7 @@ class Recorder:
             # compactor's queues are up to date only while no other step waits (a steady
             # one changes nothing in them); the lock keeps the flush timer's encoding out.
             if not self._general_pending and not report.num_decodes and compactor.is_steady(report):
-                pending.append(
-                    (
-                        report.step,
-                        time_ns,
-                        report.schedule_ns,
-                        report.update_ns,
-                        report.token_budget,
-                        len(report.scheduled),
-                        None,  # sample_counts: one sample each in a steady step
-                        None if compactor.redact else report.sampled_tokens,
-                        report.kv_events,
-                        report.free_blocks_after_schedule,
-                        report.free_blocks,
-                        report.work_ns,
-                    )
-                )
+                pending.append(steady_fields(report, time_ns, compactor.redact))
             else:
                 self._general_pending = True
                 pending.append((report, time_ns))
