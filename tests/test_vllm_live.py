@@ -219,7 +219,10 @@ def test_rotation_in_process_sync_checked_and_resimulated(tmp_path: Path) -> Non
     rotations; a directory that kept every segment re-simulates exactly."""
     python = find_vllm_python()
     env = {"SCHEDTOP_TRACE_MAX_BYTES": str(MAX_BYTES)}
-    run = {"name": "rot", "workload": workload(24), "multiprocess": False}
+    # About three segments' worth (22 KiB), under the 64 KiB bound so every segment stays:
+    # rotation is checked against what the encoding thread has written, which lags the
+    # engine under load, and 24 requests (11 KiB) were once written as one segment in CI.
+    run = {"name": "rot", "workload": workload(48), "multiprocess": False}
     results = record_in_vllm(
         python, tmp_path, [{**run, "async_scheduling": False, "env": env}], check=True
     )
