@@ -629,15 +629,18 @@ class Recorder:
     def _encode_report(self, report: Step, time_ns: int, boundary: bool) -> None:
         """Compact, encode and append one step (on the encoding thread)."""
         try:
-            compactor = self._compactor
-            if not report.num_decodes and compactor.is_steady(report):
-                rtype: int = RecordType.STEP
-                body = steady_body(report, time_ns, compactor.redact)
-            else:
-                rtype, body = encode(compactor.compact(report, time_ns))
+            rtype, body = self._report_bytes(report, time_ns)
             self._index_step(self.sink.append(rtype, body, boundary=boundary))
         except Exception as e:
             self._failed(report.step, e)
+
+    def _report_bytes(self, report: Step, time_ns: int) -> tuple[int, bytes]:
+        """A step's record type and body, by the thread that owns the compactor: a steady
+        step's straight from the report, any other's compacted first."""
+        compactor = self._compactor
+        if not report.num_decodes and compactor.is_steady(report):
+            return RecordType.STEP, steady_body(report, time_ns, compactor.redact)
+        return encode(compactor.compact(report, time_ns))
 
     def _write_steady(self, report: Step, time_ns: int) -> None:
         """_record_steady's work for a steady `report` on the engine's thread, with no
@@ -684,7 +687,6 @@ class Recorder:
         once."""
         pending = self._pending
         self._batched_ns = now_ns
-        compactor = self._compactor
         sink = self.sink
         append, offsets, ends = sink.append, self._step_offsets, self._step_ends
         self._general_pending = False  # (the caller holds the lock: none will wait)
@@ -693,15 +695,11 @@ class Recorder:
             if self.error is not None:
                 continue  # recording stopped: what waits is dropped, as later steps are
             try:
-                rtype: int = RecordType.STEP
+                rtype: int
                 if len(waiting) != 2:  # a steady step's fields
-                    body = encode_steady(*waiting)
+                    rtype, body = RecordType.STEP, encode_steady(*waiting)
                 else:
-                    report, time_ns = waiting
-                    if not report.num_decodes and compactor.is_steady(report):
-                        body = steady_body(report, time_ns, compactor.redact)
-                    else:
-                        rtype, body = encode(compactor.compact(report, time_ns))
+                    rtype, body = self._report_bytes(*waiting)
                 boundary = last_boundary if not pending else False
                 offsets.append(append(rtype, body, boundary=boundary))
                 ends.append(sink.offset)
