@@ -245,22 +245,9 @@ class KVTaps:
             if block_mask is not None:
                 on_filled(request, None, 0, 0)
             elif self.mode in (LEAN, MIXED):  # on_filled, inlined: a decode step
-                st = kvreqs.get(request.request_id)
-                done: tuple[Any, ...] | None
-                if (
-                    st is not None
-                    and st.cached == num_cached_blocks
-                    and num_full_blocks == num_cached_blocks + 1
-                    and num_full_blocks <= len(blocks)
-                ):
-                    # The common case: one block filled, the request's earlier ones known.
-                    st.cached = num_full_blocks
-                    block_id = blocks[num_cached_blocks].block_id
-                    done = (st, request, num_cached_blocks, num_full_blocks, [block_id])
-                else:
-                    done = capture(request, blocks, num_cached_blocks, num_full_blocks)
-                    if done is None:
-                        return
+                done = capture(request, blocks, num_cached_blocks, num_full_blocks)
+                if done is None:
+                    return
                 # Blocks only leave the free queue by allocation in a LEAN schedule(): the
                 # count says how many were allocated before this block filled.
                 lean_order.append((done, self.lean_free - queue.num_free_blocks))
