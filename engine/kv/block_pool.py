@@ -275,10 +275,7 @@ class BlockPool:
             ids.append(block.block_id)
             entry = add(h, block)
             if entry is not block:  # the hash was there already
-                if isinstance(entry, dict):
-                    entry[block.block_id] = block
-                else:
-                    self.cached[h] = {entry.block_id: entry, block.block_id: block}
+                self._share(h, entry, block)
         self.events.add(_CACHED, ref, ids, trace_hashes(hashes) if short is None else short)
 
     def cache_block(self, ref: int, block: KVBlock, h: bytes, short: bytes) -> None:
@@ -288,11 +285,16 @@ class BlockPool:
         block.block_hash = h
         entry = self.cached.setdefault(h, block)
         if entry is not block:  # the hash was there already
-            if isinstance(entry, dict):
-                entry[block.block_id] = block
-            else:
-                self.cached[h] = {entry.block_id: entry, block.block_id: block}
+            self._share(h, entry, block)
         self.events.add_one(_CACHED, ref, block.block_id, short)
+
+    def _share(self, h: bytes, entry: KVBlock | dict[int, KVBlock], block: KVBlock) -> None:
+        """`block` cached under `h` beside the block(s) `entry` already held there (rare:
+        two requests filled the same content at once)."""
+        if isinstance(entry, dict):
+            entry[block.block_id] = block
+        else:
+            self.cached[h] = {entry.block_id: entry, block.block_id: block}
 
     def free_run(self, ref: int, ordered: list[KVBlock]) -> None:
         """Drop one reference from each block of request `ref`'s table, in the order
