@@ -180,3 +180,24 @@ def test_cached_events_carry_cut_hashes_whoever_hashed_the_blocks() -> None:
     cached = [h for kind, _, hs in logs[0] if kind == KVKind.CACHED for h in hs]
     assert len(cached) == 4 and all(len(h) == 8 for h in cached)
     assert logs[0] == logs[1]
+
+
+def test_short_hashes_follow_caching_and_eviction_block_by_block() -> None:
+    """A snapshot lists cached blocks from BlockPool.short_hashes: it must hold a block's
+    cut hash exactly while the block holds its whole one, whichever call cached it and
+    whichever evicted it."""
+    kv = KVCacheManager(block_size=4, num_blocks=5, max_model_len=100)
+    pool = kv.pool
+    a = make_req("a", list(range(12)))
+    kv.allocate_slots(a, 12)  # blocks 1-3, cached in one run
+    assert pool.short_hashes == [None, *(h[:8] for h in a.block_hashes), None]
+    pool.cache_block(0, pool.blocks[4], b"\x07" * 32, b"\x07" * 8)  # one block, alone
+    assert pool.short_hashes[4] == b"\x07" * 8
+    kv.free(a)
+    b = make_req("b", list(range(100, 108)))
+    kv.allocate_slots(b, 8)  # two blocks from the head: each evicted first
+    evicted = [i for e in kv.take_events() if e.kind == KVKind.EVICTED for i in e.block_ids]
+    assert evicted and all(pool.short_hashes[i] != a.block_hashes[0][:8] for i in evicted)
+    for block, short in zip(pool.blocks, pool.short_hashes):
+        assert short == (None if block.block_hash is None else block.block_hash[:8])
+    kv.check_invariants()

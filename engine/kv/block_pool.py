@@ -148,6 +148,14 @@ class BlockPool:
     def __init__(self, num_blocks: int, enable_caching: bool) -> None:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.enable_caching = enable_caching
+        # Each cached block's hash as records keep it (trace_hashes), by block id; None
+        # while the block holds no hash. Kept beside block_hash for snapshots: they list
+        # every cached block, and picking them from this list (and their ids from
+        # `block_ids`, the blocks' own ints) is two passes in C, where reading the
+        # attribute off 17,000 blocks and cutting thousands of hashes cost a snapshot
+        # about a millisecond (docs/benchmarks.md, Recorder).
+        self.short_hashes: list[bytes | None] = [None] * num_blocks
+        self.block_ids = [b.block_id for b in self.blocks]
         self.free_queue = FreeBlockQueue(self.blocks[1:])
         # hash -> the block with that content, or (two requests computed the same block
         # before either was cached) a dict of the blocks, by id in caching order; the first
@@ -247,6 +255,7 @@ class BlockPool:
         else:
             del self.cached[h]
         block.block_hash = None
+        self.short_hashes[block.block_id] = None
         return h
 
     def touch(self, blocks: list[KVBlock]) -> None:
@@ -268,21 +277,25 @@ class BlockPool:
         # setdefault: one lookup of the hash for a new one (most), where get and a store
         # took two; a prefill chunk caches a block per 16 tokens.
         add = self.cached.setdefault
+        shorts = self.short_hashes
+        cut = trace_hashes(hashes) if short is None else short
         ids = []
-        for block, h in zip(blocks, hashes):
+        for block, h, s in zip(blocks, hashes, cut):
             assert block.block_hash is None, f"block {block.block_id} is already cached"
             block.block_hash = h
             ids.append(block.block_id)
+            shorts[block.block_id] = s
             entry = add(h, block)
             if entry is not block:  # the hash was there already
                 self._share(h, entry, block)
-        self.events.add(_CACHED, ref, ids, trace_hashes(hashes) if short is None else short)
+        self.events.add(_CACHED, ref, ids, cut)
 
     def cache_block(self, ref: int, block: KVBlock, h: bytes, short: bytes) -> None:
         """cache_full_blocks for one block (`short`: its hash cut), without the run's
         slices and loop: a decode caches one block each time it fills one."""
         assert block.block_hash is None, f"block {block.block_id} is already cached"
         block.block_hash = h
+        self.short_hashes[block.block_id] = short
         entry = self.cached.setdefault(h, block)
         if entry is not block:  # the hash was there already
             self._share(h, entry, block)
@@ -351,3 +364,6 @@ class BlockPool:
                     assert block.block_id == bid, f"hash map entry for block {bid} is stale"
         for h, block in self.cached_blocks():
             assert block.block_hash == h, f"hash map entry for block {block.block_id} is stale"
+        for block, short in zip(self.blocks, self.short_hashes):
+            want = None if block.block_hash is None else trace_hashes([block.block_hash])[0]
+            assert short == want, f"block {block.block_id}: its short hash is stale"
