@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import Any
 
 from recorder.errors import TraceError
 from recorder.schema import MAX_BLOCKS, Header, RequestState, Snapshot, Status
@@ -116,6 +118,11 @@ class State:
         return state
 
     def copy(self) -> State:
+        # block_hashes.copy(), not dict(...): a dict that has had deletions is rebuilt key
+        # by key by dict(), while copy() clones its table in one memcpy unless a third of
+        # it is deleted slots (CPython's PyDict_Copy). The reducer evicts blocks every
+        # step, so the hashes of a running engine always have some: 0.05 ms, not 0.28,
+        # for 16,000 cached blocks.
         return State(
             self.policy,
             self.num_blocks,
@@ -127,7 +134,24 @@ class State:
             list(self.waiting),
             self.free.copy(),
             list(self.ref_cnts),
-            dict(self.block_hashes),
+            self.block_hashes.copy(),
+            None if self.slots is None else self.slots.copy(),
+        )
+
+    def keyframe(self) -> Keyframe:
+        """A frozen copy to rebuild this state from (Keyframe.state)."""
+        return Keyframe(
+            self.policy,
+            self.num_blocks,
+            self.block_size,
+            self.step,
+            self.next_ref,
+            tuple(map(_REQUEST_FIELDS, self.requests.values())),
+            tuple(self.running),
+            tuple(self.waiting),
+            self.free.copy(),
+            tuple(self.ref_cnts),
+            self.block_hashes.copy(),
             None if self.slots is None else self.slots.copy(),
         )
 
@@ -193,6 +217,49 @@ class State:
             raise Inconsistent(
                 f"{owned} owned + {len(free)} free blocks != {self.num_blocks - 1} usable"
             )
+
+
+_REQUEST_FIELDS = attrgetter(*RequestState.__match_args__)
+
+
+@dataclass(frozen=True, slots=True)
+class Keyframe:
+    """A state kept for later, in a compact form that is cheap to make and to drop.
+
+    Each request is a tuple of its fields, made in one C-level pass. Most keyframes are
+    never used: a jump keeps several near its target in case the user steps back. Their
+    RequestState objects are built only when one is used (`state`). Nothing here is
+    shared with a live State: the containers are copies, and the tuples are immutable."""
+
+    policy: str
+    num_blocks: int
+    block_size: int
+    step: int
+    next_ref: int
+    requests: tuple[tuple[Any, ...], ...]  # each request's fields, in RequestState order
+    running: tuple[int, ...]
+    waiting: tuple[int, ...]
+    free: FreeQueue  # never changed: state() copies it
+    ref_cnts: tuple[int, ...]
+    block_hashes: dict[int, bytes]  # never changed: state() copies it
+    slots: SlotPool | None  # never changed: state() copies it
+
+    def state(self) -> State:
+        """A new State equal to the one this keyframe was taken from."""
+        return State(
+            self.policy,
+            self.num_blocks,
+            self.block_size,
+            self.step,
+            self.next_ref,
+            {row[0]: RequestState(*row) for row in self.requests},
+            list(self.running),
+            list(self.waiting),
+            self.free.copy(),
+            list(self.ref_cnts),
+            self.block_hashes.copy(),
+            None if self.slots is None else self.slots.copy(),
+        )
 
 
 def _check_header(header: Header) -> None:

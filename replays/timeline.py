@@ -24,7 +24,7 @@ from recorder.errors import TraceError
 from recorder.reader import Cut, TraceReader
 from recorder.schema import Header, Snapshot, Step
 from replays.reducer import StepView, apply, apply_with_view
-from replays.state import State
+from replays.state import Keyframe, State
 
 # Rough costs in units of "apply one step", to pick where to start from.
 _COPY_COST = 5  # copying a keyframe
@@ -93,7 +93,7 @@ class Timeline:
             self.finished = False
             self.refresh()
         self._records: OrderedDict[int, Step] = OrderedDict()
-        self._keyframes: OrderedDict[int, State] = OrderedDict()
+        self._keyframes: OrderedDict[int, Keyframe] = OrderedDict()
         self._sorted_keys: list[int] | None = None  # the keyframes' steps, sorted
         self._cur: State | None = None
         self._cur_step = self.first_step - 2  # nothing built yet
@@ -220,7 +220,7 @@ class Timeline:
             state, self._cur = self._cur, None  # until applied, the state is nobody's
             apply(state, self.record(step), self._offsets[step - self.first_step])
             if keyframes and step % self.keyframe_interval == 0 and step not in self._keyframes:
-                self._keep(step, state.copy())
+                self._keep(step, state.keyframe())
             self._cur, self._cur_step = state, step
             return state
         # Walking backwards (a short move back), the steps just before this one come next:
@@ -276,13 +276,13 @@ class Timeline:
             return state, at
         if kind == "key":
             self._keyframes.move_to_end(at)
-            return self._keyframes[at].copy(), at
+            return self._keyframes[at].state(), at
         if kind == "snap":
             snap = self.reader.read_at(self._snap_offsets[j]).record
             assert isinstance(snap, Snapshot)
             state = State.from_snapshot(self.header, snap)
-            self._keep(at, state)
-            return state.copy(), at
+            self._keep(at, state.keyframe())
+            return state, at
         return State.initial(self.header), -1
 
     def _snapshot_before(self, step: int) -> int:
@@ -308,10 +308,10 @@ class Timeline:
         for s in range(at + 1, step + 1):
             apply(state, self.record(s), self._offsets[s - self.first_step])
             if keep and s % interval == 0 and s >= keep_from and s not in self._keyframes:
-                self._keep(s, state.copy())
+                self._keep(s, state.keyframe())
 
-    def _keep(self, step: int, state: State) -> None:
-        self._keyframes[step] = state
+    def _keep(self, step: int, frame: Keyframe) -> None:
+        self._keyframes[step] = frame
         self._keyframes.move_to_end(step)
         self._sorted_keys = None
         while len(self._keyframes) > self.max_keyframes:

@@ -10,6 +10,7 @@ import pytest
 from engine.records import Snapshot
 from engine.sim.api import demo_workload_path
 from engine.sim.workload import load_workload
+from replays.reducer import apply
 from replays.state import State
 from replays.timeline import Timeline
 from tests.helpers import Recorded, open_reader, record, req, workload, write_trace
@@ -165,3 +166,66 @@ def test_a_seek_leaves_no_young_objects_for_the_collector(demo: tuple[Recorded, 
     tl.state(tl.last_step)
     assert gc.isenabled()
     assert gc.get_count()[0] < 50
+
+
+def _parts(state: State) -> tuple[object, ...]:
+    """Everything a state holds, in a form that compares by value (the free queue in
+    order, the requests in the dict's order)."""
+    return (
+        state.to_snapshot(),
+        list(state.requests),
+        list(state.ref_cnts),
+        list(state.block_hashes.items()),
+        list(state.free),
+        state.policy,
+        state.num_blocks,
+        state.block_size,
+    )
+
+
+def test_a_keyframe_restores_the_state_it_was_taken_from(demo: tuple[Recorded, Path]) -> None:
+    run, path = demo
+    tl = Timeline(open_reader(path))
+    for step in (0, 9, 33, 64, tl.last_step):
+        state = tl.state(step)
+        frame = state.keyframe()
+        restored = frame.state()
+        assert _parts(restored) == _parts(state)
+        assert same(restored, run.states[step])
+        assert _parts(state.copy()) == _parts(state)
+
+
+def test_a_keyframe_shares_nothing_with_the_states_it_makes(
+    demo: tuple[Recorded, Path],
+) -> None:
+    """A keyframe is used again and again: what a restored state does to itself (the
+    reducer changes it in place) must not reach the keyframe, nor the state it was
+    taken from."""
+    run, path = demo
+    tl = Timeline(open_reader(path))
+    step = 40
+    state = tl.state(step)
+    frame = state.keyframe()
+    before = _parts(state)
+    restored = frame.state()
+    for s in range(step + 1, step + 6):
+        apply(restored, tl.record(s))
+    assert same(restored, run.states[step + 5])
+    assert _parts(frame.state()) == before == _parts(state)
+    state.requests.clear()
+    state.block_hashes.clear()
+    state.ref_cnts[1] += 1
+    assert _parts(frame.state()) == before
+
+
+def test_keyframes_on_a_jump_and_on_the_walk_back_match_the_engine(
+    demo: tuple[Recorded, Path],
+) -> None:
+    """A jump keeps keyframes near its target; a walk back starts from them."""
+    run, path = demo
+    tl = Timeline(open_reader(path), keyframe_interval=4)
+    target = tl.last_step - 3
+    assert same(tl.state(target), run.states[target])
+    assert tl._keyframes
+    for step in range(target - 1, target - 60, -1):
+        assert same(tl.state(step), run.states[step]), step
