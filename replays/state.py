@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import chain, starmap
 from operator import attrgetter
 from typing import Any
 
@@ -77,15 +78,30 @@ class State:
         """The state a snapshot record describes (validated: it may come from anywhere)."""
         _check_header(header)
         n = header.num_blocks
+        rows = snap.requests
+        refs = list(map(_REF, rows))
+        owned = list(chain.from_iterable(map(_BLOCK_IDS, rows)))
         requests: dict[int, RequestState] = {}
         ref_cnts = [0] * n
-        for r in snap.requests:
-            if r.ref in requests or r.ref >= snap.next_ref:
-                raise Inconsistent(f"snapshot: bad or repeated ref {r.ref}")
-            requests[r.ref] = _request(r)
-            _check_blocks(r.block_ids, n)
-            for b in r.block_ids:
+        if (
+            len(set(refs)) == len(refs)
+            and (not refs or max(refs) < snap.next_ref)
+            and (not rows or max(map(_STATUS, rows)) <= Status.PREEMPTED)
+            and (not owned or (min(owned) >= 1 and max(owned) < n))
+        ):
+            # What the loop below checks request by request, in C passes; the copies made
+            # without a Python call each.
+            requests = dict(zip(refs, starmap(RequestState, map(_REQUEST_FIELDS, rows))))
+            for b in owned:
                 ref_cnts[b] += 1
+        else:  # something is wrong: this loop raises for the first request it is in
+            for r in rows:
+                if r.ref in requests or r.ref >= snap.next_ref:
+                    raise Inconsistent(f"snapshot: bad or repeated ref {r.ref}")
+                requests[r.ref] = _request(r)
+                _check_blocks(r.block_ids, n)
+                for b in r.block_ids:
+                    ref_cnts[b] += 1
         _check_refs(snap.running, requests, "running")
         _check_refs(snap.waiting, requests, "waiting")
         _check_blocks(snap.free_queue, n)
@@ -220,6 +236,7 @@ class State:
 
 
 _REQUEST_FIELDS = attrgetter(*RequestState.__match_args__)
+_REF, _STATUS, _BLOCK_IDS = attrgetter("ref"), attrgetter("status"), attrgetter("block_ids")
 
 
 @dataclass(frozen=True, slots=True)

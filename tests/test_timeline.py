@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from engine.records import Snapshot
+from engine.records import Snapshot, Status
 from engine.sim.api import demo_workload_path
 from engine.sim.workload import load_workload
 from replays.reducer import apply
-from replays.state import State
+from replays.state import Inconsistent, State
 from replays.timeline import Timeline
 from tests.helpers import Recorded, open_reader, record, req, workload, write_trace
 
@@ -229,3 +230,42 @@ def test_keyframes_on_a_jump_and_on_the_walk_back_match_the_engine(
     assert tl._keyframes
     for step in range(target - 1, target - 60, -1):
         assert same(tl.state(step), run.states[step]), step
+
+
+def test_from_snapshot_rebuilds_and_raises_for_the_first_bad_request(
+    demo: tuple[Recorded, Path],
+) -> None:
+    """from_snapshot checks a snapshot's requests in C passes first; when they find
+    something wrong, the request-by-request loop names the first bad request, as before."""
+    _, path = demo
+    tl = Timeline(open_reader(path))
+    step = next(s for s in range(tl.num_steps) if len(tl.state(s).requests) >= 3)
+    snap = tl.state(step).to_snapshot()
+    header = tl.header
+    assert State.from_snapshot(header, snap).to_snapshot() == snap
+    a, b, c = snap.requests[:3]
+    n = header.num_blocks
+
+    def bad(*requests: object, **fields: object) -> str:
+        with pytest.raises(Inconsistent) as e:
+            State.from_snapshot(
+                header, replace(snap, requests=(*requests, *snap.requests[3:]), **fields)
+            )  # type: ignore[arg-type]
+        return str(e.value)
+
+    assert bad(a, b, replace(c, ref=a.ref)) == f"snapshot: bad or repeated ref {a.ref}"
+    assert bad(a, b, c, next_ref=c.ref) == f"snapshot: bad or repeated ref {c.ref}"
+    assert bad(a, replace(b, status=Status.FINISHED_STOPPED), c) == (
+        f"request {b.ref} has finished status {Status.FINISHED_STOPPED}"
+    )
+    assert bad(a, b, replace(c, block_ids=(*c.block_ids, n))) == (
+        f"block {n} is outside the pool 1..{n - 1}"
+    )
+    assert bad(replace(a, block_ids=(0,)), b, c) == f"block 0 is outside the pool 1..{n - 1}"
+    # Two things wrong: the first request's is named.
+    assert bad(replace(a, block_ids=(n + 5,)), b, replace(c, ref=b.ref)) == (
+        f"block {n + 5} is outside the pool 1..{n - 1}"
+    )
+    assert bad(a, replace(b, ref=a.ref), replace(c, block_ids=(-1,))) == (
+        f"snapshot: bad or repeated ref {a.ref}"
+    )
