@@ -311,6 +311,9 @@ class Timeline:
         # the jump itself, so only the last stretch before the target gets them.
         keep_from = at if keep_all else step - _NEAR
         every = interval if keep_all else interval * max(1, _NEAR_EVERY // interval)
+        # The records first, back to back (read_ahead: decoding them between applying
+        # steps ran slower, each evicting the other's code and data from the CPU caches).
+        self.read_ahead(at + 1, step)
         for s in range(at + 1, step + 1):
             apply(state, self.record(s), self._offsets[s - self.first_step])
             if keep and s % every == 0 and s >= keep_from and s not in self._keyframes:
