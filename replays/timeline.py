@@ -30,11 +30,6 @@ from replays.state import Keyframe, State
 _COPY_COST = 5  # copying a keyframe
 _LOAD_COST = 60  # decoding and validating a trace snapshot
 _NEAR = 48  # steps before a jump's target that get keyframes (a walk back stays inside)
-# Steps between those keyframes, at least (a multiple of keyframe_interval). A keyframe
-# costs about as much as applying 8 steps to make and to drop; a random seek made 6 of
-# them. 16 apart, the first step back after a jump applies at most 16 cached steps
-# (about 1.5 ms); from there on a walk back keeps one every keyframe_interval.
-_NEAR_EVERY = 16
 
 
 @contextmanager
@@ -310,13 +305,12 @@ class Timeline:
         # jump, copying the state every `interval` steps of the way would cost more than
         # the jump itself, so only the last stretch before the target gets them.
         keep_from = at if keep_all else step - _NEAR
-        every = interval if keep_all else interval * max(1, _NEAR_EVERY // interval)
         # The records first, back to back (read_ahead: decoding them between applying
         # steps ran slower, each evicting the other's code and data from the CPU caches).
         self.read_ahead(at + 1, step)
         for s in range(at + 1, step + 1):
             apply(state, self.record(s), self._offsets[s - self.first_step])
-            if keep and s % every == 0 and s >= keep_from and s not in self._keyframes:
+            if keep and s % interval == 0 and s >= keep_from and s not in self._keyframes:
                 self._keep(s, state.keyframe())
 
     def _keep(self, step: int, frame: Keyframe) -> None:
