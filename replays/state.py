@@ -2,9 +2,10 @@
 
 `State` is what the reducer (replays.reducer) updates one step record at a time. It
 starts from the header (`State.initial`) or from any snapshot record
-(`State.from_snapshot`), turns back into one (`to_snapshot`), copies cheaply (`copy`, for
-keyframes); `to_snapshot` is field for field what the engine's own snapshot says. Its
-requests are the same RequestState records that snapshots hold.
+(`State.from_snapshot`), turns back into one (`to_snapshot`), copies cheaply (`copy`), and
+keeps a compact copy for later (`keyframe`, the Timeline's keyframes); `to_snapshot` is
+field for field what the engine's own snapshot says. Its requests are the same
+RequestState records that snapshots hold.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 State at step i is the reducer applied to the step records up to i. To reach any step fast
 the Timeline starts from the nearest keyframe: the trace's own snapshots (on disk), and
-copies of states it has built, every `keyframe_interval` steps, kept in memory up to a
-bound (least recently used go first). The file is never loaded whole: records are read
-by offset and a bounded cache keeps the recent ones, so memory stays flat on traces
-larger than RAM.
+compact copies (replays.state.Keyframe) of states it has built, every `keyframe_interval`
+steps, kept in memory up to a bound (least recently used go first). The file is never
+loaded whole: records are read by offset and a bounded cache keeps the recent ones, so
+memory stays flat on traces larger than RAM.
 
 A Timeline over a file that is still being written follows it: `refresh()` indexes the
 records appended since the last call.
