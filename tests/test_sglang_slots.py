@@ -104,6 +104,21 @@ def test_snapshots_hold_the_pool(tmp_path: Path) -> None:
     assert again.slots == state.slots
 
 
+def test_a_keyframe_holds_the_pool() -> None:
+    """A Timeline keyframe restores the token pool too, and shares none of it: the
+    state restored from it moves on without changing the keyframe."""
+    after = states()
+    steps = sglang_slots.steps(SLOTS, P)
+    for i, state in enumerate(after[:-1]):
+        frame = state.keyframe()
+        restored = frame.state()
+        assert restored.slots == state.slots and restored.slots is not state.slots
+        assert restored.to_snapshot() == state.to_snapshot()
+        apply(restored, steps[i + 1])
+        assert restored.slots == after[i + 1].slots
+        assert frame.state().to_snapshot() == state.to_snapshot()
+
+
 def test_older_traces_read_unchanged() -> None:
     """A 1.8 header (no slot_map) and steps without the slot keys: no slot map."""
     body = msgpack.unpackb(encode(sglang_slots.header(SLOTS))[1], strict_map_key=False)
