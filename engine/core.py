@@ -101,6 +101,11 @@ class EngineCore:
         # it); None: the caller orders arrivals its own way (the simulation: by rank). A
         # recorder notes its reading at time 0, so that arrivals land on the trace's clock.
         self.arrival_clock: Callable[[], float] | None = None
+        # The clock's reading when the last step's work ended (its update done, before its
+        # report): the instant a recorder writes as the step's time and a server's metrics
+        # take as its end, so that the two agree to the nanosecond however late either
+        # thread gets the interpreter back.
+        self.last_end = 0.0
         self.scheduler = Scheduler(config)
         # Async scheduling: executed batches whose update is still to come, oldest first.
         self.batches: deque[tuple[SchedulerOutput, ModelRunnerOutput]] = deque()
@@ -165,7 +170,7 @@ class EngineCore:
             mid_step()
         t2 = self.clock()
         outcome = sched.update_from_output(out, result)
-        t3 = self.clock()
+        self.last_end = t3 = self.clock()
         return self._report(decided, outcome, result, ns(t1 - t0), ns(t3 - t2), ns(t3 - t0))
 
     def _step_async(self, mid_step: Callable[[], None] | None) -> StepResult:
@@ -186,14 +191,15 @@ class EngineCore:
                 finishes, finished = sched.take_finishes()
                 none_yet = (0,) * len(decided.scheduled) if decided.scheduled else None
                 nothing = Outcome(finishes, finished, none_yet, (), (), [])
-                work = ns(self.clock() - t0)  # schedule and launch: this step's work
+                self.last_end = end = self.clock()
+                work = ns(end - t0)  # schedule and launch: this step's work
                 return self._report(decided, nothing, result, ns(t1 - t0), 0, work)
         if mid_step is not None:
             mid_step()
         t2 = self.clock()
         old_out, old_result = batches.popleft()
         outcome = sched.update_from_output(old_out, old_result)
-        t3 = self.clock()
+        self.last_end = t3 = self.clock()
         return self._report(
             decided, outcome, old_result, ns(t1 - t0), ns(t3 - t2), ns(t3 - t0), old_out
         )

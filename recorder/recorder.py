@@ -298,6 +298,17 @@ class Recorder:
             self._t0 = continue_from._t0
             self._arrival_origin_ns = continue_from._arrival_origin_ns
             start_ns = continue_from.start_time_ns
+        # An engine that reads its clock when a step's work ends (EngineCore.last_end), on
+        # the clock it stamps arrivals with: the step's time is that reading, placed with
+        # the arrivals' origin, so that a trace's latencies are the engine's to the
+        # nanosecond (a server's /metrics fold the same readings: issue 24's one truth).
+        # Read here instead, the time was late by however long this thread waited for the
+        # interpreter after the step, milliseconds on a loaded machine.
+        self._timed_engine: Any = None
+        if self._arrival_origin_ns is not None and isinstance(
+            getattr(engine, "last_end", None), float
+        ):
+            self._timed_engine = engine
         self._closed = False
         self._first_step = engine.step_index
         self._compactor = StepCompactor(engine.config.policy, options.redact_prompts)
@@ -580,7 +591,11 @@ class Recorder:
         if self.sink.error is not None:
             self.error = self.sink.error
             return
-        time_ns = self._clock() - self._t0
+        timed = self._timed_engine
+        if timed is None:
+            time_ns = self._clock() - self._t0
+        else:
+            time_ns = round(timed.last_end * 1e9) - self._arrival_origin_ns
         if self._batch_ns and self.on_step_record is None:
             self._batch(report, time_ns)
             return

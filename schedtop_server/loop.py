@@ -489,7 +489,7 @@ class EngineLoop:
                 if live is not None and live.scheduled_at is None:
                     live.scheduled_at = started
             if self.metrics is not None:
-                self._guarded("metrics", self._observe, last.report, started, step)
+                self._guarded("metrics", self._observe, last.report, step)
         for out in outs:
             live = self._live.get(out.request_id)
             if live is not None:
@@ -502,12 +502,14 @@ class EngineLoop:
         if self._hang_after and self.stats.steps >= self._hang_after:
             self._hang(last.report.step if last is not None else -1)
 
-    def _observe(self, report: Step, started: float, step: StepStats) -> None:
-        """The step into the metrics' fold, what it added into /metrics. The step's work
-        ended `work_ns` after the engine's step() began (just after `started`): where the
-        trace's recorder stamped it, not later, after the outputs were detokenized."""
+    def _observe(self, report: Step, step: StepStats) -> None:
+        """The step into the metrics' fold, what it added into /metrics. The step ended
+        when the engine read its clock after the update (EngineCore.last_end): the instant
+        the trace's recorder writes as the step's time, so /metrics and `stats` agree;
+        not `started` plus the work, which was late by however long the engine thread
+        waited for the interpreter between this loop's clock read and the engine's."""
         assert self.metrics is not None
-        obs = self._fold.step(report, started + report.work_ns / 1e9)
+        obs = self._fold.step(report, self.engine.core.last_end)
         self.metrics.observe_step(obs, self.engine.stats(), step.num_scheduled_tokens)
 
     def _hang(self, step: int) -> None:

@@ -444,6 +444,45 @@ def test_timings_are_recorded_and_read_back(tmp_path: Path) -> None:
     assert steps[1].timings[0].step == 0  # measured in step 0, arrived with step 1
 
 
+def test_a_step_s_time_is_the_engine_s_end_of_work_on_the_arrivals_clock(
+    tmp_path: Path,
+) -> None:
+    """Where the engine stamps arrivals (LLMEngine), a step's time_ns is its clock's
+    reading when the step's work ended (EngineCore.last_end), on the arrivals' origin:
+    not the recorder's own clock when its on_step ran, which a thread kept from the
+    interpreter reads late. A server's /metrics fold the same reading, so they agree."""
+    engine_now = [100.0]
+    late = [0]
+
+    def engine_clock() -> float:
+        engine_now[0] += 0.001  # every read a millisecond on
+        return engine_now[0]
+
+    def recorder_clock() -> int:  # the recorder's thread gets the interpreter 7 ms late
+        late[0] += 7_000_000
+        return late[0]
+
+    runner = SimRunner({"a": list(range(6))})
+    engine = EngineCore(EngineConfig(num_blocks=64), runner, clock=engine_clock)
+    engine.arrival_clock = engine_clock
+    recorder = Recorder(engine, MemoryWriter(), RecorderOptions(strict=True, clock=recorder_clock))
+    origin = recorder.header.arrival_origin_ns
+    assert origin is not None
+    engine.add_request(Request("a", list(range(40)), SamplingParams(max_tokens=4)))
+    ends = []
+    while engine.has_unfinished():
+        engine.step()
+        ends.append(round(engine.last_end * 1e9) - origin)
+    engine.close()
+    with TraceReader(write_trace(tmp_path, recorder.sink.data)) as reader:
+        assert [s.time_ns for s in reader.steps()] == ends
+    # An engine with no arrival clock (the simulation): the recorder's own clock.
+    sim = EngineCore(EngineConfig(num_blocks=64), SimRunner({}))
+    assert (
+        Recorder(sim, MemoryWriter(), RecorderOptions(clock=recorder_clock))._timed_engine is None
+    )
+
+
 class Collecting(EventSink):
     def __init__(self) -> None:
         self.steps: list[int] = []
