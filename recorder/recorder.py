@@ -173,7 +173,12 @@ class RecorderOptions:
     engine's own time since then (the steps' schedule_ns + update_ns) is enough for the
     last snapshot's cost (CPU time, building and writing it) to be that share of it: the
     snapshots' cost is then bounded however large the KV pool (a snapshot lists every
-    free and cached block) and however light the steps.
+    free and cached block) and however light the steps. With a `budget_clock` too, the
+    engine's time is that clock's advance from one step's record to the next (read on the
+    engine's thread, a snapshot's own cost left out) instead of the steps' schedule_ns +
+    update_ns: recorder.vllm passes the engine thread's CPU clock, since under load a
+    step's wall time is several times its CPU time and wall-placed snapshots then cost
+    several times the budget.
 
     `background=True` encodes and appends the records on a thread of its own (see
     recorder.background), in order: the engine's thread only builds them. Then `flush`
@@ -216,6 +221,7 @@ class RecorderOptions:
     clock: Callable[[], int] = time.monotonic_ns  # the steps' time_ns
     wall_clock: Callable[[], int] = time.time_ns  # the header's start time
     cpu_clock: Callable[[], int] = time.thread_time_ns  # a snapshot's cost, for the budget
+    budget_clock: Callable[[], int] | None = None  # the engine's time, for the budget
 
     def __post_init__(self) -> None:
         if self.snapshot_interval < 1:
@@ -273,11 +279,15 @@ class Recorder:
         self._work = 0  # replay work since the last snapshot
         self._steps = 0  # steps since the last snapshot
         self.snapshot_budget = options.snapshot_budget
-        self._engine_ns = 0  # the engine's schedule + update time since the last snapshot
+        self._engine_ns = 0  # the engine's time since the last snapshot (see budget_clock)
         # The last snapshot's cost over the budget: the engine time that pays for the next
         # (0 before the first, which comes MIN_BUDGET_STEPS in and measures it).
         self._snapshot_due_ns = 0
         self._cpu_clock = options.cpu_clock
+        self._budget_clock = options.budget_clock
+        # The budget clock's reading when the last step was counted (or the last snapshot
+        # was taken, or now).
+        self._budget_mark = options.budget_clock() if options.budget_clock else 0
         # Copied out of the options: the steady-step path reads them on every step.
         self.strict = options.strict
         self.on_step_record = options.on_step_record
@@ -739,6 +749,11 @@ class Recorder:
     def _budget_due(self, engine_ns: int) -> bool:
         """With a snapshot budget: counts the engine's time in a step (counted already by
         _due or _write_steady); whether that time has paid for the next snapshot."""
+        clock = self._budget_clock
+        if clock is not None:  # the engine's time by its own clock, not the step's
+            mark = self._budget_mark
+            self._budget_mark = now = clock()
+            engine_ns = now - mark
         self._engine_ns += engine_ns
         return self._steps >= MIN_BUDGET_STEPS and self._engine_ns >= self._snapshot_due_ns
 
@@ -757,6 +772,8 @@ class Recorder:
             if self.snapshot_budget:
                 cost = self._cpu_clock() - started
                 self._snapshot_due_ns = int(cost / self.snapshot_budget)
+                if self._budget_clock is not None:  # the snapshot does not pay for itself
+                    self._budget_mark = self._budget_clock()
 
     def _write_snapshot(self, snap: Snapshot) -> None:
         self._work = self._steps = self._engine_ns = 0

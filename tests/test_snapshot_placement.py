@@ -213,3 +213,33 @@ def test_a_budget_out_of_range_is_refused() -> None:
             MemoryWriter(),
             RecorderOptions(snapshot_budget=1.5),
         )
+
+
+@pytest.mark.parametrize("step_cpu", [1_000, 500, 330])
+def test_a_budget_clock_places_snapshots_by_the_engines_cpu_time(
+    tmp_path: Path, step_cpu: int
+) -> None:
+    """recorder.vllm's placement: the engine thread's CPU time between steps (a fake clock
+    that advances `step_cpu` a step here), not the steps' schedule_ns + update_ns (wall
+    time, which a loaded machine stretches), pays for the snapshots."""
+    cost = 1_000  # each snapshot's CPU time: at a 1% budget, 100,000 ns of engine time
+    snapshot_ticks = itertools.count(0, cost)
+    engine_ticks = itertools.count(0, step_cpu)  # read once a step, and after a snapshot
+    reqs = [req(f"c{i}", 24, max_tokens=400) for i in range(4)]
+    run = record(
+        workload(reqs),
+        snapshot_interval=1000,
+        snapshot_work=0,
+        snapshot_budget=0.01,
+        cpu_clock=lambda: next(snapshot_ticks),
+        budget_clock=lambda: next(engine_ticks),
+    )
+    snaps, steps = snapshots_and_steps(write_trace(tmp_path, run.data))
+    assert len(steps) > 350
+    # The first has no cost to pay for; then one each time the CPU time has paid for it.
+    gap = max(MIN_BUDGET_STEPS, -(-cost * 100 // step_cpu))
+    last = steps[-1].step
+    assert snaps == list(range(MIN_BUDGET_STEPS - 1, last + 1, gap))
+    assert len(snaps) >= 2
+    # The steps' own times would have placed them elsewhere.
+    assert snaps != expected_by_budget(steps, 1000, 0.01, cost)

@@ -61,8 +61,8 @@ from recorder.writer import TraceWriter
 
 log = logging.getLogger("schedtop.recorder.vllm")
 
-# Snapshot placement inside vLLM: by cost, snapshots taking at most this share of vLLM's
-# own schedule + update time, and at most this many steps apart.
+# Snapshot placement inside vLLM: by cost, snapshots taking at most this share of the
+# engine thread's CPU time, and at most this many steps apart.
 SNAPSHOT_BUDGET = 0.0025
 SNAPSHOT_INTERVAL = 4096
 
@@ -283,6 +283,9 @@ class Tap(KVTaps, TapEngine):
             # By cost: a snapshot lists every free and cached block, so at a fixed step count
             # a large pool under light load spent more on snapshots than on its steps.
             snapshot_budget=env_number("SCHEDTOP_SNAPSHOT_BUDGET", SNAPSHOT_BUDGET),
+            # The budget's share of the engine thread's CPU time (one clock read a step),
+            # not of the steps' wall time, which a loaded machine stretches several times.
+            budget_clock=time.thread_time_ns,
             on_step_record=None if on_record is None else lambda s: on_record(computed(s)),
             # Encoding a record costs about as much as all else the recorder does in a
             # step; on a thread of its own it overlaps vLLM's model step.
