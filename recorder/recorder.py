@@ -176,9 +176,9 @@ class RecorderOptions:
     free and cached block) and however light the steps. With a `budget_clock` too, the
     engine's time is that clock's advance from one step's record to the next (read on the
     engine's thread, a snapshot's own cost left out) instead of the steps' schedule_ns +
-    update_ns: recorder.vllm passes the engine thread's CPU clock, since under load a
-    step's wall time is several times its CPU time and wall-placed snapshots then cost
-    several times the budget.
+    update_ns: recorder.vllm passes the engine thread's CPU time in vLLM's schedule and
+    update calls, since under load a step's wall time is several times its CPU time and
+    wall-placed snapshots then cost several times the budget.
 
     `background=True` encodes and appends the records on a thread of its own (see
     recorder.background), in order: the engine's thread only builds them. Then `flush`

@@ -24,8 +24,8 @@ so that prefix hits re-simulate. vLLM is imported lazily and is never a dependen
 Environment: SCHEDTOP_TRACE_DIR (where traces go), SCHEDTOP_REDACT_PROMPTS=1 (hashes and
 lengths instead of token ids), SCHEDTOP_FLUSH_INTERVAL_S (default 1.0),
 SCHEDTOP_SNAPSHOT_INTERVAL (at most this many steps apart, default 4096) and
-SCHEDTOP_SNAPSHOT_BUDGET (snapshots placed by their cost, at most this share of the engine
-thread's CPU time, default 0.0025). One file per data-parallel rank.
+SCHEDTOP_SNAPSHOT_BUDGET (snapshots placed by their cost, at most this share of the CPU
+time of vLLM's schedule + update, default 0.0025). One file per data-parallel rank.
 SCHEDTOP_TRACE_MAX_BYTES and SCHEDTOP_LIVE_PORT (recorder.vllm.live) keep the recording
 as `schedtop serve` keeps its own: rotating segments, incidents, a live stream. Set-ups whose
 decisions schedtop's scheduler does not model are refused at start-up; requests that use

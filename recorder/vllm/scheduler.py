@@ -100,9 +100,11 @@ class RecordingMixin:
         if tap is None or tap.stopped is not None:
             return super().schedule(*args, **kwargs)  # type: ignore[misc]
         tap.before_schedule()
+        c0 = time.thread_time_ns()
         t0 = time.perf_counter()
         out = super().schedule(*args, **kwargs)  # type: ignore[misc]
         seconds = time.perf_counter() - t0
+        tap.vllm_cpu_ns += time.thread_time_ns() - c0
         tap.after_schedule(out, seconds)
         return out
 
@@ -110,9 +112,12 @@ class RecordingMixin:
         tap = self._schedtop
         if tap is None or tap.stopped is not None:
             return super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        c0 = time.thread_time_ns()
         t0 = time.perf_counter()
         outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
-        tap.after_update(scheduler_output, outputs, time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        tap.vllm_cpu_ns += time.thread_time_ns() - c0
+        tap.after_update(scheduler_output, outputs, seconds)
         return outputs
 
     def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> Any:
