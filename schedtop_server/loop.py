@@ -474,7 +474,6 @@ class EngineLoop:
 
     def _step(self) -> None:
         engine = self.engine
-        started = self.clock()  # admissions happen at the step's start (vLLM's scheduled_ts)
         t0 = time.perf_counter()
         outs = engine.step()
         took = time.perf_counter() - t0
@@ -484,6 +483,9 @@ class EngineLoop:
         last = engine.last_step
         if last is not None:
             step = last.stats()
+            # Admissions happen at the step's start (vLLM's scheduled_ts): the engine's
+            # reading when its work began, as the trace's step has it (time - work).
+            started = engine.core.last_end - last.report.work_ns / 1e9
             for a in step.admitted:
                 live = self._live.get(a.request_id)
                 if live is not None and live.scheduled_at is None:
